@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh machine:
+#   make repro   set up, then run the DVC pipeline on params.yaml (the embedded default profile)
+#   make test    set up, then run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU machine takes torch's CPU build first, so no CUDA wheels are pulled in; override for GPUs.
+TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+EXTRAS ?= dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SWORD_MODULES := /usr/share/sword/mods.d/engWEB2015eb.conf /usr/share/sword/mods.d/spaRV1909eb.conf
+STAMP := $(VENV)/.installed-$(EXTRAS)
+
+.PHONY: setup corpus repro test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
+	touch $@
+
+# The default corpus: World English Bible and Reina-Valera 1909 SWORD modules (Debian packages).
+corpus:
+	@for f in $(SWORD_MODULES); do [ -f $$f ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing SWORD modules (sword-text-web sword-text-sparv)"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q sword-text-web sword-text-sparv; \
+	fi
+
+repro: setup corpus
+	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
+
+test: setup corpus
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check pipeline stages kernels tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,67 @@
+"""Checkpoints: Hugging Face model folders that describe themselves.
+
+A checkpoint folder holds config.json, model.safetensors, generation_config.json, the tokenizer files and
+``manifest.json``: architecture, attention implementation, α, the params that made it, and fingerprints of
+its data and parent checkpoint. Folders are written under a temporary name and renamed, so an interrupted
+save never leaves a folder that looks whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.atomic import atomic_path
+from pipeline.errors import UserError
+from pipeline.fingerprint import file_sha256
+
+MANIFEST = "manifest.json"
+
+
+def save_checkpoint(
+    folder: str | os.PathLike,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    manifest: dict[str, Any],
+) -> None:
+    """Save model + tokenizer + manifest as one atomic folder (safetensors only)."""
+    with atomic_path(folder, directory=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        config = model.config
+        described = {
+            "architecture": type(model).__name__,
+            "attn_implementation": config._attn_implementation,
+            "entmax_alpha": getattr(config, "entmax_alpha", None),
+            "model_sha256": file_sha256(Path(tmp) / "model.safetensors"),
+            **manifest,
+        }
+        (Path(tmp) / MANIFEST).write_text(json.dumps(described, indent=2) + "\n")
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a checkpoint folder, or ``{}`` for a plain Hugging Face folder or hub id."""
+    path = Path(folder) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def describe_parent(source: str) -> dict[str, Any]:
+    """Identify the checkpoint a stage started from: its path or id, and its weights' hash when local."""
+    weights = Path(source) / "model.safetensors"
+    return {"source": source, "model_sha256": file_sha256(weights) if weights.is_file() else None}
+
+
+def resolve_checkpoint(source: str, key: str) -> str:
+    """Check that ``source`` names a local model folder or looks like a hub id (``org/name``)."""
+    path = Path(source)
+    if (path / "config.json").is_file():
+        return source
+    if path.exists() or source.startswith((".", "/", "artifacts")) or source.count("/") != 1:
+        raise UserError(
+            f"{key} = {source!r}: not a model folder (need config.json there) nor a hub id like 'org/name'"
+        )
+    return source

@@ -1,0 +1,1 @@
+"""Quality metrics: BLEU, perplexity."""

@@ -1,0 +1,66 @@
+"""Translation quality: beam-search BLEU on detokenized text, and token-level perplexity.
+
+BLEU is sacreBLEU's corpus BLEU of detokenized hypotheses against the untouched reference text, reported
+with its signature so numbers are comparable across papers. Perplexity is exp of the mean negative
+log-likelihood per target token (no label smoothing), summed over the whole split rather than averaged
+over batches, so batch composition cannot move it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from datasets import Dataset
+from sacrebleu.metrics import BLEU
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.training.batches import padded_batches
+
+
+@torch.no_grad()
+def translate(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, batch_size: int
+) -> tuple[list[str], list[str]]:
+    """Beam-search translations of ``dataset`` (settings from the model's generation config).
+
+    Returns (hypotheses, references) in the same order, both detokenized.
+    """
+    model.eval()
+    hypotheses, references = [], []
+    batches = padded_batches(dataset, batch_size, model.config.pad_token_id)
+    for batch, rows in tqdm(batches, total=-(-len(dataset) // batch_size), desc="translate", leave=False):
+        output = model.generate(
+            input_ids=batch["input_ids"].to(model.device),
+            attention_mask=batch["attention_mask"].to(model.device),
+        )
+        hypotheses += tokenizer.batch_decode(output, skip_special_tokens=True)
+        references += rows["tgt"]
+    return hypotheses, references
+
+
+def corpus_bleu(hypotheses: list[str], references: list[str]) -> dict[str, object]:
+    """sacreBLEU corpus score with its signature."""
+    metric = BLEU()
+    score = metric.corpus_score(hypotheses, [references])
+    return {"bleu": round(score.score, 2), "signature": str(metric.get_signature())}
+
+
+@torch.no_grad()
+def perplexity(model: PreTrainedModel, dataset: Dataset, batch_size: int) -> dict[str, float]:
+    """Mean NLL per target token and its exponential over all of ``dataset``."""
+    model.eval()
+    total_nll, total_tokens = 0.0, 0
+    batches = padded_batches(dataset, batch_size, model.config.pad_token_id)
+    for batch, _ in tqdm(batches, total=-(-len(dataset) // batch_size), desc="perplexity", leave=False):
+        batch = {name: tensor.to(model.device) for name, tensor in batch.items()}
+        labels = batch["labels"]
+        logits = model(**batch).logits
+        nll = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
+        )
+        total_nll += nll.item()
+        total_tokens += int(labels.ne(-100).sum())
+    loss = total_nll / max(total_tokens, 1)
+    return {"loss": round(loss, 4), "perplexity": round(math.exp(loss), 4)}

@@ -1,0 +1,1 @@
+"""Model construction and loading."""

@@ -1,0 +1,104 @@
+"""Scores of a predicted attention graph Ĝ against the gold graph G, per sentence and head.
+
+Only valid pairs count: V = {(i, j) : i, j real tokens, and j ≤ i when causal}, so a causal sentence of
+length L has L(L+1)/2 pairs. With Ĝ and G restricted to V:
+
+    sparsity  = 1 − |Ĝ| / |V|
+    recall    = |Ĝ ∩ G| / |G|
+    precision = |Ĝ ∩ G| / |Ĝ|
+    exact     = |{i : G_i ≠ ∅, G_i ⊆ Ĝ_i}| / |{i : G_i ≠ ∅}|   (fraction of queries with recall 1)
+
+A score whose denominator is zero for a sentence (no valid pair, no gold edge, no predicted edge, no query
+with a gold edge) is undefined and that sentence is left out of that score's average rather than counted
+as perfect. With entmax every valid query has at least one gold key, so recall and exact are then always
+defined. Scores are averaged over sentences first, then over heads and layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+
+from pipeline.predictors.patterns import valid_pairs
+
+SCORES = ("sparsity", "recall", "precision", "exact")
+
+
+@dataclasses.dataclass
+class GraphScoreSums:
+    """Per-head sums over sentences of each score, and how many sentences each sum covers.
+
+    ``sums[name]`` and ``counts[name]`` are float64 (heads,) tensors; add instances to accumulate batches.
+    """
+
+    sums: dict[str, torch.Tensor]
+    counts: dict[str, torch.Tensor]
+
+    @classmethod
+    def zeros(cls, n_heads: int) -> GraphScoreSums:
+        """Empty sums for ``n_heads`` heads."""
+        z = torch.zeros(n_heads, dtype=torch.float64)
+        return cls({s: z.clone() for s in SCORES}, {s: z.clone() for s in SCORES})
+
+    def __add__(self, other: GraphScoreSums) -> GraphScoreSums:
+        return GraphScoreSums(
+            {s: self.sums[s] + other.sums[s] for s in SCORES},
+            {s: self.counts[s] + other.counts[s] for s in SCORES},
+        )
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """Per-head averages over sentences, float64 (heads,); NaN where no sentence defines the score."""
+        return {s: self.sums[s] / self.counts[s] for s in SCORES}
+
+
+def graph_scores(
+    pred: torch.Tensor,
+    gold: torch.Tensor,
+    q_valid: torch.Tensor,
+    k_valid: torch.Tensor,
+    *,
+    causal: bool,
+) -> GraphScoreSums:
+    """Score a batch: ``pred`` and ``gold`` are (batch, heads | 1, n, m) bool, valid masks (batch, n|m).
+
+    Returns the per-head sums over the batch's sentences of the per-sentence scores.
+    """
+    valid = valid_pairs(q_valid, k_valid, causal=causal)[:, None]  # (b, 1, n, m)
+    pred, gold = torch.broadcast_tensors(pred & valid, gold & valid)
+    hit = pred & gold
+
+    n_valid = valid.sum((-1, -2)).to(torch.float64).expand(pred.shape[:2])  # (b, h)
+    n_pred = pred.sum((-1, -2)).to(torch.float64)
+    n_gold = gold.sum((-1, -2)).to(torch.float64)
+    n_hit = hit.sum((-1, -2)).to(torch.float64)
+    # a query is exact when every gold key is predicted: no gold edge left outside Ĝ in its row
+    has_gold = gold.any(-1)  # (b, h, n)
+    exact_rows = has_gold & ~(gold & ~pred).any(-1)
+    n_gold_rows = has_gold.sum(-1).to(torch.float64)
+
+    per_sentence = {
+        "sparsity": (1 - n_pred / n_valid, n_valid > 0),
+        "recall": (n_hit / n_gold, n_gold > 0),
+        "precision": (n_hit / n_pred, n_pred > 0),
+        "exact": (exact_rows.sum(-1) / n_gold_rows, n_gold_rows > 0),
+    }
+    sums = {s: torch.where(ok, v, 0.0).sum(0).cpu() for s, (v, ok) in per_sentence.items()}
+    counts = {s: ok.sum(0).to(torch.float64).cpu() for s, (_, ok) in per_sentence.items()}
+    return GraphScoreSums(sums, counts)
+
+
+def summarize(per_layer: Sequence[GraphScoreSums]) -> dict[str, object]:
+    """Average over sentences, then over heads and layers (heads with an undefined score are skipped).
+
+    Returns ``{score: float}`` for the overall averages plus ``"per_layer_head"``: ``{score: [[...]]}``
+    (layers × heads, ``None`` where undefined), ready for JSON.
+    """
+    table = {s: torch.stack([layer.means()[s] for layer in per_layer]) for s in SCORES}  # (layers, heads)
+    overall: dict[str, object] = {s: table[s].nanmean().item() for s in SCORES}
+    overall["per_layer_head"] = {
+        s: [[None if math.isnan(v) else v for v in row] for row in table[s].tolist()] for s in SCORES
+    }
+    return overall

@@ -1,0 +1,74 @@
+"""Quantization predictor: equal-size bins per projected dimension, no learning.
+
+For each of the r projected dimensions, queries and keys are ranked separately among the L valid tokens of
+their sentence and cut into β bins of ⌈L/β⌉ tokens:
+
+    bin_d(x_i) = rank_d(x_i) // ⌈L/β⌉ ∈ {0, …, β − 1}.
+
+Query i and key j share bucket (d, b) when both fall in bin b of dimension d, so
+
+    Ĝ = {(i, j) : ∃ d, bin_d(q′_i) = bin_d(k′_j)},
+
+with bucket ids made unique across dimensions as id = d·β + bin (B = r·β buckets in all, one per dimension
+for every token). Ties are broken by position (stable sort), so the bins always hold exactly ⌈L/β⌉ tokens
+except the last. Padding is ranked after every valid token and gets bucket id −1, so it neither shifts the
+ranks of real tokens nor shares a bucket with anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.predictors.buckets import buckets_to_mask
+
+
+def quantile_bins(x: torch.Tensor, n_bins: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """(batch, heads, n, r) int64 bin of every token in every dimension; −1 on padding.
+
+    ``x`` is (batch, heads, n, r); ``valid`` is (batch, n), ``True`` on real tokens (all when ``None``).
+    """
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    b, _, n, _ = x.shape
+    if valid is None:
+        valid = torch.ones(b, n, dtype=torch.bool, device=x.device)
+    pad = ~valid[:, None, :, None].expand_as(x)  # (b, h, n, r)
+    # Two stable sorts give the order (is padding, value, position): padding last, ties by position.
+    by_value = x.argsort(dim=-2, stable=True)
+    by_padding = pad.gather(-2, by_value).to(torch.int8).argsort(dim=-2, stable=True)
+    order = by_value.gather(-2, by_padding)  # order[..., rank, d] = token holding that rank
+    positions = torch.arange(n, device=x.device)[:, None].expand_as(order)
+    ranks = torch.empty_like(order).scatter_(-2, order, positions)  # inverse permutation
+    n_valid = valid.sum(-1)  # (b,)
+    bin_size = (n_valid + n_bins - 1).div(n_bins, rounding_mode="floor").clamp_min(1)  # ⌈L/β⌉
+    bins = ranks.div(bin_size[:, None, None, None], rounding_mode="floor")
+    return bins.masked_fill(pad, -1)
+
+
+def quantization_buckets(
+    q_proj: torch.Tensor,
+    k_proj: torch.Tensor,
+    n_bins: int,
+    q_valid: torch.Tensor | None = None,
+    k_valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel bucket ids d·β + bin: int32 (batch, heads, n, r) for queries, (batch, heads, m, r) for keys."""
+    r = q_proj.shape[-1]
+    offsets = torch.arange(r, device=q_proj.device) * n_bins  # (r,)
+
+    def ids(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        bins = quantile_bins(x, n_bins, valid)
+        return torch.where(bins >= 0, bins + offsets, bins).to(torch.int32)
+
+    return ids(q_proj, q_valid), ids(k_proj, k_valid)
+
+
+def quantization_mask(
+    q_proj: torch.Tensor,
+    k_proj: torch.Tensor,
+    n_bins: int,
+    q_valid: torch.Tensor | None = None,
+    k_valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(batch, heads, n, m) mask of pairs sharing a bin in some dimension (padding shares nothing)."""
+    return buckets_to_mask(*quantization_buckets(q_proj, k_proj, n_bins, q_valid, k_valid))

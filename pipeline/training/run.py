@@ -1,0 +1,102 @@
+"""One training stage, end to end: train, save a self-describing checkpoint, measure it.
+
+Shared by ``pretrain`` (softmax) and ``teacher`` (α-entmax): they differ only in the model they hand in.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from datasets import DatasetDict, load_from_disk
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+import pipeline.attention  # noqa: F401  (registers the attention implementations)
+from pipeline.atomic import write_json
+from pipeline.attention.sparsity import collect_marian_sparsity
+from pipeline.checkpoint import save_checkpoint
+from pipeline.errors import UserError
+from pipeline.fingerprint import folder_sha256, value_sha256
+from pipeline.metrics.translation import corpus_bleu, perplexity, translate
+from pipeline.models.marian import set_generation
+from pipeline.params import Evaluation, Pretrain, Teacher
+from pipeline.training.batches import padded_batches
+from pipeline.training.seq2seq import is_main_process, train_seq2seq
+
+TOKENIZER_FOLDER = "tokenizer"
+
+
+def load_corpus(folder: str) -> tuple[DatasetDict, PreTrainedTokenizerBase]:
+    """The prepared DatasetDict and the tokenizer it was encoded with."""
+    if not (Path(folder) / "dataset_dict.json").is_file():
+        raise UserError(f"data = {folder!r}: no prepared corpus there (run the 'prepare' stage first)")
+    return load_from_disk(folder), AutoTokenizer.from_pretrained(Path(folder) / TOKENIZER_FOLDER)
+
+
+def encode_with(tokenizer: PreTrainedTokenizerBase, data: DatasetDict, max_length: int) -> DatasetDict:
+    """Re-encode the text columns with a checkpoint's own tokenizer, in memory (data folder untouched)."""
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        encoded = tokenizer(batch["src"], text_target=batch["tgt"], truncation=True, max_length=max_length)
+        return {"input_ids": encoded["input_ids"], "labels": encoded["labels"]}
+
+    return data.map(encode, batched=True, keep_in_memory=True, load_from_cache_file=False, desc="encode")
+
+
+def evaluate_translation(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: DatasetDict, settings: Evaluation
+) -> dict[str, Any]:
+    """Valid perplexity, test BLEU (beam search, detokenized) and, for entmax models, attention sparsity."""
+    started = time.perf_counter()
+    test = data["test"]
+    if settings.test_examples is not None:
+        test = test.select(range(min(settings.test_examples, len(test))))
+    hypotheses, references = translate(model, tokenizer, test, settings.batch_size)
+    metrics: dict[str, Any] = {
+        "valid": perplexity(model, data["valid"], settings.batch_size),
+        "test": {"sentences": len(test), **corpus_bleu(hypotheses, references)},
+        "examples": [
+            {"hypothesis": h, "reference": r} for h, r in zip(hypotheses[:3], references[:3], strict=True)
+        ],
+    }
+    if model.config._attn_implementation == "entmax":
+        sample = data["valid"].select(range(min(settings.sparsity_examples, len(data["valid"]))))
+        batches = (
+            batch for batch, _ in padded_batches(sample, settings.batch_size, model.config.pad_token_id)
+        )
+        metrics["attention_sparsity"] = collect_marian_sparsity(model, batches)
+    metrics["eval_seconds"] = round(time.perf_counter() - started, 1)
+    return metrics
+
+
+def train_and_evaluate(
+    stage: str,
+    params: Pretrain | Teacher,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DatasetDict,
+    parent: dict[str, Any] | None,
+) -> None:
+    """Train ``model`` with ``params.train``, save it to ``params.out`` and write ``params.metrics``."""
+    data_sha256 = folder_sha256(params.data)
+    fingerprint = value_sha256({"params": params.model_dump(), "data": data_sha256, "parent": parent})
+    started = time.perf_counter()
+    model = train_seq2seq(model, tokenizer, data, params.run_dir, params.train, fingerprint)
+    train_seconds = time.perf_counter() - started
+    if not is_main_process():
+        return
+    set_generation(model, params.eval)
+    save_checkpoint(
+        params.out,
+        model,
+        tokenizer,
+        {"stage": stage, "params": params.model_dump(), "data_sha256": data_sha256, "parent": parent},
+    )
+    metrics = {
+        "train_seconds": round(train_seconds, 1),
+        **evaluate_translation(model, tokenizer, data, params.eval),
+    }
+    write_json(params.metrics, metrics)
+    shutil.rmtree(params.run_dir, ignore_errors=True)

@@ -1,0 +1,110 @@
+"""Sequence-to-sequence training with the Hugging Face Trainer: resumable, DDP-ready, deterministic.
+
+The Trainer brings the parts worth not re-writing: the inverse-square-root schedule with warm-up, label
+smoothing, gradient clipping, DDP under ``torchrun`` (gloo on CPU), progress bars and checkpointing.
+What this module adds is the resume guard: a run folder remembers the fingerprint of what it trains
+(params + data + parent), and a re-run resumes from its last checkpoint only when the fingerprint matches,
+so a stage killed mid-way finishes where it stopped, and a stage whose params changed starts afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from datasets import DatasetDict
+from transformers import (
+    DataCollatorForSeq2Seq,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+from pipeline.params import Training
+
+RUN_FINGERPRINT = "run_fingerprint.json"
+
+
+def prepare_run_folder(run_dir: str | os.PathLike, fingerprint: str, *, is_main: bool) -> str | None:
+    """Return the checkpoint to resume from, wiping ``run_dir`` first if it belongs to another run."""
+    run_dir = Path(run_dir)
+    marker = run_dir / RUN_FINGERPRINT
+    previous = json.loads(marker.read_text())["fingerprint"] if marker.is_file() else None
+    if previous != fingerprint:
+        if is_main:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir(parents=True)
+            marker.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
+        barrier()
+        return None
+    return get_last_checkpoint(str(run_dir))
+
+
+def barrier() -> None:
+    """Synchronise ranks when running under ``torchrun``; a no-op in a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def training_arguments(run_dir: str | os.PathLike, settings: Training) -> Seq2SeqTrainingArguments:
+    """Map the params' training section onto the Trainer's arguments."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Seq2SeqTrainingArguments(
+        output_dir=str(run_dir),
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.grad_accumulation,
+        learning_rate=settings.lr,
+        lr_scheduler_type=settings.schedule,
+        warmup_steps=settings.warmup_steps,
+        label_smoothing_factor=settings.label_smoothing,
+        weight_decay=settings.weight_decay,
+        max_grad_norm=settings.grad_clip,
+        eval_strategy="steps",
+        eval_steps=settings.eval_steps,
+        save_strategy="steps",
+        save_steps=settings.save_steps,
+        save_total_limit=1,
+        logging_steps=settings.logging_steps,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        train_sampling_strategy="group_by_length",
+        report_to="none",
+        ddp_backend=("nccl" if torch.cuda.is_available() else "gloo") if distributed else None,
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=False,
+    )
+
+
+def train_seq2seq(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DatasetDict,
+    run_dir: str | os.PathLike,
+    settings: Training,
+    fingerprint: str,
+) -> PreTrainedModel:
+    """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible."""
+    resume_from = prepare_run_folder(run_dir, fingerprint, is_main=is_main_process())
+    columns = ["input_ids", "labels"]
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_arguments(run_dir, settings),
+        train_dataset=data["train"].select_columns(columns),
+        eval_dataset=data["valid"].select_columns(columns),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        processing_class=tokenizer,
+    )
+    trainer.train(resume_from_checkpoint=resume_from)
+    return trainer.model

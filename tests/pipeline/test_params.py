@@ -1,0 +1,117 @@
+"""Params validation: every kind of bad value exits 2 with one line naming key, value and what is allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.errors import UserError
+from pipeline.params import SECTIONS, load_all, load_section
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_every_profile_is_valid(profile: Path) -> None:
+    sections = load_all(profile)
+    assert set(sections) == set(SECTIONS)
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("data", "section", "expected"),
+    [
+        ({"teacher": {"alpah": 1.5}}, "teacher", "teacher.alpah: unknown key (allowed: init, alpha,"),
+        (
+            {"teacher": {"alpha": "sparse"}},
+            "teacher",
+            "teacher.alpha = 'sparse': Input should be a valid number",
+        ),
+        (
+            {"teacher": {"alpha": 0.5}},
+            "teacher",
+            "teacher.alpha = 0.5: Input should be greater than or equal to 1",
+        ),
+        (
+            {"teacher": {"train": {"lr": -1}}},
+            "teacher",
+            "teacher.train.lr = -1: Input should be greater than 0",
+        ),
+        (
+            {"teacher": {"train": {"schedule": "cosine"}}},
+            "teacher",
+            "teacher.train.schedule = 'cosine': Input should be 'inverse_sqrt', 'linear' or",
+        ),
+        ({"prepare": {"source": "text"}}, "prepare", "prepare: source 'text' needs a 'text' section"),
+        ({"prepare": {"min_length": 10, "max_length": 5}}, "prepare", "min_length 10 exceeds max_length 5"),
+        (
+            {"pretrain": {"model": {"d_model": 100, "heads": 3}}},
+            "pretrain",
+            "d_model 100 is not divisible by heads 3",
+        ),
+        (
+            {"pretrain": {"train": {"max_steps": 1.5}}},
+            "pretrain",
+            "pretrain.train.max_steps = 1.5: Input should be a valid integer",
+        ),
+    ],
+)
+def test_bad_values_give_one_line(tmp_path: Path, data: dict, section: str, expected: str) -> None:
+    path = write(tmp_path, data)
+    with pytest.raises(UserError) as err:
+        load_section(section, path)
+    message = str(err.value)
+    assert expected in message
+    assert "\n" not in message
+    assert message.startswith(str(path))
+
+
+def test_unknown_section_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="unknown section 'teachr'"):
+        load_all(write(tmp_path, {"teachr": {}}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("teacher: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_section("teacher", bad)
+    with pytest.raises(UserError, match="params file not found"):
+        load_section("teacher", tmp_path / "missing.yaml")
+
+
+def test_stage_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "teacher-out"
+    path = write(tmp_path, {"teacher": {"alpha": 9, "out": str(out)}})
+    result = subprocess.run(
+        [sys.executable, "-m", "stages.teacher", "--params", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: {path}: teacher.alpha = 9: Input should be less than or equal to 4"]
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_cli_validates_whole_file(tmp_path: Path) -> None:
+    path = write(tmp_path, {"pretrain": {"train": {"batch_size": 0}}})
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "params", "--params", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "pretrain.train.batch_size = 0: Input should be greater than 0" in result.stderr
