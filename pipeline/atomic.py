@@ -33,6 +33,8 @@ def atomic_path(target: str | os.PathLike, *, directory: bool = False) -> Iterat
         tmp = Path(name)
     try:
         yield tmp
+        # mkstemp/mkdtemp create private (0600/0700) paths; give the result the usual permissions.
+        os.chmod(tmp, (0o777 if directory else 0o666) & ~_umask())
         if directory and target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             target.rename(old)
@@ -46,6 +48,12 @@ def atomic_path(target: str | os.PathLike, *, directory: bool = False) -> Iterat
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(target: str | os.PathLike, obj: Any) -> None:

@@ -74,6 +74,7 @@ class Prepare(Section):
     vocab_size: Annotated[int, Field(ge=100)] = 8000
     min_length: PositiveInt = 1
     max_length: PositiveInt = 64
+    max_length_ratio: Annotated[float, Field(ge=1.0)] | None = None
     max_examples: PositiveInt | None = None
     out: str = "artifacts/data"
     metrics: str = "artifacts/metrics/prepare.json"
@@ -160,10 +161,89 @@ class Teacher(Section):
     metrics: str = "artifacts/metrics/teacher.json"
 
 
+# ----------------------------------------------------------------------------------------------------------
+# attention graphs and learned predictors
+
+AttentionKindName = Literal["decoder_self", "encoder_self", "cross"]
+
+
+class Extract(Section):
+    teacher: str = "artifacts/models/teacher"
+    data: str = "artifacts/data"
+    split: Literal["train", "valid", "test"] = "train"
+    kinds: Annotated[list[AttentionKindName], Field(min_length=1)] = ["decoder_self"]
+    min_length: PositiveInt = 21
+    max_sentences: PositiveInt | None = 10000
+    batch_size: PositiveInt = 32
+    dtype: Literal["float16", "float32"] = "float16"
+    shard_sentences: PositiveInt = 512
+    seed: int = 0
+    out: str = "artifacts/graphs"
+    metrics: str = "artifacts/metrics/extract.json"
+
+    @model_validator(mode="after")
+    def _unique_kinds(self) -> Extract:
+        if len(set(self.kinds)) != len(self.kinds):
+            raise ValueError(f"kinds {self.kinds} lists a kind twice")
+        return self
+
+
+class Project(Section):
+    graphs: str = "artifacts/graphs"
+    kind: AttentionKindName = "decoder_self"
+    rank: PositiveInt = 4
+    shared: bool = False
+    epochs: PositiveInt = 2
+    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-2
+    batch_size: PositiveInt = 16
+    grad_clip: Annotated[float, Field(gt=0.0)] = 1.0
+    omega: Annotated[float, Field(gt=0.0)] = 1.0
+    valid_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
+    eval_threshold: Annotated[float, Field(gt=0.0)] = 1.0
+    eval_bins: PositiveInt = 4
+    seed: int = 0
+    out: str = "artifacts/predictors/projections.safetensors"
+    metrics: str = "artifacts/metrics/project.json"
+    plot: str = "artifacts/plots/project_loss.csv"
+
+
+class Cluster(Section):
+    graphs: str = "artifacts/graphs"
+    projections: str = "artifacts/predictors/projections.safetensors"
+    bucket_counts: Annotated[list[Annotated[int, Field(ge=2)]], Field(min_length=1)] = [
+        2,
+        4,
+        6,
+        8,
+        10,
+        12,
+        16,
+        20,
+    ]
+    top_k: PositiveInt = 1
+    backend: Literal["auto", "faiss", "sklearn"] = "auto"
+    iterations: PositiveInt = 25
+    max_points_per_centroid: PositiveInt | None = None
+    seed: int = 0
+    out: str = "artifacts/predictors/centroids.safetensors"
+    metrics: str = "artifacts/metrics/cluster.json"
+
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> Cluster:
+        if self.top_k > min(self.bucket_counts):
+            raise ValueError(
+                f"top_k {self.top_k} exceeds the smallest bucket count {min(self.bucket_counts)}"
+            )
+        return self
+
+
 SECTIONS: dict[str, type[Section]] = {
     "prepare": Prepare,
     "pretrain": Pretrain,
     "teacher": Teacher,
+    "extract": Extract,
+    "project": Project,
+    "cluster": Cluster,
 }
 
 

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from transformers import AutoModelForSeq2SeqLM, GenerationConfig, MarianConfig, MarianMTModel, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedModel,
+)
 
 from pipeline.params import Evaluation, ModelShape
 
@@ -36,8 +43,11 @@ def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int) -
 
 def load_seq2seq(source: str, attn_implementation: str | None = None, **config_overrides) -> PreTrainedModel:
     """Load an encoder–decoder from a folder or hub id; ``config_overrides`` land on its config."""
+    config = AutoConfig.from_pretrained(source)
+    for name, value in config_overrides.items():
+        setattr(config, name, value)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return AutoModelForSeq2SeqLM.from_pretrained(source, **kwargs, **config_overrides)
+    return AutoModelForSeq2SeqLM.from_pretrained(source, config=config, **kwargs)
 
 
 def set_generation(model: PreTrainedModel, evaluation: Evaluation) -> None:

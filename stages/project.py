@@ -1,0 +1,30 @@
+"""Stage ``project``: per-head low-rank query/key projections trained with the contrastive hinge loss."""
+
+from __future__ import annotations
+
+from pipeline.atomic import write_json, write_text
+from pipeline.errors import exits_cleanly
+from pipeline.graphs import GraphStore
+from pipeline.projection.fit_store import fit_store_projections
+from pipeline.projection.model import save_projections
+from pipeline.stage import stage_params
+
+
+@exits_cleanly
+def main(argv: list[str] | None = None) -> None:
+    params = stage_params("project", argv)
+    store = GraphStore(params.graphs)
+    layers, report, curve = fit_store_projections(store, params)
+    split = report.pop("split")
+    save_projections(
+        params.out, layers, {"kind": params.kind, "split": split, "graphs": store.manifest["teacher"]}
+    )
+    write_json(params.metrics, report)
+    write_text(
+        params.plot,
+        "layer,step,loss\n" + "".join(f"{r['layer']},{r['step']},{r['loss']:.6f}\n" for r in curve),
+    )
+
+
+if __name__ == "__main__":
+    main()

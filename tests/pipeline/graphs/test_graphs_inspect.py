@@ -1,0 +1,167 @@
+"""``sparsefinder inspect``: summary, checksum verification, pictures and predicted masks."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from pipeline.cli import main
+from pipeline.graphs import GraphStore
+from pipeline.inspect_graphs import format_summary, predicted_mask_for, summarize
+from pipeline.projection import HeadProjections, save_projections
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def learned_files(micro_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A projections file (rank 3, both layers) and a k-means centroids file (4 centroids per head)."""
+    store = GraphStore(micro_store)
+    folder = tmp_path_factory.mktemp("learned")
+    generator = torch.Generator().manual_seed(0)
+    layers = {
+        i: HeadProjections(store.heads, store.head_dim, 3, generator=generator) for i in range(store.layers)
+    }
+    save_projections(folder / "projections.safetensors", layers)
+    centroids = {
+        f"layer{i}.centroids4": torch.randn(store.heads, 4, 3, generator=generator) for i in range(2)
+    }
+    save_file(centroids, folder / "centroids.safetensors")
+    return folder / "projections.safetensors", folder / "centroids.safetensors"
+
+
+def test_summary_counts_valid_pairs(micro_store: Path) -> None:
+    store = GraphStore(micro_store)
+    summary = summarize(store)
+    assert summary["sentences"] == len(store) and summary["bytes"] == store.nbytes
+    stats = summary["kinds"]["decoder_self"]
+    lengths = store.lengths("target")
+    # causal: L(L+1)/2 valid pairs per sentence and head
+    assert stats["valid_pairs"] == int((lengths * (lengths + 1) // 2).sum()) * store.layers * store.heads
+    layer, head = 1, 0
+    per_sentence = [
+        1 - store.get(s, layer, head).gold_mask().sum() / (n * (n + 1) / 2) for s, n in enumerate(lengths)
+    ]
+    assert stats["per_layer_head"]["sparsity"][layer][head] == pytest.approx(np.mean(per_sentence))
+    assert 0 < stats["sparsity"] < 1 and stats["mean_degree"] >= 1  # entmax keeps at least one key per query
+    cross = summary["kinds"]["cross"]
+    assert cross["valid_pairs"] == int((lengths * store.lengths("source")).sum()) * store.layers * store.heads
+
+    text = format_summary(summary)
+    assert "decoder_self (causal)" in text and "cross (bidirectional)" in text and "head 1" in text
+
+
+def test_cli_prints_summary(micro_store: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(micro_store)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(GraphStore(micro_store))} sentences" in out and "encoder_self" in out
+
+
+def test_cli_check_names_bad_shards(micro_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "graphs"
+    shutil.copytree(micro_store, folder)
+    assert main(["inspect", str(folder), "--check"]) == 0
+    assert "sha256 ok" in capsys.readouterr().out
+
+    shard = folder / "shard-00001.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[-3] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    last = sorted(folder.glob("shard-*.safetensors"))[-1]
+    last.write_bytes(last.read_bytes()[:50])
+    assert main(["inspect", str(folder), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "shard-00001.safetensors: sha256 mismatch" in err and f"{last.name}: truncated" in err
+    assert "shard-00000" not in err
+
+
+@pytest.mark.parametrize("method", [None, "window", "global", "distance", "quantization", "kmeans"])
+def test_cli_draws_a_head(micro_store: Path, learned_files, tmp_path: Path, method: str | None) -> None:
+    projections, centroids = learned_files
+    png = tmp_path / "head.png"
+    args = ["inspect", str(micro_store), "--sentence", "2", "--layer", "1", "--head", "0", "--png", str(png)]
+    if method is not None:
+        args += ["--method", method, "--buckets", "4", "--projections", str(projections)]
+        args += ["--centroids", str(centroids)]
+    assert main(args) == 0
+    data = png.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 15_000
+
+
+def test_cli_draws_cross_attention(micro_store: Path, tmp_path: Path) -> None:
+    png = tmp_path / "cross.png"
+    args = ["inspect", str(micro_store), "--sentence", "0", "--layer", "0", "--head", "1", "--kind", "cross"]
+    assert main([*args, "--png", str(png), "--method", "window", "--window", "5"]) == 0
+    assert png.stat().st_size > 15_000
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--sentence", "999", "--layer", "0", "--head", "0", "--png", "x.png"],
+            "--sentence 999 is out of range",
+        ),
+        (["--sentence", "0", "--layer", "5", "--head", "0", "--png", "x.png"], "allowed 0..1"),
+        (["--sentence", "0", "--layer", "0", "--head", "-1", "--png", "x.png"], "--head -1 is out of range"),
+        (["--sentence", "0", "--layer", "0"], "needs all of --sentence, --layer, --head and --png"),
+        (["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png", "--kind", "self"], "stored:"),
+        (
+            ["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png", "--method", "distance"],
+            "--projections",
+        ),
+    ],
+)
+def test_cli_rejects_bad_arguments(
+    micro_store: Path, capsys: pytest.CaptureFixture, extra: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(micro_store), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_rejects_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 2 and "no graph store" in capsys.readouterr().err
+
+
+def test_predicted_masks(micro_store: Path, learned_files) -> None:
+    store = GraphStore(micro_store)
+    projections, centroids = learned_files
+    n = store.get(1, 0, 0).n
+    i, j = np.indices((n, n))
+    causal = j <= i
+
+    window = predicted_mask_for(store, 1, 0, 0, "decoder_self", "window", window=3)
+    np.testing.assert_array_equal(window, (abs(i - j) <= 1) & causal)
+    first = predicted_mask_for(store, 1, 0, 0, "decoder_self", "global")
+    np.testing.assert_array_equal(first, ((i == 0) | (j == 0)) & causal)
+    everything = predicted_mask_for(
+        store, 1, 0, 0, "decoder_self", "distance", threshold=1e9, projections=projections
+    )
+    np.testing.assert_array_equal(everything, causal)
+    one_bin = predicted_mask_for(
+        store, 1, 0, 0, "decoder_self", "quantization", buckets=1, projections=projections
+    )
+    np.testing.assert_array_equal(one_bin, causal)
+    kmeans = predicted_mask_for(
+        store,
+        1,
+        0,
+        0,
+        "decoder_self",
+        "kmeans",
+        buckets=4,
+        top_k=4,
+        projections=projections,
+        centroids=centroids,
+    )
+    np.testing.assert_array_equal(kmeans, causal)  # every token in all 4 clusters: everything shared
