@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ def prepare_run_folder(run_dir: str | os.PathLike, fingerprint: str, *, is_main:
     run_dir = Path(run_dir)
     marker = run_dir / RUN_FINGERPRINT
     previous = json.loads(marker.read_text())["fingerprint"] if marker.is_file() else None
+    barrier()  # every rank has read the marker before the main one may wipe it, so all take one branch
     if previous != fingerprint:
         if is_main:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -96,11 +98,15 @@ def train_seq2seq(
     fingerprint: str,
 ) -> PreTrainedModel:
     """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible."""
+    args = training_arguments(run_dir, settings)
+    _ = args.device  # sets up the process group under torchrun, so the run folder check can synchronise
     resume_from = prepare_run_folder(run_dir, fingerprint, is_main=is_main_process())
+    if resume_from is not None and is_main_process():
+        print(f"resuming from {resume_from}", file=sys.stderr)
     columns = ["input_ids", "labels"]
     trainer = Seq2SeqTrainer(
         model=model,
-        args=training_arguments(run_dir, settings),
+        args=args,
         train_dataset=data["train"].select_columns(columns),
         eval_dataset=data["valid"].select_columns(columns),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),

@@ -1,0 +1,185 @@
+"""End to end on the micro profile in a temporary copy: dvc repro, invalidation, resume, DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.fingerprint import file_sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path("/usr/share/sword/mods.d/engWEB2015eb.conf").is_file(), reason="SWORD modules not installed"
+    ),
+]
+
+
+def project_files() -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
+    return [name for name in listed.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git + DVC copy of the project with the micro profile as params.yaml."""
+    folder = tmp_path_factory.mktemp("project")
+    for name in project_files():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, folder / name)
+    shutil.copy2(folder / "configs" / "micro.yaml", folder / "params.yaml")
+    subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
+    return folder
+
+
+def run(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    result = subprocess.run(args, cwd=project, env=env, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def dvc(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(project, sys.executable, "-m", "dvc", *args, check=check)
+
+
+def set_params(project: Path, section: str, **values) -> None:
+    path = project / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    params[section].update(values)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def load(project: Path, name: str) -> dict:
+    return json.loads((project / name).read_text())
+
+
+def test_dvc_repro_through_cluster(project: Path) -> None:
+    dag = dvc(project, "dag").stdout
+    assert all(
+        f"| {stage} |" in dag for stage in ("prepare", "pretrain", "teacher", "extract", "project", "cluster")
+    )
+    dvc(project, "repro")
+
+    prepared = load(project, "artifacts/metrics/prepare.json")
+    assert prepared["read"]["kept"] > 30000 and all(
+        prepared["splits"][s]["examples"] > 0 for s in ("train", "valid", "test")
+    )
+
+    teacher = load(project, "artifacts/metrics/teacher.json")
+    assert teacher["test"]["signature"].startswith("nrefs:1|case:mixed")
+    assert 0.0 <= teacher["test"]["bleu"] <= 100.0
+    assert teacher["valid"]["perplexity"] > 1.0
+    sparsity = teacher["attention_sparsity"]
+    assert [len(sparsity[k]) for k in ("encoder_self", "decoder_self", "cross")] == [1, 2, 2]
+    assert all(0.0 <= s < 1.0 for layer in sparsity.values() for s in layer)
+
+    manifest = load(project, "artifacts/models/teacher/manifest.json")
+    assert manifest["attn_implementation"] == "entmax" and manifest["entmax_alpha"] == 1.5
+    assert manifest["parent"]["model_sha256"] == file_sha256(
+        project / "artifacts/models/pretrain/model.safetensors"
+    )
+    assert not (project / "artifacts/runs/teacher").exists()
+
+    graphs = load(project, "artifacts/graphs/manifest.json")
+    assert graphs["teacher"]["checkpoint"] == "artifacts/models/teacher"
+    assert graphs["teacher"]["model_sha256"] == file_sha256(
+        project / "artifacts/models/teacher/model.safetensors"
+    )
+    cluster = load(project, "artifacts/metrics/cluster.json")
+    assert [sorted(layer["held_out"]) for layer in cluster["layers"]] == [["2", "4"], ["2", "4"]]
+    assert "up to date" in dvc(project, "status").stdout
+
+    # Pointing extract at another checkpoint invalidates it alone, and re-extraction names the new teacher.
+    set_params(project, "extract", teacher="artifacts/models/pretrain")
+    status = dvc(project, "status").stdout
+    assert "extract:" in status and "teacher:" not in status and "pretrain:" not in status
+    dvc(project, "repro", "-s", "extract")
+    graphs = load(project, "artifacts/graphs/manifest.json")
+    assert graphs["teacher"]["checkpoint"] == "artifacts/models/pretrain"
+    assert "project:" in dvc(project, "status").stdout
+
+
+def test_killed_training_resumes(project: Path) -> None:
+    """Kill pretrain after its first checkpoint; running it again resumes there and finishes."""
+    if not (project / "artifacts/data/dataset_dict.json").is_file():
+        run(project, sys.executable, "-m", "stages.prepare")
+    params = yaml.safe_load((project / "params.yaml").read_text())["pretrain"]
+    run_dir, out = project / params["run_dir"], project / "artifacts/resume-test/model"
+    set_params(project, "pretrain", out=str(out), metrics=str(project / "artifacts/resume-test/metrics.json"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.pretrain"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    first = run_dir / f"checkpoint-{params['train']['save_steps']}"
+    deadline = time.monotonic() + 300
+    while (
+        not (first / "trainer_state.json").is_file()
+        and process.poll() is None
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert first.is_dir() and not out.exists(), "training was not interrupted after its first checkpoint"
+
+    resumed = run(project, sys.executable, "-m", "stages.pretrain")
+    assert f"resuming from {first.relative_to(project)}" in resumed.stderr
+    assert (out / "model.safetensors").is_file() and not run_dir.exists()
+
+
+def test_torchrun_two_processes(project: Path) -> None:
+    """A few pretrain steps under torchrun with 2 CPU processes (gloo)."""
+    if not (project / "artifacts/data/dataset_dict.json").is_file():
+        run(project, sys.executable, "-m", "stages.prepare")
+    out = project / "artifacts/ddp-test/model"
+    set_params(
+        project,
+        "pretrain",
+        out=str(out),
+        run_dir=str(project / "artifacts/ddp-test/run"),
+        metrics=str(project / "artifacts/ddp-test/metrics.json"),
+    )
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["pretrain"]["train"].update(max_steps=3, save_steps=3, eval_steps=3)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = run(
+        project,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        "-m",
+        "stages.pretrain",
+    )
+    assert (out / "model.safetensors").is_file(), result.stderr[-2000:]
+    assert load(project, "artifacts/ddp-test/metrics.json")["test"]["sentences"] > 0
