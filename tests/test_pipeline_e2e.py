@@ -183,3 +183,28 @@ def test_torchrun_two_processes(project: Path) -> None:
     )
     assert (out / "model.safetensors").is_file(), result.stderr[-2000:]
     assert load(project, "artifacts/ddp-test/metrics.json")["test"]["sentences"] > 0
+
+
+def test_pretrain_from_named_checkpoint(project: Path) -> None:
+    """``pretrain.init`` naming a model folder fine-tunes it with its own tokenizer and records the parent."""
+    init = project / "artifacts/models/pretrain"
+    if not (init / "model.safetensors").is_file():
+        dvc(project, "repro", "pretrain")
+    out = project / "artifacts/init-test/model"
+    set_params(
+        project,
+        "pretrain",
+        init=str(init),
+        out=str(out),
+        run_dir=str(project / "artifacts/init-test/run"),
+        metrics=str(project / "artifacts/init-test/metrics.json"),
+    )
+    run(project, sys.executable, "-m", "stages.pretrain")
+    manifest = load(project, "artifacts/init-test/model/manifest.json")
+    assert manifest["parent"] == {
+        "source": str(init),
+        "model_sha256": file_sha256(init / "model.safetensors"),
+    }
+    assert manifest["attn_implementation"] == "sdpa"
+    vocabulary = [json.loads((folder / "tokenizer.json").read_text())["model"] for folder in (out, init)]
+    assert vocabulary[0] == vocabulary[1]
