@@ -1,0 +1,579 @@
+"""Benchmark of bucketed attention: ``python -m kernels.bench [--device auto|cpu|cuda] [--out DIR] [--quick]``
+
+Workload. Balanced buckets: each of ``top`` independent assignments ranks the tokens by a random permutation
+and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 uses two assignments in the same
+id space (a token may draw the same id twice, which counts once). Queries and keys share the ids.
+Density = attended pairs / valid pairs (n² per head, n(n+1)/2 when causal).
+
+CPU (the PyTorch path). Ours against the dense masked reference ``kernels.reference.dense_bucketed_attention``
+(α-entmax over an n × n masked score matrix) for n ∈ {512, 1k, 2k, 4k}, 16 buckets, top-1, 8 heads, d = 64,
+batch 1, α = 1.5. Forward time is measured under ``torch.no_grad`` (inference), forward+backward with
+gradients for q, k, v; each is the median over repetitions after one warm-up.
+Memory: every (method, n) runs in a fresh subprocess, which reads its peak resident set size
+(``resource.getrusage(RUSAGE_SELF).ru_maxrss``, a high-water mark kept by the kernel, so every transient
+allocation counts) once after building its inputs and a tiny warm-up call (the baseline: interpreter, torch
+and inputs), once after the forward runs and once after the forward+backward runs. The figures reported are
+peak minus baseline, i.e. the resident memory the attention call itself needed; the absolute peaks are
+saved too. Python-level tracers cannot see torch's native allocations, hence the process-level measure.
+
+GPU. For n ∈ {1k, …, 32k}, d = 64, 8 heads, bf16, B ∈ {8, 16, 32}, top-1 and top-2, causal or not: forward and
+forward+backward times (CUDA events, warm-up then median) and peak allocated memory of ours (Triton, α = 1.5
+and α = 1), dense SDPA restricted to the flash backend, FlexAttention with the equivalent mask (a
+``mask_mod`` looking up the bucket ids), dense α-entmax through the ``entmax`` package (until it runs out
+of memory) and AdaSplash when it is installed. Efficiency = SDPA time × density / our time: 1 means ours
+turns sparsity into speed as well as flash attention uses dense FLOPs.
+
+Writes ``bench.json`` and ``bench.png`` to ``--out`` atomically and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT_PREFIX = "BENCH-RESULT "  # marks the worker's result line on stdout
+
+CPU_FULL = {"sizes": [512, 1024, 2048, 4096], "heads": 8, "dim": 64, "reps": 3}
+CPU_QUICK = {"sizes": [128, 256], "heads": 2, "dim": 32, "reps": 1}
+CPU_BUCKETS, CPU_TOP, ALPHA = 16, 1, 1.5
+GPU_FULL = {
+    "sizes": [1024, 2048, 4096, 8192, 16384, 32768],
+    "buckets": [8, 16, 32],
+    "tops": [1, 2],
+    "heads": 8,
+    "dim": 64,
+    "warmup": 3,
+    "reps": 10,
+}
+GPU_QUICK = {
+    "sizes": [1024, 2048],
+    "buckets": [8],
+    "tops": [1],
+    "heads": 2,
+    "dim": 64,
+    "warmup": 1,
+    "reps": 2,
+}
+
+
+def balanced_buckets(
+    batch: int, heads: int, n: int, buckets: int, top: int, *, seed: int, device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """(batch, heads, n, top) int32 ids; every assignment puts exactly n / buckets tokens in each bucket."""
+    gen = torch.Generator().manual_seed(seed)
+    rank = torch.rand(batch, heads, top, n, generator=gen).argsort(-1).argsort(-1)  # random permutation ranks
+    return (rank * buckets // n).transpose(-1, -2).contiguous().to(torch.int32).to(device)
+
+
+def density(pairs: int, batch: int, heads: int, n: int, causal: bool) -> float:
+    """Attended pairs over the pairs a dense kernel would compute."""
+    valid = n * (n + 1) // 2 if causal else n * n
+    return pairs / (batch * heads * valid)
+
+
+def _median_wall_ms(fn: Callable[[], object], reps: int) -> float:
+    """Median wall-clock milliseconds of ``fn`` over ``reps`` calls after one warm-up call."""
+    fn()  # warm-up: lazy initialisation, allocator growth
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _peak_rss_mb() -> float:
+    """The process's peak resident set size so far, in MiB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or "memory" in str(err).lower()
+
+
+# ----------------------------------------------------------------------------------------------- CPU
+
+
+def cpu_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one (method, n) CPU measurement; meant to be the only work of its process (see module doc)."""
+    from kernels.reference import dense_bucketed_attention
+    from kernels.torch_bucketed import plan_tiles, torch_bucketed_attention
+
+    fn = {"ours": torch_bucketed_attention, "dense_entmax": dense_bucketed_attention}[spec["method"]]
+    n, heads, dim, reps = spec["n"], spec["heads"], spec["dim"], spec["reps"]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))
+    ids = balanced_buckets(1, heads, n, CPU_BUCKETS, CPU_TOP, seed=1)
+    small = balanced_buckets(1, 1, 16, 2, 1, seed=1)
+    fn(q[:, :1, :16], k[:, :1, :16], v[:, :1, :16], small, small, alpha=ALPHA)  # load lazy kernels
+    row: dict[str, Any] = {"n": n, "method": spec["method"]}
+    # The high-water mark only rises, so the baseline is read before anything large is allocated.
+    baseline = row["baseline_rss_mb"] = _peak_rss_mb()
+    try:
+        with torch.no_grad():
+            row["forward_ms"] = _median_wall_ms(lambda: fn(q, k, v, ids, ids, alpha=ALPHA), reps)
+        row["peak_rss_mb_forward"] = _peak_rss_mb()
+        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+
+        def step() -> None:
+            fn(qg, kg, vg, ids, ids, alpha=ALPHA).sum().backward()
+            qg.grad = kg.grad = vg.grad = None
+
+        row["forward_backward_ms"] = _median_wall_ms(step, reps)
+        row["peak_rss_mb_forward_backward"] = _peak_rss_mb()
+        row["extra_mb_forward"] = row["peak_rss_mb_forward"] - baseline
+        row["extra_mb_forward_backward"] = row["peak_rss_mb_forward_backward"] - baseline
+        row["status"] = "ok"
+    except (RuntimeError, MemoryError) as err:
+        row["status"] = "oom" if _is_oom(err) else _failure(err)
+    row["pairs"] = plan_tiles(ids, ids).num_pairs  # after the measurements: it must not raise their baseline
+    row["density"] = density(row["pairs"], 1, heads, n, causal=False)
+    return row
+
+
+def _spawn_cpu_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.bench", "--worker", json.dumps(spec)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    # A worker killed by the kernel's OOM killer dies by SIGKILL without writing its result.
+    status = (
+        "oom" if proc.returncode == -9 else f"failed: exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+    )
+    return {"n": spec["n"], "method": spec["method"], "status": status}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    """num / den, or None where den is not positive (tiny runs can stay under the RSS high-water mark)."""
+    return num / den if den > 0 else None
+
+
+def run_cpu(quick: bool) -> dict[str, Any]:
+    cfg = CPU_QUICK if quick else CPU_FULL
+    specs = [
+        {"method": method, "n": n, "heads": cfg["heads"], "dim": cfg["dim"], "reps": cfg["reps"]}
+        for n in cfg["sizes"]
+        for method in ("ours", "dense_entmax")
+    ]
+    rows = [_spawn_cpu_worker(spec) for spec in tqdm(specs, desc="cpu bench", unit="run")]
+    by_key = {(r["n"], r["method"]): r for r in rows}
+    summary = []
+    for n in cfg["sizes"]:
+        ours, dense = by_key[(n, "ours")], by_key[(n, "dense_entmax")]
+        if ours["status"] == dense["status"] == "ok":
+            summary.append(
+                {
+                    "n": n,
+                    "speedup_forward": _ratio(dense["forward_ms"], ours["forward_ms"]),
+                    "speedup_forward_backward": _ratio(
+                        dense["forward_backward_ms"], ours["forward_backward_ms"]
+                    ),
+                    "memory_ratio_forward": _ratio(ours["extra_mb_forward"], dense["extra_mb_forward"]),
+                    "memory_ratio_forward_backward": _ratio(
+                        ours["extra_mb_forward_backward"], dense["extra_mb_forward_backward"]
+                    ),
+                }
+            )
+    return {
+        "device": "cpu",
+        "device_name": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "quick": quick,
+        "settings": {
+            "batch": 1,
+            "heads": cfg["heads"],
+            "dim": cfg["dim"],
+            "buckets": CPU_BUCKETS,
+            "top": CPU_TOP,
+            "alpha": ALPHA,
+            "dtype": "float32",
+            "reps": cfg["reps"],
+            "memory": "peak RSS of a fresh subprocess minus its baseline after inputs and warm-up",
+        },
+        "results": rows,
+        "summary": summary,
+    }
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) else "-"
+
+
+def cpu_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{'n':>6} {'method':<13} {'density':>8} {'fwd ms':>10} {'fwd+bwd ms':>11} "
+        f"{'fwd MiB':>9} {'fwd+bwd MiB':>12}  status"
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"{r['n']:>6} {r['method']:<13} {_fmt(r.get('density'), '8.4f')} "
+            f"{_fmt(r.get('forward_ms'), '10.1f')} "
+            f"{_fmt(r.get('forward_backward_ms'), '11.1f')} {_fmt(r.get('extra_mb_forward'), '9.1f')} "
+            f"{_fmt(r.get('extra_mb_forward_backward'), '12.1f')}  {r['status']}"
+        )
+    for s in report["summary"]:
+        lines.append(
+            f"n={s['n']}: ours is {_fmt(s['speedup_forward'], '.1f')}x faster forward, "
+            f"{_fmt(s['speedup_forward_backward'], '.1f')}x forward+backward; memory ratio "
+            f"{_fmt(s['memory_ratio_forward'], '.3f')} forward, "
+            f"{_fmt(s['memory_ratio_forward_backward'], '.3f')} forward+backward"
+        )
+    return "\n".join(lines)
+
+
+def _n_axis(ax, ns: list[int]) -> None:
+    """Log₂ x axis labelled at the measured sequence lengths only."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log", base=2)
+    if ns:
+        ax.set_xticks(sorted(set(ns)), [str(n) for n in sorted(set(ns))])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def cpu_plot(report: dict[str, Any], ax_time, ax_mem) -> None:
+    for method, color in (("ours", "C0"), ("dense_entmax", "C3")):
+        rows = [r for r in report["results"] if r["method"] == method and r["status"] == "ok"]
+        ns = [r["n"] for r in rows]
+        ax_time.plot(ns, [r["forward_ms"] for r in rows], "--o", color=color, label=f"{method} forward")
+        ax_time.plot(
+            ns, [r["forward_backward_ms"] for r in rows], "-o", color=color, label=f"{method} fwd+bwd"
+        )
+        ax_mem.plot(ns, [r["extra_mb_forward_backward"] for r in rows], "-o", color=color, label=method)
+    ns = [r["n"] for r in report["results"]]
+    for ax in (ax_time, ax_mem):
+        _n_axis(ax, ns)
+    ax_time.set(yscale="log", xlabel="n", ylabel="ms", title="CPU time")
+    ax_mem.set(xlabel="n", ylabel="MiB", title="extra peak RSS, forward+backward")
+    mem = [r["extra_mb_forward_backward"] for r in report["results"] if r["status"] == "ok"]
+    if mem and min(mem) > 0:  # tiny runs can stay under the high-water mark and show 0
+        ax_mem.set_yscale("log")
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+
+def _cuda_ms(fn: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def _measure_gpu(
+    attention: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], cfg: dict[str, Any]
+) -> dict[str, Any]:
+    """Forward (no grad, on detached inputs) and forward+backward of ``attention(q, k, v)``: median ms and
+    peak allocated MiB above the inputs."""
+    detached = tuple(x.detach() for x in inputs)
+
+    def forward() -> None:
+        attention(*detached)
+
+    def step() -> None:
+        attention(*inputs).float().sum().backward()
+        for x in inputs:
+            x.grad = None
+
+    def timed(fn: Callable[[], object]) -> float:
+        for _ in range(cfg["warmup"]):
+            fn()
+        torch.cuda.synchronize()
+        return statistics.median(_cuda_ms(fn) for _ in range(cfg["reps"]))
+
+    row: dict[str, Any] = {"status": "ok"}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    for phase, fn in (("forward", forward), ("forward_backward", step)):
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            with torch.set_grad_enabled(phase != "forward"):
+                row[f"{phase}_ms"] = timed(fn)
+            row[f"peak_mb_{phase}"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        except Exception as err:  # a method that cannot run is a result, not a crash
+            oom = isinstance(err, torch.cuda.OutOfMemoryError) or _is_oom(err)
+            row["status"] = "oom" if oom else _failure(err, phase)
+            break
+    for x in inputs:
+        x.grad = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _count_pairs(ids: torch.Tensor, causal: bool) -> int:
+    """Exact attended pairs, one head at a time to bound the enumeration's memory."""
+    from kernels.torch_bucketed import plan_tiles
+
+    heads = ids.shape[1]
+    return sum(
+        plan_tiles(ids[:, h : h + 1], ids[:, h : h + 1], causal=causal).num_pairs for h in range(heads)
+    )
+
+
+def _flex_mask_mod(ids: torch.Tensor, causal: bool):
+    """mask_mod for FlexAttention: share a bucket id ≥ 0 (any of T × T slots), and j ≤ i when causal."""
+    slots = [
+        ids[..., s].contiguous() for s in range(ids.shape[-1])
+    ]  # T × (batch, heads, n): index by tensors
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        hit = None
+        for q_slot in slots:
+            qs = q_slot[b, h, q_idx]
+            for k_slot in slots:
+                same = (qs == k_slot[b, h, kv_idx]) & (qs >= 0)
+                hit = same if hit is None else hit | same
+        return hit & (kv_idx <= q_idx) if causal else hit
+
+    return mask_mod
+
+
+def _failure(err: BaseException, phase: str = "") -> str:
+    """One-line status for a method that could not run (in ``phase`` when given)."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    where = f" in {phase.replace('_', '+')}" if phase else ""
+    return f"failed{where}: {type(err).__name__}: {first[:300]}"
+
+
+def _dense_entmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Dense α-entmax attention through the entmax package, normaliser in fp32."""
+    from entmax import entmax15
+
+    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    if causal:
+        n = q.shape[-2]
+        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return entmax15(scores, dim=-1).to(v.dtype) @ v
+
+
+def run_gpu(quick: bool) -> dict[str, Any]:
+    from kernels import bucketed_attention
+
+    cfg = GPU_QUICK if quick else GPU_FULL
+    heads, dim, device, dtype = cfg["heads"], cfg["dim"], torch.device("cuda"), torch.bfloat16
+    try:
+        from torch._dynamo import config as dynamo_config
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        # One graph per (n, grad mode) is compiled; past the default limit of 8, dynamo would fall back to
+        # the unfused eager flex_attention, which materialises the scores and would be timed instead.
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        flex = torch.compile(flex_attention, dynamic=False)
+        flex_error = None
+    except Exception as err:
+        flex_error = _failure(err)
+    try:
+        from adasplash import adasplash
+    except ImportError:
+        adasplash = None
+
+    rows: list[dict[str, Any]] = []
+    entmax_oom = False
+    combos = [(n, c) for n in cfg["sizes"] for c in (False, True)]
+    total = len(combos) * (3 + 3 * len(cfg["buckets"]) * len(cfg["tops"]))
+    bar = tqdm(total=total, desc="gpu bench", unit="run")
+    for n, causal in combos:
+        gen = torch.Generator(device=device).manual_seed(0)
+        q, k, v = (
+            torch.randn(1, heads, n, dim, generator=gen, device=device, dtype=dtype).requires_grad_()
+            for _ in range(3)
+        )
+        base = {"n": n, "causal": causal, "buckets": None, "top": None, "density": 1.0}
+        sdpa = functools.partial(_sdpa_flash, causal=causal)
+        sdpa_row = {**base, "method": "sdpa_flash", **_measure_gpu(sdpa, (q, k, v), cfg)}
+        rows.append(sdpa_row)
+        bar.update()
+        if entmax_oom:  # larger n cannot fit either
+            rows.append({**base, "method": "dense_entmax", "status": "oom"})
+        else:
+            entmax_row = _measure_gpu(functools.partial(_dense_entmax, causal=causal), (q, k, v), cfg)
+            entmax_oom = entmax_row["status"] == "oom"
+            rows.append({**base, "method": "dense_entmax", **entmax_row})
+        bar.update()
+        if adasplash is None:
+            rows.append({**base, "method": "adasplash", "status": "failed: adasplash is not installed"})
+        else:
+            fn = functools.partial(adasplash, alpha=ALPHA, niter=10, is_causal=causal)
+            rows.append({**base, "method": "adasplash", **_measure_gpu(fn, (q, k, v), cfg)})
+        bar.update()
+
+        for buckets in cfg["buckets"]:
+            for top in cfg["tops"]:
+                ids = balanced_buckets(1, heads, n, buckets, top, seed=buckets * 10 + top, device=device)
+                pairs = _count_pairs(ids, causal)
+                spec = {
+                    **base,
+                    "buckets": buckets,
+                    "top": top,
+                    "density": density(pairs, 1, heads, n, causal),
+                }
+                for method, alpha in (("ours_entmax", ALPHA), ("ours_softmax", 1.0)):
+                    fn = functools.partial(
+                        bucketed_attention, q_buckets=ids, k_buckets=ids, alpha=alpha, causal=causal
+                    )
+                    row = {**spec, "method": method, **_measure_gpu(fn, (q, k, v), cfg)}
+                    if row["status"] == sdpa_row["status"] == "ok":
+                        for key in ("forward_ms", "forward_backward_ms"):
+                            row[f"efficiency_{key[:-3]}"] = sdpa_row[key] * spec["density"] / row[key]
+                    rows.append(row)
+                    bar.update()
+                if flex_error is not None:
+                    rows.append({**spec, "method": "flex", "status": flex_error})
+                else:
+                    try:
+                        mask = create_block_mask(
+                            _flex_mask_mod(ids, causal), 1, heads, n, n, device=device, _compile=True
+                        )
+                        fn = functools.partial(flex, block_mask=mask)
+                        rows.append({**spec, "method": "flex", **_measure_gpu(fn, (q, k, v), cfg)})
+                    except Exception as err:  # compilation or mask construction failures are results too
+                        rows.append({**spec, "method": "flex", "status": _failure(err)})
+                bar.update()
+        del q, k, v
+        torch.cuda.empty_cache()
+    bar.close()
+    return {
+        "device": "cuda",
+        "device_name": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "quick": quick,
+        "settings": {
+            "batch": 1,
+            "heads": heads,
+            "dim": dim,
+            "dtype": "bfloat16",
+            "alpha": ALPHA,
+            "warmup": cfg["warmup"],
+            "reps": cfg["reps"],
+            "memory": "peak torch.cuda allocated bytes above the inputs",
+            "efficiency": "sdpa_flash time × density / our time",
+        },
+        "results": rows,
+    }
+
+
+def gpu_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{'n':>6} {'causal':>6} {'B':>3} {'top':>3} {'method':<13} {'density':>8} {'fwd ms':>9} "
+        f"{'fwd+bwd ms':>10} {'eff fwd':>8} {'eff f+b':>8}  status"
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"{r['n']:>6} {r['causal']!s:>6} {_fmt(r['buckets'], '3d')} {_fmt(r['top'], '3d')} "
+            f"{r['method']:<13} {_fmt(r.get('density'), '8.4f')} {_fmt(r.get('forward_ms'), '9.2f')} "
+            f"{_fmt(r.get('forward_backward_ms'), '10.2f')} {_fmt(r.get('efficiency_forward'), '8.2f')} "
+            f"{_fmt(r.get('efficiency_forward_backward'), '8.2f')}  {r['status']}"
+        )
+    return "\n".join(lines)
+
+
+def gpu_plot(report: dict[str, Any], axes) -> None:
+    """One panel per (causal, top): forward+backward time against n for every method."""
+    rows = [r for r in report["results"] if r["status"] == "ok"]
+    tops = sorted({r["top"] for r in report["results"] if r["top"] is not None})
+    for col, top in enumerate(tops):
+        for row_ax, causal in enumerate((False, True)):
+            ax = axes[row_ax][col]
+            here = [r for r in rows if r["causal"] == causal and r["top"] in (None, top)]
+            series: dict[str, list[tuple[int, float]]] = {}
+            for r in here:
+                label = r["method"] if r["buckets"] is None else f"{r['method']} B={r['buckets']}"
+                series.setdefault(label, []).append((r["n"], r["forward_backward_ms"]))
+            for label, points in sorted(series.items()):
+                xs, ys = zip(*sorted(points), strict=True)
+                ax.plot(xs, ys, "--" if label.startswith("flex") else "-", marker="o", ms=3, label=label)
+            _n_axis(ax, [r["n"] for r in here])
+            ax.set(yscale="log", xlabel="n", ylabel="fwd+bwd ms")
+            ax.set_title(f"{'causal' if causal else 'full'}, top-{top}")
+            ax.legend(fontsize=6)
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def write_outputs(report: dict[str, Any], out: Path) -> None:
+    """bench.json and bench.png under ``out``, each written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.atomic import atomic_path, write_json
+
+    if report["device"] == "cpu":
+        fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
+        cpu_plot(report, ax_time, ax_mem)
+        ax_time.legend(fontsize=7)
+        ax_mem.legend(fontsize=7)
+    else:
+        cols = max(1, len({r["top"] for r in report["results"] if r["top"] is not None}))
+        fig, axes = plt.subplots(2, cols, figsize=(6 * cols, 9), squeeze=False)
+        gpu_plot(report, axes)
+    fig.suptitle(f"bucketed attention benchmark ({report['device_name']})")
+    fig.tight_layout()
+    with atomic_path(out / "bench.png") as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    write_json(out / "bench.json", report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output folder")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test that runs in seconds")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # one CPU measurement, in its own process
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(RESULT_PREFIX + json.dumps(cpu_worker(json.loads(args.worker))))
+        return 0
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    report = run_gpu(args.quick) if device == "cuda" else run_cpu(args.quick)
+    print(gpu_table(report) if device == "cuda" else cpu_table(report))
+    write_outputs(report, args.out)
+    print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

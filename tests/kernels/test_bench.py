@@ -1,0 +1,49 @@
+"""Smoke test of ``python -m kernels.bench --device cpu --quick``: the report's fields and the figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernels import bench
+
+
+def test_balanced_buckets_hold_equal_counts():
+    ids = bench.balanced_buckets(2, 3, 96, 8, 2, seed=0)
+    assert ids.shape == (2, 3, 96, 2) and ids.dtype == torch.int32
+    counts = torch.nn.functional.one_hot(ids.long(), 8).sum(2)  # (2, 3, 2, 8) tokens per bucket
+    assert (counts == 96 // 8).all()
+    assert not torch.equal(ids[..., 0], ids[..., 1])  # two independent assignments
+
+
+def test_density_counts_valid_pairs():
+    assert bench.density(32, 1, 2, 8, causal=False) == pytest.approx(32 / 128)
+    assert bench.density(36, 1, 1, 8, causal=True) == pytest.approx(1.0)
+
+
+def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
+    assert bench.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["device"] == "cpu" and report["quick"] is True
+    assert report["settings"]["buckets"] == 16 and report["settings"]["alpha"] == 1.5
+    sizes = bench.CPU_QUICK["sizes"]
+    assert {(r["n"], r["method"]) for r in report["results"]} == {
+        (n, m) for n in sizes for m in ("ours", "dense_entmax")
+    }
+    for row in report["results"]:
+        assert row["status"] == "ok", row
+        assert row["forward_ms"] > 0 and row["forward_backward_ms"] > 0
+        assert row["extra_mb_forward_backward"] >= 0 and row["peak_rss_mb_forward_backward"] > 0
+        assert row["pairs"] == row["n"] ** 2 // 16 * report["settings"]["heads"]
+        assert row["density"] == pytest.approx(1 / 16)
+    assert [s["n"] for s in report["summary"]] == sizes
+    for summary in report["summary"]:
+        assert summary["speedup_forward"] > 0 and summary["speedup_forward_backward"] > 0
+        assert {"memory_ratio_forward", "memory_ratio_forward_backward"} <= set(summary)
+    png = (tmp_path / "bench.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+    printed = capsys.readouterr().out
+    assert "dense_entmax" in printed and "faster forward" in printed

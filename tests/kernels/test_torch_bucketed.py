@@ -1,0 +1,332 @@
+"""The sub-quadratic PyTorch path against the dense reference in ``kernels/reference.py``.
+
+Tolerances are derived, not guessed: the PyTorch path and the reference, both run in the test dtype, are
+compared with a float64 evaluation of the same (rounded) inputs, and the PyTorch path may deviate by at most
+``ERROR_FACTOR`` times the reference's own deviation, plus one unit of the dtype's precision for the final
+rounding of the output.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from entmax import entmax15, sparsemax
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels import torch_bucketed
+from kernels.reference import attended_mask, dense_bucketed_attention, normalize
+from kernels.torch_bucketed import TILE, BlockEntmax, plan_tiles, torch_bucketed_attention
+
+# Both paths normalise in fp32 but sum in different orders; measured ratios stay below 2.
+ERROR_FACTOR = 4.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These shapes are tiny: intra-op threads only add synchronisation (badly so on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+ALPHAS = (1.0, 1.5, 2.0)
+PATTERNS = {"none": {}, "window+global": {"window": 3, "global_tokens": 2}}
+
+
+def make_inputs(
+    n: int, d: int, t: int, *, seed: int, dtype=torch.float32, m: int | None = None, buckets: int = 7
+) -> tuple[torch.Tensor, ...]:
+    """q, k, v (2, 2, n|m, d) and bucket ids (2, 2, n|m, t) in [−1, buckets)."""
+    gen = torch.Generator().manual_seed(seed)
+    m = n if m is None else m
+    q = torch.randn(2, 2, n, d, generator=gen).to(dtype)
+    k = torch.randn(2, 2, m, d, generator=gen).to(dtype)
+    v = torch.randn(2, 2, m, d, generator=gen).to(dtype)
+    qb = torch.randint(-1, buckets, (2, 2, n, t), generator=gen, dtype=torch.int32)
+    kb = torch.randint(-1, buckets, (2, 2, m, t), generator=gen, dtype=torch.int32)
+    return q, k, v, qb, kb
+
+
+def dense64(q, k, v, qb, kb, *, alpha, causal=False, window=0, global_tokens=0) -> torch.Tensor:
+    """Float64 ground truth: the reference mask and normaliser on float64 scores."""
+    mask = attended_mask(qb, kb, causal=causal, window=window, global_tokens=global_tokens)
+    scores = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return normalize(scores.masked_fill(~mask, float("-inf")), alpha) @ v.double()
+
+
+def assert_close_to_truth(ours: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor) -> None:
+    """Our deviation from float64 is at most ERROR_FACTOR × the reference's, plus one output rounding."""
+    assert ours.dtype == ref.dtype
+    assert torch.isfinite(ours).all()
+    err_ours = (ours.double() - truth).abs().max().item()
+    err_ref = (ref.double() - truth).abs().max().item()
+    rounding = torch.finfo(ours.dtype).eps * max(1.0, truth.abs().max().item())
+    assert err_ours <= ERROR_FACTOR * err_ref + rounding, (err_ours, err_ref)
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("d", [32, 64])
+@pytest.mark.parametrize("n", [1, 17, 97, 130, 257])
+def test_forward_fp32_matches_reference(n, d, t, alpha, causal, pattern):
+    q, k, v, qb, kb = make_inputs(n, d, t, seed=n * 1000 + d * 10 + t)
+    opts = dict(alpha=alpha, causal=causal, **PATTERNS[pattern])
+    assert_close_to_truth(
+        torch_bucketed_attention(q, k, v, qb, kb, **opts),
+        dense_bucketed_attention(q, k, v, qb, kb, **opts),
+        dense64(q, k, v, qb, kb, **opts),
+    )
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("n", [17, 130, 257])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_forward_low_precision_matches_reference(dtype, n, alpha, causal, pattern):
+    q, k, v, qb, kb = make_inputs(n, 64, 2, seed=n, dtype=dtype)
+    opts = dict(alpha=alpha, causal=causal, **PATTERNS[pattern])
+    assert_close_to_truth(
+        torch_bucketed_attention(q, k, v, qb, kb, **opts),
+        dense_bucketed_attention(q, k, v, qb, kb, **opts),
+        dense64(q, k, v, qb, kb, **opts),
+    )
+
+
+@pytest.mark.parametrize(("n", "m"), [(17, 40), (130, 65)])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_cross_attention_matches_reference(n, m, alpha):
+    q, k, v, qb, kb = make_inputs(n, 32, 3, seed=n + m, m=m)
+    opts = dict(alpha=alpha, window=4, global_tokens=3)
+    assert_close_to_truth(
+        torch_bucketed_attention(q, k, v, qb, kb, **opts),
+        dense_bucketed_attention(q, k, v, qb, kb, **opts),
+        dense64(q, k, v, qb, kb, **opts),
+    )
+
+
+def _grads(fn, q, k, v, qb, kb, opts, grad_out):
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    fn(q, k, v, qb, kb, **opts).backward(grad_out.to(q.dtype))
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize(
+    ("causal", "pattern"), [(False, "none"), (True, "window+global")], ids=["full", "causal-pattern"]
+)
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("t", [1, 2])
+@pytest.mark.parametrize("n", [17, 130])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_gradients_match_reference(dtype, n, t, alpha, causal, pattern):
+    q, k, v, qb, kb = make_inputs(n, 32, t, seed=7 * n + t, dtype=dtype)
+    opts = dict(alpha=alpha, causal=causal, **PATTERNS[pattern])
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    ours = _grads(torch_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    ref = _grads(dense_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    truth = _grads(dense64, q.double(), k.double(), v.double(), qb, kb, opts, grad_out)
+    for g_ours, g_ref, g_truth in zip(ours, ref, truth, strict=True):
+        assert_close_to_truth(g_ours, g_ref, g_truth)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.3, 1.5, 2.0, 2.5])
+def test_block_entmax_gradcheck(alpha):
+    # Query 0 spans two blocks, query 3 has no key, rows equal to num_queries are padding.
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64)
+    rows = torch.tensor([[0, 1, 2, 3], [0, 4, 5, 6], [1, 6, 7, 7]])
+    attended = torch.rand(3, 4, 5, generator=gen) < 0.7
+    attended[:, 0, :2] = True  # query 0 and 1 keep keys in both of their blocks
+    attended[rows == 3] = False
+    attended[rows == 7] = False
+
+    def fn(s):
+        return BlockEntmax.apply(s.masked_fill(~attended, float("-inf")), rows, 7, alpha)
+
+    probs = fn(scores)
+    per_query = torch.zeros(8, dtype=torch.float64).index_add_(0, rows.flatten(), probs.sum(-1).flatten())
+    assert torch.allclose(per_query[:7], torch.tensor([1.0, 1, 1, 0, 1, 1, 1], dtype=torch.float64))
+    assert torch.autograd.gradcheck(fn, (scores.requires_grad_(),), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.7])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_attention_gradcheck(alpha, causal):
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 7, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+    qb = torch.randint(-1, 3, (1, 2, 7, 2), generator=gen, dtype=torch.int32)
+    kb = torch.randint(-1, 3, (1, 2, 7, 2), generator=gen, dtype=torch.int32)
+
+    def fn(q, k, v):
+        return torch_bucketed_attention(
+            q, k, v, qb, kb, alpha=alpha, causal=causal, window=1, global_tokens=1
+        )
+
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_one_bucket_equals_dense(causal):
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 97, 32, generator=gen, dtype=torch.float64) for _ in "qkv")
+    ids = torch.zeros(2, 3, 97, 1, dtype=torch.int32)
+    scores = (q @ k.transpose(-1, -2)) * 32**-0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(97, 97, dtype=torch.bool).triu(1), float("-inf"))
+    expected = {1.0: torch.softmax(scores, -1), 1.5: entmax15(scores, dim=-1), 2.0: sparsemax(scores, dim=-1)}
+    for alpha, probs in expected.items():
+        out = torch_bucketed_attention(q, k, v, ids, ids, alpha=alpha, causal=causal)
+        torch.testing.assert_close(out, probs @ v, rtol=0, atol=1e-12)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(torch_bucketed_attention(q, k, v, ids, ids, alpha=1.0, causal=causal), sdpa)
+
+
+def test_token_without_buckets_is_left_out():
+    q, k, v, _, _ = make_inputs(40, 16, 2, seed=11, dtype=torch.float64)
+    qb = torch.zeros(2, 2, 40, 2, dtype=torch.int32)
+    qb[..., 1] = -1
+    kb = qb.clone()
+    qb[:, :, 3] = -1  # query 3 attends nothing
+    kb[:, :, 5] = -1  # key 5 is attended by nobody
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out = torch_bucketed_attention(q, k, v, qb, kb)
+    assert (out[:, :, 3] == 0).all()
+    out.sum().backward()
+    assert (q.grad[:, :, 3] == 0).all() and (k.grad[:, :, 5] == 0).all() and (v.grad[:, :, 5] == 0).all()
+    torch.testing.assert_close(out, dense64(q, k, v, qb, kb, alpha=1.5), rtol=0, atol=1e-12)
+
+
+def test_pair_sharing_several_buckets_counts_once():
+    n = 12
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 1, n, 8, generator=gen, dtype=torch.float64) for _ in "qkv")
+    # Every token lists ids {1, 2} (the repeat of 2 in the third slot is the same id again), so every
+    # pair shares two buckets and is met three times by naive enumeration.
+    ids = torch.tensor([1, 2, 2], dtype=torch.int32).expand(1, 1, n, 3).contiguous()
+    ids[0, 0, :4, 0] = 5  # the first four tokens hold {5, 2}: they share only bucket 2 with the rest
+    plan = plan_tiles(ids, ids)
+    assert plan.num_pairs == n * n == int(attended_mask(ids, ids).sum())
+    for alpha in ALPHAS:
+        out = torch_bucketed_attention(q, k, v, ids, ids, alpha=alpha)
+        full = normalize((q @ k.transpose(-1, -2)) * 8**-0.5, alpha) @ v  # union mask = every pair
+        torch.testing.assert_close(out, full, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_rows_without_keys_give_zeros(alpha):
+    q, k, v, _, _ = make_inputs(30, 16, 1, seed=4)
+    qb = torch.full((2, 2, 30, 1), 7, dtype=torch.int32)
+    qb[..., ::2, :] = 3  # even queries match the keys' bucket, odd ones match nothing
+    kb = torch.full((2, 2, 30, 1), 3, dtype=torch.int32)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out = torch_bucketed_attention(q, k, v, qb, kb, alpha=alpha)
+    assert (out[:, :, 1::2] == 0).all() and (out[:, :, ::2] != 0).any()
+    out.square().sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+    assert (q.grad[:, :, 1::2] == 0).all()
+
+
+def test_pattern_only_matches_reference():
+    q, k, v, _, _ = make_inputs(130, 32, 1, seed=8)
+    none = torch.full((2, 2, 130, 1), -1, dtype=torch.int32)
+    for causal, alpha in itertools.product([False, True], ALPHAS):
+        opts = dict(alpha=alpha, causal=causal, window=5, global_tokens=3)
+        assert_close_to_truth(
+            torch_bucketed_attention(q, k, v, none, none, **opts),
+            dense_bucketed_attention(q, k, v, none, none, **opts),
+            dense64(q, k, v, none, none, **opts),
+        )
+
+
+def test_future_tokens_never_change_past_outputs():
+    q, k, v, qb, kb = make_inputs(97, 32, 2, seed=9)
+    opts = dict(causal=True, window=3, global_tokens=2)
+    out = torch_bucketed_attention(q, k, v, qb, kb, **opts)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 50:] = torch.randn_like(k2[:, :, 50:]) * 10
+    v2[:, :, 50:] = torch.randn_like(v2[:, :, 50:]) * 10
+    out2 = torch_bucketed_attention(q, k2, v2, qb, kb, **opts)
+    assert torch.equal(out[:, :, :50], out2[:, :, :50])
+    assert not torch.equal(out[:, :, 50:], out2[:, :, 50:])
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "t", "opts"),
+    [
+        (130, 130, 3, {}),
+        (130, 130, 3, {"causal": True}),
+        (130, 130, 3, {"window": 4, "global_tokens": 3}),
+        (130, 130, 3, {"causal": True, "window": 70, "global_tokens": 65}),
+        (97, 200, 2, {}),
+        (97, 200, 2, {"window": 4, "global_tokens": 3}),
+    ],
+    ids=["plain", "causal", "pattern", "causal-wide-pattern", "cross", "cross-pattern"],
+)
+def test_pairs_are_exactly_the_attended_set(n, m, t, opts):
+    _, _, _, qb, kb = make_inputs(n, 4, t, seed=n + t, m=m, buckets=9)
+    mask = attended_mask(qb, kb, **opts)  # (2, 2, n, m)
+    plan = plan_tiles(qb, kb, **opts)
+    query, key = plan.pairs()
+    assert plan.num_pairs == query.numel() == int(mask.sum())
+    found = torch.zeros(2 * 2 * n, m, dtype=torch.int64)
+    found.index_put_((query, key % m), torch.ones_like(query), accumulate=True)
+    assert torch.equal(found.view(2, 2, n, m), mask.long())  # each attended pair once, nothing else
+
+
+def balanced_buckets(heads: int, n: int, buckets: int, seed: int) -> torch.Tensor:
+    """(1, heads, n, 1) ids with exactly n / buckets tokens per bucket, at random positions."""
+    gen = torch.Generator().manual_seed(seed)
+    rank = torch.rand(1, heads, n, generator=gen).argsort(-1).argsort(-1)
+    return (rank * buckets // n).to(torch.int32)[..., None]
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an operator returns (autograd included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(x, torch.Tensor):
+                self.largest = max(self.largest, x.numel())
+        return out
+
+
+def test_memory_grows_with_pairs_not_n_squared():
+    n, buckets, d = 4096, 64, 64
+    ids = balanced_buckets(1, n, buckets, seed=0)
+    plan = plan_tiles(ids, ids)
+    assert plan.num_pairs == n * n // buckets  # exactly the attended pairs: 1/64 of n²
+    assert plan.num_entries <= 2 * plan.num_pairs
+
+    q, k, v = (torch.randn(1, 1, n, d, requires_grad=True) for _ in "qkv")
+    with LargestTensor() as probe:
+        torch_bucketed_attention(q, k, v, ids, ids).sum().backward()
+    # Blocks hold TILE × TILE scores or TILE × d gathered rows per task, inputs n × d; nothing is n × n.
+    assert probe.largest <= max(plan.num_entries * max(1, d // TILE), (n + 1) * d) <= n * n // 16
+
+
+def test_runs_of_groups_give_the_same_result(monkeypatch):
+    q, k, v, qb, kb = make_inputs(97, 16, 2, seed=12, dtype=torch.float64)
+    opts = dict(causal=True, window=2, global_tokens=1)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    whole = torch_bucketed_attention(q, k, v, qb, kb, **opts)
+    grads = torch.autograd.grad(whole.square().sum(), (q, k, v))
+    assert torch_bucketed._group_chunks(qb, kb, 2, 1) == [4]  # 2 × 2 groups fit one run
+
+    # Each group's bound covers its true pair count, so a budget below it gives one run per group.
+    mask = attended_mask(qb, kb, **opts).flatten(0, 1).flatten(1).sum(1)  # (groups,) true pairs
+    monkeypatch.setattr(torch_bucketed, "CHUNK_PAIRS", int(mask.min()))
+    assert torch_bucketed._group_chunks(qb, kb, 2, 1) == [1, 1, 1, 1]
+    split = torch_bucketed_attention(q, k, v, qb, kb, **opts)
+    torch.testing.assert_close(split, whole, rtol=0, atol=1e-13)
+    for got, want in zip(torch.autograd.grad(split.square().sum(), (q, k, v)), grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
