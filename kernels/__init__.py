@@ -7,13 +7,17 @@ computes, per (batch, head), o_i = Σ_{j∈A_i} p_ij v_j with p_i = α-entmax(sc
           (∩ {j ≤ i} when causal, g = global_tokens),
 
 softmax when α = 1, zeros for a query with no key, each pair counted once however many buckets it shares.
-CUDA tensors in float16, bfloat16 or float32 run the Triton kernel (imported only then, so CPU use never
-needs Triton); everything else runs the sub-quadratic PyTorch path, which also accepts float64.
+With ``backend="auto"``, CUDA tensors in float16, bfloat16 or float32 run the Triton kernel (imported only
+then, so CPU use never needs Triton) and everything else runs the sub-quadratic PyTorch path, which also
+accepts float64. ``backend="triton"`` or ``"torch"`` forces one; the Triton kernel takes CPU tensors only
+under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests and debugging). Arguments are validated here
+once, for both backends.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from numbers import Integral, Real
 
 import torch
@@ -25,6 +29,7 @@ __all__ = ["bucketed_attention"]
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TRITON_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _ID_MAX = 2**31 - 1  # ids travel as int32
+BACKENDS = ("auto", "triton", "torch")
 
 
 def _check_buckets(name: str, buckets: object, lead: tuple[int, int, int], device: torch.device) -> None:
@@ -65,7 +70,8 @@ def _validate(
     window: object,
     global_tokens: object,
     scale: object,
-) -> tuple[float, bool, int, int, float | None]:
+    backend: object,
+) -> tuple[float, bool, int, int, float | None, str]:
     """Raise ValueError naming the first bad argument; return the normalised scalar options."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -100,7 +106,25 @@ def _validate(
         isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0
     ):
         raise ValueError(f"scale must be None (1/√d) or a finite number > 0; got {scale!r}")
-    return float(alpha), causal, window, global_tokens, None if scale is None else float(scale)
+    backend = _check_backend(backend, q)
+    return float(alpha), causal, window, global_tokens, None if scale is None else float(scale), backend
+
+
+def _check_backend(backend: object, q: torch.Tensor) -> str:
+    """The backend that will run: "triton" or "torch"."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+    if backend == "auto":
+        return "triton" if q.is_cuda and q.dtype in _TRITON_FLOATS else "torch"
+    if backend == "triton":
+        if q.dtype not in _TRITON_FLOATS:
+            raise ValueError(f"backend 'triton' takes float16, bfloat16 or float32; got {q.dtype}")
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for Triton's CPU interpreter); "
+                f"got tensors on {q.device}"
+            )
+    return backend
 
 
 def bucketed_attention(
@@ -115,24 +139,20 @@ def bucketed_attention(
     window: int = 0,
     global_tokens: int = 0,
     scale: float | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Bucketed α-entmax attention (softmax for α = 1); returns (batch, heads, n, d) in q's dtype.
 
     q (batch, heads, n, d); k, v (batch, heads, m, d); q_buckets (batch, heads, n, T) and k_buckets
-    (batch, heads, m, T′) integer ids, −1 for none. Differentiable in q, k and v. Bad arguments raise
-    ValueError before any work.
+    (batch, heads, m, T′) integer ids, −1 for none. Differentiable in q, k and v. ``backend``: "auto",
+    "triton" or "torch" (see the module docstring). Bad arguments raise ValueError before any work.
     """
-    alpha, causal, window, global_tokens, scale = _validate(
-        q, k, v, q_buckets, k_buckets, alpha, causal, window, global_tokens, scale
+    alpha, causal, window, global_tokens, scale, backend = _validate(
+        q, k, v, q_buckets, k_buckets, alpha, causal, window, global_tokens, scale, backend
     )
     options = dict(alpha=alpha, causal=causal, window=window, global_tokens=global_tokens, scale=scale)
-    if _runs_on_triton(q):
+    if backend == "triton":
         from kernels.triton_bucketed import triton_bucketed_attention
 
         return triton_bucketed_attention(q, k, v, q_buckets, k_buckets, **options)
     return torch_bucketed.torch_bucketed_attention(q, k, v, q_buckets, k_buckets, **options)
-
-
-def _runs_on_triton(q: torch.Tensor) -> bool:
-    """The Triton kernel takes CUDA tensors in half, bfloat16 or single precision."""
-    return q.is_cuda and q.dtype in _TRITON_FLOATS

@@ -1,4 +1,5 @@
-"""Benchmark of bucketed attention: ``python -m kernels.bench [--device auto|cpu|cuda] [--out DIR] [--quick]``
+"""Benchmark of bucketed attention: ``python -m kernels.bench [--device auto|cpu|cuda] [--suite auto|cpu|gpu]
+[--out DIR] [--quick]``
 
 Workload. Balanced buckets: each of ``top`` independent assignments ranks the tokens by a random permutation
 and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 uses two assignments in the same
@@ -20,8 +21,10 @@ GPU. For n ∈ {1k, …, 32k}, d = 64, 8 heads, bf16, B ∈ {8, 16, 32}, top-1 a
 forward+backward times (CUDA events, warm-up then median) and peak allocated memory of ours (Triton, α = 1.5
 and α = 1), dense SDPA restricted to the flash backend, FlexAttention with the equivalent mask (a
 ``mask_mod`` looking up the bucket ids), dense α-entmax through the ``entmax`` package (until it runs out
-of memory) and AdaSplash when it is installed. Efficiency = SDPA time × density / our time: 1 means ours
-turns sparsity into speed as well as flash attention uses dense FLOPs.
+of memory) and AdaSplash when it is installed. Speedup = SDPA time / our time; efficiency = speedup × density:
+1 means ours turns sparsity into speed as well as flash attention uses dense FLOPs; our entmax rows also
+carry their time over our softmax time. ``--suite gpu --device cpu`` runs the same comparison on CPU tensors
+(float32, tiny sizes, wall clock, no memory figures) as a smoke test of the suite.
 
 Writes ``bench.json`` and ``bench.png`` to ``--out`` atomically and prints a table.
 """
@@ -68,6 +71,17 @@ GPU_QUICK = {
     "dim": 64,
     "warmup": 1,
     "reps": 2,
+}
+# the GPU comparison run on CPU tensors (float32, wall-clock times, no memory figures): a smoke test of the
+# suite itself; "ours" is then the PyTorch path and FlexAttention has no CPU backward
+GPU_ON_CPU = {
+    "sizes": [64],
+    "buckets": [4],
+    "tops": [1, 2],
+    "heads": 2,
+    "dim": 32,
+    "warmup": 1,
+    "reps": 1,
 }
 
 
@@ -201,10 +215,10 @@ def run_cpu(quick: bool) -> dict[str, Any]:
             )
     return {
         "device": "cpu",
+        "suite": "cpu",
         "device_name": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "quick": quick,
         "settings": {
             "batch": 1,
             "heads": cfg["heads"],
@@ -222,7 +236,11 @@ def run_cpu(quick: bool) -> dict[str, Any]:
 
 
 def _fmt(x: Any, spec: str) -> str:
-    return format(x, spec) if isinstance(x, (int, float)) else "-"
+    """``x`` formatted by ``spec``, or a dash of the same width where there is no number."""
+    if isinstance(x, (int, float)):
+        return format(x, spec)
+    width = spec.split(".")[0].rstrip("df")
+    return "-".rjust(int(width) if width.isdigit() else 1)
 
 
 def cpu_table(report: dict[str, Any]) -> str:
@@ -279,7 +297,12 @@ def cpu_plot(report: dict[str, Any], ax_time, ax_mem) -> None:
 # ----------------------------------------------------------------------------------------------- GPU
 
 
-def _cuda_ms(fn: Callable[[], object]) -> float:
+def _elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Milliseconds of one call: CUDA events on a GPU, the wall clock elsewhere."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -291,8 +314,10 @@ def _cuda_ms(fn: Callable[[], object]) -> float:
 def _measure_gpu(
     attention: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], cfg: dict[str, Any]
 ) -> dict[str, Any]:
-    """Forward (no grad, on detached inputs) and forward+backward of ``attention(q, k, v)``: median ms and
-    peak allocated MiB above the inputs."""
+    """Forward (no grad, on detached inputs) and forward+backward of ``attention(q, k, v)``: median ms and,
+    on CUDA, peak allocated MiB above the inputs."""
+    device = inputs[0].device
+    on_cuda = device.type == "cuda"
     detached = tuple(x.detach() for x in inputs)
 
     def forward() -> None:
@@ -306,25 +331,30 @@ def _measure_gpu(
     def timed(fn: Callable[[], object]) -> float:
         for _ in range(cfg["warmup"]):
             fn()
-        torch.cuda.synchronize()
-        return statistics.median(_cuda_ms(fn) for _ in range(cfg["reps"]))
+        if on_cuda:
+            torch.cuda.synchronize()
+        return statistics.median(_elapsed_ms(fn, device) for _ in range(cfg["reps"]))
 
     row: dict[str, Any] = {"status": "ok"}
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
+    if on_cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
     for phase, fn in (("forward", forward), ("forward_backward", step)):
         try:
-            torch.cuda.reset_peak_memory_stats()
+            if on_cuda:
+                torch.cuda.reset_peak_memory_stats()
             with torch.set_grad_enabled(phase != "forward"):
                 row[f"{phase}_ms"] = timed(fn)
-            row[f"peak_mb_{phase}"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            if on_cuda:
+                row[f"peak_mb_{phase}"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         except Exception as err:  # a method that cannot run is a result, not a crash
-            oom = isinstance(err, torch.cuda.OutOfMemoryError) or _is_oom(err)
+            oom = (on_cuda and isinstance(err, torch.cuda.OutOfMemoryError)) or _is_oom(err)
             row["status"] = "oom" if oom else _failure(err, phase)
             break
     for x in inputs:
         x.grad = None
-    torch.cuda.empty_cache()
+    if on_cuda:
+        torch.cuda.empty_cache()
     return row
 
 
@@ -382,11 +412,14 @@ def _dense_entmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return entmax15(scores, dim=-1).to(v.dtype) @ v
 
 
-def run_gpu(quick: bool) -> dict[str, Any]:
+def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The GPU comparison (module docstring) with sizes from ``cfg``; on a CPU ``device`` it runs in
+    float32 as a smoke test of the suite."""
     from kernels import bucketed_attention
 
-    cfg = GPU_QUICK if quick else GPU_FULL
-    heads, dim, device, dtype = cfg["heads"], cfg["dim"], torch.device("cuda"), torch.bfloat16
+    on_cuda = device.type == "cuda"
+    heads, dim = cfg["heads"], cfg["dim"]
+    dtype = torch.bfloat16 if on_cuda else torch.float32  # CPU flash attention and the interpreter lack bf16
     try:
         from torch._dynamo import config as dynamo_config
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -409,7 +442,7 @@ def run_gpu(quick: bool) -> dict[str, Any]:
     total = len(combos) * (3 + 3 * len(cfg["buckets"]) * len(cfg["tops"]))
     bar = tqdm(total=total, desc="gpu bench", unit="run")
     for n, causal in combos:
-        gen = torch.Generator(device=device).manual_seed(0)
+        gen = torch.Generator(device=device.type).manual_seed(0)
         q, k, v = (
             torch.randn(1, heads, n, dim, generator=gen, device=device, dtype=dtype).requires_grad_()
             for _ in range(3)
@@ -443,16 +476,22 @@ def run_gpu(quick: bool) -> dict[str, Any]:
                     "top": top,
                     "density": density(pairs, 1, heads, n, causal),
                 }
+                ours = {}
                 for method, alpha in (("ours_entmax", ALPHA), ("ours_softmax", 1.0)):
                     fn = functools.partial(
                         bucketed_attention, q_buckets=ids, k_buckets=ids, alpha=alpha, causal=causal
                     )
-                    row = {**spec, "method": method, **_measure_gpu(fn, (q, k, v), cfg)}
-                    if row["status"] == sdpa_row["status"] == "ok":
-                        for key in ("forward_ms", "forward_backward_ms"):
-                            row[f"efficiency_{key[:-3]}"] = sdpa_row[key] * spec["density"] / row[key]
+                    row = ours[method] = {**spec, "method": method, **_measure_gpu(fn, (q, k, v), cfg)}
+                    for key in ("forward", "forward_backward"):
+                        if f"{key}_ms" in row and f"{key}_ms" in sdpa_row:
+                            row[f"speedup_{key}"] = sdpa_row[f"{key}_ms"] / row[f"{key}_ms"]
+                            row[f"efficiency_{key}"] = row[f"speedup_{key}"] * spec["density"]
                     rows.append(row)
                     bar.update()
+                entmax, softmax = ours["ours_entmax"], ours["ours_softmax"]
+                for key in ("forward", "forward_backward"):
+                    if f"{key}_ms" in entmax and f"{key}_ms" in softmax:
+                        entmax[f"entmax_over_softmax_{key}"] = entmax[f"{key}_ms"] / softmax[f"{key}_ms"]
                 if flex_error is not None:
                     rows.append({**spec, "method": "flex", "status": flex_error})
                 else:
@@ -466,23 +505,25 @@ def run_gpu(quick: bool) -> dict[str, Any]:
                         rows.append({**spec, "method": "flex", "status": _failure(err)})
                 bar.update()
         del q, k, v
-        torch.cuda.empty_cache()
+        if on_cuda:
+            torch.cuda.empty_cache()
     bar.close()
     return {
-        "device": "cuda",
-        "device_name": torch.cuda.get_device_name(),
+        "device": device.type,
+        "suite": "gpu",
+        "device_name": torch.cuda.get_device_name(device) if on_cuda else platform.machine(),
         "torch": torch.__version__,
-        "quick": quick,
         "settings": {
             "batch": 1,
             "heads": heads,
             "dim": dim,
-            "dtype": "bfloat16",
+            "dtype": str(dtype).removeprefix("torch."),
             "alpha": ALPHA,
             "warmup": cfg["warmup"],
             "reps": cfg["reps"],
-            "memory": "peak torch.cuda allocated bytes above the inputs",
-            "efficiency": "sdpa_flash time × density / our time",
+            "memory": "peak torch.cuda allocated bytes above the inputs" if on_cuda else "not measured",
+            "speedup": "sdpa_flash time / our time",
+            "efficiency": "speedup × density",
         },
         "results": rows,
     }
@@ -491,14 +532,16 @@ def run_gpu(quick: bool) -> dict[str, Any]:
 def gpu_table(report: dict[str, Any]) -> str:
     lines = [
         f"{'n':>6} {'causal':>6} {'B':>3} {'top':>3} {'method':<13} {'density':>8} {'fwd ms':>9} "
-        f"{'fwd+bwd ms':>10} {'eff fwd':>8} {'eff f+b':>8}  status"
+        f"{'fwd+bwd ms':>10} {'x sdpa':>7} {'eff fwd':>8} {'eff f+b':>8} {'ent/sm':>7}  status"
     ]
     for r in report["results"]:
         lines.append(
             f"{r['n']:>6} {r['causal']!s:>6} {_fmt(r['buckets'], '3d')} {_fmt(r['top'], '3d')} "
             f"{r['method']:<13} {_fmt(r.get('density'), '8.4f')} {_fmt(r.get('forward_ms'), '9.2f')} "
-            f"{_fmt(r.get('forward_backward_ms'), '10.2f')} {_fmt(r.get('efficiency_forward'), '8.2f')} "
-            f"{_fmt(r.get('efficiency_forward_backward'), '8.2f')}  {r['status']}"
+            f"{_fmt(r.get('forward_backward_ms'), '10.2f')} {_fmt(r.get('speedup_forward'), '7.2f')} "
+            f"{_fmt(r.get('efficiency_forward'), '8.2f')} "
+            f"{_fmt(r.get('efficiency_forward_backward'), '8.2f')} "
+            f"{_fmt(r.get('entmax_over_softmax_forward'), '7.2f')}  {r['status']}"
         )
     return "\n".join(lines)
 
@@ -536,7 +579,7 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
 
     from pipeline.atomic import atomic_path, write_json
 
-    if report["device"] == "cpu":
+    if report["suite"] == "cpu":
         fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
         cpu_plot(report, ax_time, ax_mem)
         ax_time.legend(fontsize=7)
@@ -556,6 +599,12 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--suite",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="the comparison to run (auto: gpu on CUDA, cpu otherwise); gpu on a CPU is a float32 smoke test",
+    )
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output folder")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test that runs in seconds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one CPU measurement, in its own process
@@ -568,8 +617,16 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    report = run_gpu(args.quick) if device == "cuda" else run_cpu(args.quick)
-    print(gpu_table(report) if device == "cuda" else cpu_table(report))
+    suite = args.suite if args.suite != "auto" else ("gpu" if device == "cuda" else "cpu")
+    if suite == "cpu" and device == "cuda":
+        parser.error("--suite cpu measures the PyTorch path on CPU tensors: use --device cpu")
+    if suite == "gpu":
+        sizes = GPU_ON_CPU if device == "cpu" else GPU_QUICK if args.quick else GPU_FULL
+        report = run_gpu(sizes, torch.device(device))
+    else:
+        report = run_cpu(args.quick)
+    report["quick"] = args.quick
+    print(gpu_table(report) if suite == "gpu" else cpu_table(report))
     write_outputs(report, args.out)
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
     return 0

@@ -21,10 +21,13 @@ query is split into disjoint parts, each computed by one program row and merged 
 * pattern part (window band and global rows/columns), in original token order: pairs that share no bucket.
 
 Causality always compares original positions. Tiles whose mask is empty are skipped before touching K/V.
-Softmax runs flash-style online per part; parts merge by log-sum-exp. α-entmax needs τ over the whole row,
-so the forward alternates a Triton pass that evaluates Σ_j [x_ij − τ_i]₊^{1/(α−1)} (and derivatives) per part
-with a per-token safeguarded Halley (α = 1.5) or Newton step (other α) on the bracket
-τ ∈ [max x − 1, max x − |A_i|^{1−α}], x = (α − 1)s, then one output pass.
+Softmax runs flash-style online per part; parts merge by log-sum-exp. α-entmax needs τ over the whole row:
+a safeguarded Halley (α = 1.5), Newton (other α ≤ 2) or bisection (α > 2) search on the bracket
+τ ∈ [max x − 1, max x − |A_i|^{1−α}], x = (α − 1)s, each step evaluating Σ_j [x_ij − τ_i]₊^{1/(α−1)} (and
+derivatives) in a pass over the row's keys, then one output pass. When one program meets all of a query's
+keys (one bucket per query, no window or global tokens) the whole search runs inside that program, in one
+launch with no host synchronisation; otherwise every step is a launch whose per-part sums are added per
+token before the step (``_tau_kernel``), and the host stops once every row has converged.
 
 Backward (ds_ij is the gradient with respect to s_ij):
     softmax:  ds_ij = p_ij (dp_ij − D_i),  D_i = dO_i·o_i
@@ -36,7 +39,6 @@ tokens with torch ops.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +52,7 @@ _ENTMAX_MAX = tl.constexpr(1)  # max of x = (α−1)s and |A_i| per part
 _ENTMAX_TAU = tl.constexpr(2)  # Σ u^{1/(α−1)}, Σ u^{1/(α−1)−1}, #(u > 0) with u = [x − τ]₊
 _ENTMAX_OUT = tl.constexpr(3)  # Σ p v, Σ p (and Σ g v, Σ g for the backward)
 _DQ = tl.constexpr(4)  # Σ ds k
+_ENTMAX_SOLVE = tl.constexpr(5)  # MAX, then TAU passes and τ steps in registers, then OUT: rows owned whole
 
 # Normalizer kinds: the common α get exact closed-form powers instead of exp2/log2.
 _KIND_SOFTMAX = tl.constexpr(0)
@@ -57,17 +60,24 @@ _KIND_ENTMAX15 = tl.constexpr(1)
 _KIND_SPARSEMAX = tl.constexpr(2)
 _KIND_ENTMAX = tl.constexpr(3)
 
+# τ update rules: Halley for α = 1.5, Newton for other α ≤ 2, bisection for α > 2.
+_TAU_HALLEY = tl.constexpr(0)
+_TAU_NEWTON = tl.constexpr(1)
+_TAU_BISECT = tl.constexpr(2)
+
 _LOG2E = 1.4426950408889634
 _INT32_MAX = torch.iinfo(torch.int32).max
 _INT64_MAX = torch.iinfo(torch.int64).max
-_MAX_TAU_ITERS = 64
+_MAX_TAU_ITERS = tl.constexpr(64)
+TAU_BLOCK = 1024  # rows per program of the elementwise τ step
 # |Σ p − 1| at which τ is accepted; the output is renormalized by Σ p, so half-precision inputs, whose
-# output rounding is ~1e-3, stop earlier
+# output rounding is ~1e-3, stop earlier. For α > 2 a small |f| does not bound the error of p ∝ u^{1/(α−1)}
+# where u is small, so only the step size stops the bisection.
 _TAU_F_TOL = {torch.float32: 1e-6, torch.float16: 1e-4, torch.bfloat16: 1e-4}
 # relative τ step at which the iteration stops: Newton/Halley steps that small are fp32 noise; bisection
 # goes on to the resolution of fp32 τ (for α > 2, p is very sensitive to τ near the threshold)
-_TAU_STEP_TOL = 2.0 ** -22
-_TAU_BISECT_TOL = 2.0 ** -24
+_TAU_STEP_TOL = tl.constexpr(2.0**-22)
+_TAU_BISECT_TOL = tl.constexpr(2.0**-24)
 
 
 # ----------------------------------------------------------------------------------------------- masks
@@ -144,6 +154,76 @@ def _probs_and_grad_weights(s, mask, stat, p_exp, g_exp, KIND: tl.constexpr):
         u = tl.maximum(tl.where(mask, s - stat[:, None], 0.0), 0.0)
         p, w = _entmax_weights(u, p_exp, g_exp, KIND)
     return p, w
+
+
+@triton.jit
+def _tau_start(x_max, count, alpha):
+    """Bracket [lo, hi] of τ for rows with max x = ``x_max`` over ``count`` keys, where
+    f(τ) = Σ [x − τ]₊^{1/(α−1)} − 1 has f(max x − 1) ≥ 0 ≥ f(max x − count^{1−α}).
+    Returns (τ = lo, lo, hi, done = row is empty)."""
+    done = count == 0.0
+    x_max = tl.where(done, 0.0, x_max)
+    lo = x_max - 1.0
+    hi = x_max - tl.exp2((1.0 - alpha) * tl.log2(tl.maximum(count, 1.0)))
+    return lo, lo, hi, done
+
+
+@triton.jit
+def _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, f_tol, METHOD: tl.constexpr):
+    """One safeguarded step of the root search for τ, given the TAU-pass sums at τ: s0 = Σ u^{1/(α−1)},
+    s1 = Σ u^{1/(α−1)−1}, s2 = #(u > 0), u = [x − τ]₊ (for α = 1.5: s0 = Σ u², s1 = Σ u).
+
+    f = s0 − 1 is decreasing; for α ≤ 2 it is convex, so Newton (f′ = −s1/(α−1)) or Halley (α = 1.5:
+    f′ = −2 s1, f″ = 2 s2) steps from the lower end climb monotonically to the root. A step leaving the
+    shrinking bracket, or NaN, bisects instead. For α > 2 |f′| explodes as some u → 0⁺ and Newton stalls, so
+    the bracket is bisected. Converged rows (|f| ≤ f_tol, or a negligible step) keep their τ; the residual
+    is absorbed by the output pass renormalizing by Σ p."""
+    f = s0 - 1.0
+    done = done | (tl.abs(f) <= f_tol)
+    lo = tl.where(f > 0.0, tau, lo)
+    hi = tl.where(f > 0.0, hi, tau)
+    new = 0.5 * (lo + hi)
+    if METHOD == _TAU_BISECT:
+        step_tol = _TAU_BISECT_TOL
+    else:
+        if METHOD == _TAU_HALLEY:  # step = 2 f f′ / (2 f′² − f f″)
+            df = -2.0 * s1
+            num = 2.0 * f * df
+            den = 2.0 * df * df - 2.0 * f * s2
+        else:  # step = f / f′
+            num = f
+            den = -p_exp * s1
+        usable = den != 0.0
+        newton = tau - num / tl.where(usable, den, 1.0)
+        new = tl.where(usable & (newton > lo) & (newton < hi), newton, new)
+        step_tol = _TAU_STEP_TOL
+    done = done | (tl.abs(new - tau) <= step_tol * (1.0 + tl.abs(tau)))
+    tau = tl.where(done, tau, new)
+    return tau, lo, hi, done
+
+
+@triton.jit
+def _tau_kernel(SUMS, TAU, LO, HI, DONE, numel, alpha, p_exp, f_tol, START: tl.constexpr,
+                METHOD: tl.constexpr, BLOCK: tl.constexpr):
+    """Elementwise τ search state of rows split across programs. START: SUMS holds (max x, |A|, ·) per
+    row and the bracket is set up; otherwise SUMS holds the TAU-pass sums and one step is taken."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    s0 = tl.load(SUMS + offs * 3, mask=ok, other=0.0)
+    s1 = tl.load(SUMS + offs * 3 + 1, mask=ok, other=0.0)
+    if START:
+        tau, lo, hi, done = _tau_start(s0, s1, alpha)
+    else:
+        s2 = tl.load(SUMS + offs * 3 + 2, mask=ok, other=0.0)
+        tau = tl.load(TAU + offs, mask=ok, other=0.0)
+        lo = tl.load(LO + offs, mask=ok, other=0.0)
+        hi = tl.load(HI + offs, mask=ok, other=0.0)
+        done = tl.load(DONE + offs, mask=ok, other=1) != 0
+        tau, lo, hi, done = _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, f_tol, METHOD)
+    tl.store(TAU + offs, tau, mask=ok)
+    tl.store(LO + offs, lo, mask=ok)
+    tl.store(HI + offs, hi, mask=ok)
+    tl.store(DONE + offs, done.to(tl.int8), mask=ok)
 
 
 # ------------------------------------------------------------------------------------ query-major pass
@@ -233,10 +313,11 @@ def _rows_block(
     lo_a, hi_a, lo_b, hi_b,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-    N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp,
+    N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
     IS_BUCKET: tl.constexpr, MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr,
-    CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    TAU_METHOD: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Load a block of query rows, run it over its one or two column ranges, store per-entry results."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -264,11 +345,36 @@ def _rows_block(
     row_ids = Q_IDS + bh * N * T_Q + row_tok * T_Q
     k_ids = K_IDS + bh * M * T_K
     k_tab = bh * NE_K
-    acc, acc2, r0, r1, r2 = _rows_range(
-        acc, acc2, r0, r1, r2, lo_a, hi_a, q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok, row_ids,
-        k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab, k_ids,
-        qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
-        IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+    if MODE == _ENTMAX_SOLVE:
+        # the block holds every key of its rows: τ is found here, with no round trip to the host
+        acc, acc2, x_max, count, r2 = _rows_range(
+            acc, acc2, zero + float("-inf"), zero, zero, lo_a, hi_a, q, do, stat, delta, row_tok, row_bkt,
+            row_rank, row_ok, row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab,
+            K_RANK + k_tab, k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            IS_BUCKET, _ENTMAX_MAX, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+        tau, lo, hi, done = _tau_start(x_max, count, alpha)
+        done = done | ~row_ok
+        steps = 0
+        while (tl.min(done.to(tl.int32), 0) == 0) & (steps < _MAX_TAU_ITERS):
+            acc, acc2, s0, s1, s2 = _rows_range(
+                acc, acc2, zero, zero, zero, lo_a, hi_a, q, do, tau, delta, row_tok, row_bkt, row_rank,
+                row_ok, row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab,
+                K_RANK + k_tab, k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+                IS_BUCKET, _ENTMAX_TAU, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+            tau, lo, hi, done = _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, tau_tol, TAU_METHOD)
+            steps += 1
+        acc, acc2, r0, r1, _ = _rows_range(
+            acc, acc2, r0, r1, r2, lo_a, hi_a, q, do, tau, delta, row_tok, row_bkt, row_rank, row_ok,
+            row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
+            k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            IS_BUCKET, _ENTMAX_OUT, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+        r2 = tau
+    else:
+        acc, acc2, r0, r1, r2 = _rows_range(
+            acc, acc2, r0, r1, r2, lo_a, hi_a, q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok,
+            row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
+            k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
     if not IS_BUCKET:
         acc, acc2, r0, r1, r2 = _rows_range(
             acc, acc2, r0, r1, r2, lo_b, hi_b, q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok,
@@ -284,7 +390,7 @@ def _rows_block(
         r0 = tl.where(nonempty, r0 + tl.log2(tl.where(nonempty, r1, 1.0)), float("-inf"))
     if MODE != _ENTMAX_MAX and MODE != _ENTMAX_TAU:
         tl.store(ACC + out_d, acc, mask=row_d_mask)
-    if MODE == _ENTMAX_OUT and NEED_U:
+    if NEED_U:  # set for the entmax output passes only
         tl.store(ACC2 + out_d, acc2, mask=row_d_mask)
     if MODE != _DQ:
         tl.store(STATS + out * 3, r0, mask=row_ok)
@@ -300,10 +406,10 @@ def _rows_kernel(
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
     H, N, M, NE_Q, NE_K, NB_PATTERN, NB_BUCKET, N_OUT,
-    qk_scale, window, global_tokens, p_exp, g_exp,
-    MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr, CAUSAL: tl.constexpr,
-    T_Q: tl.constexpr, T_K: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
+    MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr, TAU_METHOD: tl.constexpr,
+    CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One program = one block of query rows: pattern blocks (original order) first, then blocks of
     sorted query entries. Grid: (NB_PATTERN + NB_BUCKET, batch·heads)."""
@@ -313,16 +419,18 @@ def _rows_kernel(
     h = (bh % H).to(tl.int64)
     offs_m = tl.arange(0, BLOCK_M)
     if pid < NB_PATTERN:
-        rows = pid * BLOCK_M + offs_m
-        rng = P_RANGES + pid * 4
-        _rows_block(
-            Q, K, V, DO, ROW_STAT, ROW_DELTA, Q_IDS, K_IDS, K_TOK, K_BKT, K_RANK, ACC, ACC2, STATS,
-            b, h, bh, rows, rows, rows, rows < N, NE_Q + rows,
-            tl.load(rng), tl.load(rng + 1), tl.load(rng + 2), tl.load(rng + 3),
-            stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-            stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-            N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp,
-            False, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+        if MODE != _ENTMAX_SOLVE:  # solved rows are owned whole by bucket blocks
+            rows = pid * BLOCK_M + offs_m
+            rng = P_RANGES + pid * 4
+            _rows_block(
+                Q, K, V, DO, ROW_STAT, ROW_DELTA, Q_IDS, K_IDS, K_TOK, K_BKT, K_RANK, ACC, ACC2, STATS,
+                b, h, bh, rows, rows, rows, rows < N, NE_Q + rows,
+                tl.load(rng), tl.load(rng + 1), tl.load(rng + 2), tl.load(rng + 3),
+                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
+                False, MODE, KIND, NEED_U, TAU_METHOD, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                PRECISION)
     else:
         blk = pid - NB_PATTERN
         rows = blk * BLOCK_M + offs_m
@@ -338,8 +446,9 @@ def _rows_kernel(
             b, h, bh, row_tok, row_bkt, row_rank, in_range & (row_bkt >= 0), rows, lo, hi, 0, 0,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-            N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp,
-            True, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+            N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
+            True, MODE, KIND, NEED_U, TAU_METHOD, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+            PRECISION)
 
 
 # -------------------------------------------------------------------------------------- key-major pass
@@ -578,18 +687,28 @@ class _Config:
     causal: bool
     window: int
     global_tokens: int
+    head_dim: int
     block_m: int
     block_n: int
     block_d: int
     num_warps: int
     num_stages: int
     precision: str
-    tau_tol: float
+    tau_method: int  # a _TAU_* value
+    tau_tol: float  # |Σ p − 1| accepted; 0 for α > 2
+
+    def tile_constants(self, t_q: int, t_k: int) -> dict[str, object]:
+        """Compile-time constants and launch options shared by the query- and key-major kernels."""
+        return dict(
+            KIND=self.kind, CAUSAL=self.causal, T_Q=t_q, T_K=t_k, HEAD_DIM=self.head_dim,
+            BLOCK_D=self.block_d, BLOCK_M=self.block_m, BLOCK_N=self.block_n, PRECISION=self.precision,
+            num_warps=self.num_warps, num_stages=self.num_stages,
+        )
 
 
 def _make_config(
     alpha: float, scale: float, causal: bool, window: int, global_tokens: int, head_dim: int,
-    dtype: torch.dtype, device: torch.device,
+    buckets_per_token: int, dtype: torch.dtype, device: torch.device,
 ) -> _Config:
     if alpha == 1.0:
         kind, qk_scale, p_exp, g_exp = _KIND_SOFTMAX.value, scale * _LOG2E, 1.0, 1.0
@@ -597,25 +716,27 @@ def _make_config(
         kind = {1.5: _KIND_ENTMAX15, 2.0: _KIND_SPARSEMAX}.get(alpha, _KIND_ENTMAX).value
         qk_scale, p_exp, g_exp = scale * (alpha - 1.0), 1.0 / (alpha - 1.0), (2.0 - alpha) / (alpha - 1.0)
     if device.type == "cuda":
-        # From sm_90 builds (ptxas register reports): with fp16/bf16, 8 warps on 64×64 tiles (32×64 past
-        # d = 64) keep every pass within 255 registers without spills, the entmax output pass with Σ g v at
-        # d ≤ 64 aside (72 bytes); 4 warps or 128-row blocks spill. Exact fp32 products run on CUDA cores
-        # and need the smallest tiles.
-        if dtype == torch.float32:
-            block_m, block_n, num_warps = 32, 32, 4
+        # From sm_90 builds (``python -m kernels.build_report``): every tile holds a (BM, BN) mask per
+        # pair of bucket slots, so register pressure grows with T as well as d. 8 warps on 64×64 tiles
+        # for d ≤ 64 and T ≤ 2, 32×64 for T > 2, 32×32 past d = 64 keep fp16/bf16 passes within 255
+        # registers, spilling at most 72 bytes (the entmax output pass with Σ g v at T = 2); 4 warps or
+        # 128-row blocks spill hundreds. Exact fp32 products run on CUDA cores and need 32×32 tiles.
+        if dtype == torch.float32 or head_dim > 64:
+            block_m, block_n = 32, 32
         else:
-            block_m, block_n, num_warps = (64, 64, 8) if head_dim <= 64 else (32, 64, 8)
-        num_stages = 2
+            block_m, block_n = (64, 64) if buckets_per_token <= 2 else (32, 64)
+        num_warps, num_stages = 8, 2
     else:
         # the interpreter pays per tile operation, not per element: fewer, larger tiles run faster
         block_m, block_n, num_warps, num_stages = 32, 32, 1, 1
     return _Config(
         kind=kind, alpha=alpha, scale=scale, qk_scale=qk_scale, p_exp=p_exp, g_exp=g_exp, causal=causal,
-        window=window, global_tokens=global_tokens, block_m=block_m, block_n=block_n,
+        window=window, global_tokens=global_tokens, head_dim=head_dim, block_m=block_m, block_n=block_n,
         block_d=max(16, triton.next_power_of_2(head_dim)), num_warps=num_warps, num_stages=num_stages,
         # fp32 inputs get full-precision products; fp16/bf16 ignore this and use their tensor cores
         precision="ieee" if dtype == torch.float32 else "tf32",
-        tau_tol=_TAU_F_TOL[dtype],
+        tau_method=(_TAU_HALLEY if alpha == 1.5 else _TAU_NEWTON if alpha <= 2.0 else _TAU_BISECT).value,
+        tau_tol=_TAU_F_TOL[dtype] if alpha <= 2.0 else 0.0,
     )
 
 
@@ -626,6 +747,11 @@ class _Plan:
     pattern: bool
     row_pattern: torch.Tensor  # (NB_PATTERN, 4) int32 key ranges of query position blocks
     row_bucket: torch.Tensor  # (BH, NB_BUCKET, 2) int32 key-entry ranges of query entry blocks
+
+    @property
+    def whole_rows(self) -> bool:
+        """Every query's keys are met by one program: one bucket per query and no window/global part."""
+        return self.qs.ids.shape[2] == 1 and not self.pattern
 
 
 def _make_plan(q_buckets: torch.Tensor, k_buckets: torch.Tensor, cfg: _Config) -> _Plan:
@@ -679,55 +805,34 @@ def _run_rows(
         *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
         heads, n, k.shape[2], qs.tok.shape[1], ks.tok.shape[1], nb_pattern, nb_bucket, n_out,
         cfg.qk_scale, cfg.window if cfg.window > 0 else -1, cfg.global_tokens, cfg.p_exp, cfg.g_exp,
-        MODE=mode.value, KIND=cfg.kind, NEED_U=need_u, CAUSAL=cfg.causal, T_Q=qs.ids.shape[2],
-        T_K=ks.ids.shape[2], HEAD_DIM=d, BLOCK_D=cfg.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        PRECISION=cfg.precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        cfg.alpha, cfg.tau_tol,
+        MODE=mode.value, NEED_U=need_u, TAU_METHOD=cfg.tau_method,
+        **cfg.tile_constants(qs.ids.shape[2], ks.ids.shape[2]),
     )
     return acc, (acc2 if need_u else None), stats
 
 
-def _solve_tau(
-    evaluate: Callable[[torch.Tensor], torch.Tensor], x_max: torch.Tensor, count: torch.Tensor, cfg: _Config
+def _solve_tau_split(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan, cfg: _Config
 ) -> torch.Tensor:
-    """τ (BH, N) with f(τ) = Σ_j [x_ij − τ]₊^{1/(α−1)} − 1 = 0 for every token row.
+    """τ (BH, N) for rows whose keys are spread over several programs (T > 1, window or global tokens).
 
-    ``evaluate(τ)`` returns the per-token sums (BH, N, 3) of u^{1/(α−1)}, u^{1/(α−1)−1} and [u > 0] with
-    u = [x − τ]₊. The root lies in [max x − 1, max x − |A|^{1−α}]. For α ≤ 2, f is convex and decreasing,
-    so Halley (α = 1.5: f is piecewise quadratic with f'' = 2·#support) or Newton steps from the lower end
-    climb monotonically to it; any step leaving the bracket bisects instead. For α > 2, |f'| explodes as
-    some u → 0⁺ and Newton steps stall, so the bracket is bisected.
-    """
-    empty = count == 0
-    x_max = torch.where(empty, 0.0, x_max)
-    lo = x_max - 1.0
-    hi = x_max - count.clamp_min(1.0) ** (1.0 - cfg.alpha)
-    tau = lo.clone()
-    done = empty.clone()
-    for _ in range(_MAX_TAU_ITERS):
-        sums = evaluate(tau)
-        f = sums[..., 0] - 1.0
-        # for α > 2 a small |f| does not bound the error of p ∝ u^{1/(α−1)} where u is small
-        done |= f.abs() <= (cfg.tau_tol if cfg.alpha <= 2.0 else 0.0)
-        if bool(done.all()):
+    Each iteration is a TAU pass whose per-part sums are added up per token, then one ``_tau_step`` per
+    row in ``_tau_kernel``; the host checks for convergence after each step (one synchronisation)."""
+    parts = _per_token(_run_rows(_ENTMAX_MAX, q, k, v, plan, cfg)[2], plan.qs)  # (BH, N, S, 3)
+    sums = torch.stack([parts[..., 0].amax(-1), parts[..., 1].sum(-1), parts[..., 2].sum(-1)], -1)
+    tau, lo, hi = (torch.empty(sums.shape[:2], device=q.device, dtype=torch.float32) for _ in range(3))
+    done = torch.empty(sums.shape[:2], device=q.device, dtype=torch.int8)
+    numel = tau.numel()
+    for step in range(_MAX_TAU_ITERS.value + 1):
+        _tau_kernel[(triton.cdiv(numel, TAU_BLOCK),)](
+            sums.contiguous(), tau, lo, hi, done, numel, cfg.alpha, cfg.p_exp, cfg.tau_tol,
+            START=step == 0, METHOD=cfg.tau_method, BLOCK=TAU_BLOCK,
+        )
+        if step > 0 and bool(done.all()):
             break
-        lo = torch.where(f > 0, tau, lo)
-        hi = torch.where(f > 0, hi, tau)
-        new = 0.5 * (lo + hi)
-        step_tol = _TAU_BISECT_TOL
-        if cfg.alpha <= 2.0:
-            if cfg.kind == _KIND_ENTMAX15.value:
-                df, d2f = -2.0 * sums[..., 1], 2.0 * sums[..., 2]
-                step = 2.0 * f * df / (2.0 * df * df - f * d2f)
-            else:
-                step = f / (-cfg.p_exp * sums[..., 1])
-            newton = tau - step
-            new = torch.where((newton > lo) & (newton < hi), newton, new)  # NaN steps bisect too
-            step_tol = _TAU_STEP_TOL
-        # the residual of an accepted τ is left to the renormalization by Σ p
-        done |= (new - tau).abs() <= step_tol * (1.0 + tau.abs())
-        tau = torch.where(done, tau, new)
-    return tau.contiguous()
+        sums = _per_token(_run_rows(_ENTMAX_TAU, q, k, v, plan, cfg, row_stat=tau)[2], plan.qs).sum(-2)
+    return tau
 
 
 def _forward(
@@ -746,15 +851,13 @@ def _forward(
         lse = torch.where(total > 0, top[..., 0] + torch.log2(total), float("-inf"))
         return out, lse.contiguous(), None
 
-    _, _, stats = _run_rows(_ENTMAX_MAX, q, k, v, plan, cfg)
-    parts = _per_token(stats, plan.qs)  # (BH, N, S, 3)
-    x_max, count = parts[..., 0].amax(-1), parts[..., 1].sum(-1)
-
-    def evaluate(tau: torch.Tensor) -> torch.Tensor:
-        return _per_token(_run_rows(_ENTMAX_TAU, q, k, v, plan, cfg, row_stat=tau)[2], plan.qs).sum(-2)
-
-    tau = _solve_tau(evaluate, x_max, count, cfg)
-    acc, acc2, stats = _run_rows(_ENTMAX_OUT, q, k, v, plan, cfg, row_stat=tau, need_u=need_u)
+    if plan.whole_rows:
+        # one launch: max, τ iterations and output in each program (no host synchronisation)
+        acc, acc2, stats = _run_rows(_ENTMAX_SOLVE, q, k, v, plan, cfg, need_u=need_u)
+        tau = _per_token(stats, plan.qs)[..., 0, 2].contiguous()  # (BH, N)
+    else:
+        tau = _solve_tau_split(q, k, v, plan, cfg)
+        acc, acc2, stats = _run_rows(_ENTMAX_OUT, q, k, v, plan, cfg, row_stat=tau, need_u=need_u)
     sums = _per_token(stats, plan.qs).sum(-2)  # (BH, N, 3): Σ p, Σ g
     # renormalizing by Σ p absorbs the residual of the τ iteration
     out = _per_token(acc, plan.qs).sum(-2) / torch.where(sums[..., :1] > 0, sums[..., :1], 1.0)
@@ -800,9 +903,7 @@ def _grad_kv(
         *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
         heads, n, m, qs.tok.shape[1], ks.tok.shape[1], nb_pattern, nb_bucket, ks.n_out,
         cfg.qk_scale, cfg.window if cfg.window > 0 else -1, cfg.global_tokens, cfg.p_exp, cfg.g_exp,
-        KIND=cfg.kind, CAUSAL=cfg.causal, T_Q=qs.ids.shape[2], T_K=ks.ids.shape[2], HEAD_DIM=d,
-        BLOCK_D=cfg.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PRECISION=cfg.precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **cfg.tile_constants(qs.ids.shape[2], ks.ids.shape[2]),
     )
     return _per_token(dk, ks).sum(-2) * cfg.scale, _per_token(dv, ks).sum(-2)
 
@@ -858,33 +959,11 @@ def triton_bucketed_attention(
     q: (batch, heads, n, d); k, v: (batch, heads, m, d); q_buckets (batch, heads, n, T) and k_buckets
     (batch, heads, m, T') integer bucket ids, −1 for none. Returns (batch, heads, n, d) in q's dtype;
     differentiable in q, k and v. Runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``.
+    Arguments are not validated here: ``kernels.bucketed_attention(..., backend="triton")`` does that.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be (batch, heads, n, d); got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    batch, heads, n, d = q.shape
-    m = k.shape[2]
-    if k.shape != (batch, heads, m, d) or v.shape != k.shape:
-        raise ValueError(f"k and v must be (batch, heads, m, {d}) like q; got {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    if q_buckets.dim() != 4 or q_buckets.shape[:3] != (batch, heads, n) or q_buckets.shape[3] < 1:
-        raise ValueError(f"q_buckets must be (batch, heads, n, T ≥ 1); got {tuple(q_buckets.shape)}")
-    if k_buckets.dim() != 4 or k_buckets.shape[:3] != (batch, heads, m) or k_buckets.shape[3] < 1:
-        raise ValueError(f"k_buckets must be (batch, heads, m, T ≥ 1); got {tuple(k_buckets.shape)}")
-    if q_buckets.is_floating_point() or k_buckets.is_floating_point():
-        raise TypeError("bucket ids must be integers")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"q, k, v must share one dtype of float16, bfloat16, float32; got {q.dtype}, "
-                        f"{k.dtype}, {v.dtype}")
-    if not alpha >= 1.0:
-        raise ValueError(f"alpha must be ≥ 1; got {alpha}")
-    if window < 0 or global_tokens < 0:
-        raise ValueError(f"window and global_tokens must be ≥ 0; got {window}, {global_tokens}")
-    if n == 0 or m == 0:
-        # nothing to attend; the product keeps the autograd graph connected to q, k, v
-        return q.new_zeros(batch, heads, n, d) + 0.0 * (q.sum() + k.sum() + v.sum())
+    d = q.shape[-1]
     scale = d**-0.5 if scale is None else float(scale)
-    cfg = _make_config(float(alpha), scale, bool(causal), int(window), int(global_tokens), d, q.dtype,
-                       q.device)
+    t = max(q_buckets.shape[-1], k_buckets.shape[-1])
+    cfg = _make_config(float(alpha), scale, causal, window, global_tokens, d, t, q.dtype, q.device)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     return _BucketedAttention.apply(q, k, v, q_buckets.to(torch.int32), k_buckets.to(torch.int32), cfg)

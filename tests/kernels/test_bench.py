@@ -47,3 +47,41 @@ def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
     printed = capsys.readouterr().out
     assert "dense_entmax" in printed and "faster forward" in printed
+
+
+def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys):
+    """The GPU comparison's plumbing (every method, speedups, efficiencies, table, figure) on CPU tensors."""
+    assert bench.main(["--device", "cpu", "--suite", "gpu", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["suite"] == "gpu" and report["device"] == "cpu" and report["settings"]["dtype"] == "float32"
+    rows = report["results"]
+    cfg = bench.GPU_ON_CPU
+    for n in cfg["sizes"]:
+        for causal in (False, True):
+            here = {
+                (r["method"], r["buckets"], r["top"]): r for r in rows if (r["n"], r["causal"]) == (n, causal)
+            }
+            sdpa = here[("sdpa_flash", None, None)]
+            assert sdpa["status"] == "ok" and here[("dense_entmax", None, None)]["status"] == "ok"
+            assert here[("adasplash", None, None)]["status"].startswith("failed")  # not installed on CPU
+            for buckets in cfg["buckets"]:
+                for top in cfg["tops"]:
+                    entmax = here[("ours_entmax", buckets, top)]
+                    softmax = here[("ours_softmax", buckets, top)]
+                    assert entmax["status"] == softmax["status"] == "ok"
+                    assert 0 < entmax["density"] < 1
+                    for row in (entmax, softmax):
+                        assert row["speedup_forward"] == pytest.approx(sdpa["forward_ms"] / row["forward_ms"])
+                        assert row["efficiency_forward"] == pytest.approx(
+                            row["speedup_forward"] * row["density"]
+                        )
+                    assert entmax["entmax_over_softmax_forward"] == pytest.approx(
+                        entmax["forward_ms"] / softmax["forward_ms"]
+                    )
+                    flex = here[("flex", buckets, top)]
+                    assert (
+                        flex["forward_ms"] > 0
+                    )  # FlexAttention compiles its forward on CPU, not its backward
+                    assert "backward on CPU" in flex["status"]
+    assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
+    assert "ours_entmax" in capsys.readouterr().out

@@ -63,10 +63,26 @@ def test_triton_route_imports_the_kernel_lazily(monkeypatch):
     fake = types.ModuleType("kernels.triton_bucketed")
     fake.triton_bucketed_attention = lambda *args, **kwargs: calls.append(kwargs) or "triton"
     monkeypatch.setitem(sys.modules, "kernels.triton_bucketed", fake)
-    monkeypatch.setattr(kernels, "_runs_on_triton", lambda q: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v, qb, kb = inputs()
-    assert kernels.bucketed_attention(q, k, v, qb, kb, scale=0.5) == "triton"
+    assert kernels.bucketed_attention(q, k, v, qb, kb, scale=0.5, backend="triton") == "triton"
     assert calls == [dict(alpha=1.5, causal=False, window=0, global_tokens=0, scale=0.5)]
+
+
+def test_forced_triton_backend_on_cpu_runs_the_interpreted_kernel(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v, qb, kb = inputs()
+    out = kernels.bucketed_attention(q, k, v, qb, kb, window=1, backend="triton")
+    expected = kernels.bucketed_attention(q, k, v, qb, kb, window=1, backend="torch")
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(CUDA, reason="CUDA tensors do not need the interpreter")
+def test_forced_triton_backend_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v, qb, kb = inputs()
+    with pytest.raises(ValueError, match=r"backend 'triton' needs CUDA tensors .*; got tensors on cpu"):
+        kernels.bucketed_attention(q, k, v, qb, kb, backend="triton")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -137,6 +153,18 @@ BAD = [
     ("causal not bool", {}, {"causal": 1}, "causal must be True or False"),
     ("scale zero", {}, {"scale": 0.0}, "scale must be None"),
     ("scale inf", {}, {"scale": float("inf")}, "scale must be None"),
+    (
+        "unknown backend",
+        {},
+        {"backend": "cuda"},
+        "backend must be one of 'auto', 'triton', 'torch'; got 'cuda'",
+    ),
+    (
+        "float64 on triton",
+        {name: (lambda x: x.double()) for name in "qkv"},
+        {"backend": "triton"},
+        "backend 'triton' takes float16, bfloat16 or float32; got torch.float64",
+    ),
 ]
 
 

@@ -18,8 +18,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are decorated
 
+from kernels import bucketed_attention
 from kernels.reference import attended_mask, dense_bucketed_attention, normalize
-from kernels.triton_bucketed import triton_bucketed_attention
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -67,6 +67,10 @@ SMALL_CASES = [
     Case(97, 32, 2, 1.25, False, 2, 0, f32, 4),
     Case(257, 32, 2, 1.5, True, 3, 1, f32, 8),
     Case(40, 32, 2, 2.5, True, 2, 1, f32, 3),  # α > 2: the bisection branch of the τ search
+    # one bucket per query and no window/global part: the τ search runs inside the kernel
+    Case(97, 32, 1, 1.5, True, 0, 0, f32, 4),
+    Case(61, 64, 1, 1.25, False, 0, 0, f16, 3),
+    Case(40, 32, 1, 2.5, False, 0, 0, f32, 3),
 ]
 LARGE_CASES = [
     Case(257, 64, 2, 2.0, False, 4, 0, f32, 8, batch=2, heads=3),
@@ -78,6 +82,11 @@ LARGE_CASES = [
     Case(2048, 64, 2, 1.5, True, 0, 0, bf16, 8, batch=2, heads=3),
 ]
 CASES = SMALL_CASES + (LARGE_CASES if CUDA else [])
+
+
+def triton_attention(*args, **options) -> torch.Tensor:
+    """The public entry forced onto the Triton kernel (the interpreter on CPU)."""
+    return bucketed_attention(*args, **options, backend="triton")
 
 
 def _random_buckets(shape: tuple[int, ...], n_buckets: int, generator: torch.Generator) -> torch.Tensor:
@@ -125,7 +134,7 @@ def _assert_within_reference_error(kernel, reference, truth, dtype, names=("out"
 
 def _check_against_reference(case: Case, q, k, v, q_buckets, k_buckets, grad_out):
     options = dict(alpha=case.alpha, causal=case.causal, window=case.window, global_tokens=case.global_tokens)
-    kernel = _with_grads(triton_bucketed_attention, q, k, v, q_buckets, k_buckets, grad_out, **options)
+    kernel = _with_grads(triton_attention, q, k, v, q_buckets, k_buckets, grad_out, **options)
     reference = _with_grads(dense_bucketed_attention, q, k, v, q_buckets, k_buckets, grad_out, **options)
     truth = _with_grads(_dense64, q, k, v, q_buckets, k_buckets, grad_out, cast=torch.float64, **options)
     _assert_within_reference_error(kernel, reference, truth, case.dtype)
@@ -135,6 +144,23 @@ def _check_against_reference(case: Case, q, k, v, q_buckets, k_buckets, grad_out
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_reference_forward_and_backward(case: Case):
     _check_against_reference(case, *_inputs(case))
+
+
+@pytest.mark.parametrize(
+    ("t", "window", "whole_rows"), [(1, 0, True), (2, 0, False), (1, 2, False)], ids=["T1", "T2", "window"]
+)
+def test_tau_search_runs_in_kernel_exactly_when_rows_are_whole(monkeypatch, t, window, whole_rows):
+    """Rows met by one program solve τ in one launch; rows split over programs step from the host."""
+    from kernels import triton_bucketed
+
+    split_calls = []
+    split = triton_bucketed._solve_tau_split
+    monkeypatch.setattr(
+        triton_bucketed, "_solve_tau_split", lambda *args: split_calls.append(1) or split(*args)
+    )
+    case = Case(70, 32, t, 1.5, True, window, 0, f32, 4)
+    _check_against_reference(case, *_inputs(case, seed=7))
+    assert bool(split_calls) != whole_rows
 
 
 @pytest.mark.parametrize("window", [0, 2])
@@ -156,7 +182,7 @@ def test_rows_with_no_key_give_zeros():
     q, k, v, q_buckets, _, grad_out = _inputs(case, seed=2)
     for alpha in (1.0, 1.5):
         none = torch.full_like(q_buckets, -1)
-        out, dq, dk, dv = _with_grads(triton_bucketed_attention, q, k, v, none, none, grad_out, alpha=alpha)
+        out, dq, dk, dv = _with_grads(triton_attention, q, k, v, none, none, grad_out, alpha=alpha)
         for x in (out, dq, dk, dv):
             assert x.abs().max() == 0
 
@@ -186,7 +212,7 @@ def test_everything_in_one_bucket_is_dense_attention(layout: str, alpha: float):
             scores = scores.masked_fill(future, float("-inf"))
         return normalize(scores, alpha) @ v.to(work)
 
-    kernel = _with_grads(triton_bucketed_attention, q, k, v, buckets, buckets, grad_out, **options)
+    kernel = _with_grads(triton_attention, q, k, v, buckets, buckets, grad_out, **options)
     reference = _with_grads(dense, q, k, v, buckets, buckets, grad_out, **options)
     truth = _with_grads(dense, q, k, v, buckets, buckets, grad_out, cast=torch.float64, **options)
     _assert_within_reference_error(kernel, reference, [x.double() for x in truth], f32)
@@ -210,7 +236,7 @@ def test_pairs_sharing_several_buckets_count_once():
 
 
 def test_different_query_and_key_lengths_and_strided_inputs():
-    case = Case(23, 32, 2, 1.5, True, 3, 1, f32, 3)
+    case = Case(23, 32, 2, 1.5, False, 3, 1, f32, 3)  # causal needs n = m
     q, k, v, q_buckets, k_buckets, grad_out = _inputs(case, seed=5, m=41)
     # (batch, n, heads, d) storage seen as (batch, heads, n, d), as attention modules pass it
     q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
@@ -221,7 +247,7 @@ def test_different_query_and_key_lengths_and_strided_inputs():
 def test_future_tokens_never_change_past_outputs():
     case = Case(48, 32, 2, 1.5, True, 2, 1, f32, 3)
     q, k, v, q_buckets, k_buckets, _ = _inputs(case, seed=6)
-    out = triton_bucketed_attention(q, k, v, q_buckets, k_buckets, causal=True, window=2, global_tokens=1)
+    out = triton_attention(q, k, v, q_buckets, k_buckets, causal=True, window=2, global_tokens=1)
     cut = 30
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
@@ -229,23 +255,8 @@ def test_future_tokens_never_change_past_outputs():
     q_b2, k_b2 = q_buckets.clone(), k_buckets.clone()
     q_b2[..., cut:, :] = 0
     k_b2[..., cut:, :] = 0
-    out2 = triton_bucketed_attention(q2, k2, v2, q_b2, k_b2, causal=True, window=2, global_tokens=1)
+    out2 = triton_attention(q2, k2, v2, q_b2, k_b2, causal=True, window=2, global_tokens=1)
     # new future buckets regroup the sorted tiles and may change τ's iteration count, so past rows agree to
     # rounding (a leak would move them by ~1e-1)
     torch.testing.assert_close(out2[..., :cut, :], out[..., :cut, :], rtol=0, atol=32 * torch.finfo(f32).eps)
     assert (out2[..., cut:, :] - out[..., cut:, :]).abs().max() > 1e-2
-
-
-def test_rejects_bad_arguments():
-    case = Case(8, 32, 1, 1.5, False, 0, 0, f32, 2)
-    q, k, v, q_buckets, k_buckets, _ = _inputs(case)
-    with pytest.raises(ValueError, match="alpha"):
-        triton_bucketed_attention(q, k, v, q_buckets, k_buckets, alpha=0.5)
-    with pytest.raises(ValueError, match="k_buckets"):
-        triton_bucketed_attention(q, k, v, q_buckets, k_buckets[..., :5, :])
-    with pytest.raises(TypeError, match="integers"):
-        triton_bucketed_attention(q, k, v, q_buckets.float(), k_buckets)
-    with pytest.raises(TypeError, match="dtype"):
-        triton_bucketed_attention(q, k.double(), v, q_buckets, k_buckets)
-    with pytest.raises(ValueError, match="window"):
-        triton_bucketed_attention(q, k, v, q_buckets, k_buckets, window=-1)
