@@ -24,7 +24,7 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from pipeline.params import Training
 
@@ -44,7 +44,28 @@ def prepare_run_folder(run_dir: str | os.PathLike, fingerprint: str, *, is_main:
             marker.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
         barrier()
         return None
-    return get_last_checkpoint(str(run_dir))
+    return last_complete_checkpoint(run_dir)
+
+
+def last_complete_checkpoint(run_dir: Path) -> str | None:
+    """The newest ``checkpoint-N`` folder the Trainer finished writing, or None.
+
+    The Trainer writes a checkpoint in place (weights, optimizer, scheduler, RNG state) and its
+    ``trainer_state.json`` last, so a run killed while saving leaves a newer folder without a readable state;
+    that folder is skipped (the resumed run writes it again when it reaches that step)."""
+    found = []
+    for folder in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        if folder.is_dir() and step.isdigit():
+            found.append((int(step), folder))
+    for _, folder in sorted(found, reverse=True):
+        try:
+            json.loads((folder / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            print(f"skipping {folder}: interrupted while saving", flush=True)
+            continue
+        return str(folder)
+    return None
 
 
 def barrier() -> None:

@@ -1,0 +1,45 @@
+"""Choosing the checkpoint a re-run resumes from (``pipeline.training.seq2seq``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.training.seq2seq import RUN_FINGERPRINT, last_complete_checkpoint, prepare_run_folder
+
+
+def checkpoint(run_dir: Path, step: int, state: str | None) -> Path:
+    """A checkpoint folder with weights and, unless ``state`` is None, that trainer_state.json text."""
+    folder = run_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    if state is not None:
+        (folder / "trainer_state.json").write_text(state)
+    return folder
+
+
+def test_newest_complete_checkpoint_wins_over_interrupted_ones(tmp_path, capsys):
+    checkpoint(tmp_path, 2, json.dumps({"global_step": 2}))
+    complete = checkpoint(tmp_path, 10, json.dumps({"global_step": 10}))  # 10 > 9: numeric, not text order
+    checkpoint(tmp_path, 9, json.dumps({"global_step": 9}))
+    checkpoint(tmp_path, 12, None)  # killed before its state was written
+    checkpoint(tmp_path, 14, '{"global_step": 1')  # killed while writing its state
+    (tmp_path / "checkpoint-final").mkdir()  # not a step folder
+    assert last_complete_checkpoint(tmp_path) == str(complete)
+    printed = capsys.readouterr().out
+    assert "checkpoint-14: interrupted while saving" in printed and "checkpoint-12" in printed
+
+
+def test_no_complete_checkpoint_means_a_fresh_start(tmp_path):
+    checkpoint(tmp_path, 4, None)
+    assert last_complete_checkpoint(tmp_path) is None
+
+
+def test_run_folder_of_another_run_is_wiped(tmp_path):
+    run_dir = tmp_path / "run"
+    assert prepare_run_folder(run_dir, "a", is_main=True) is None
+    done = checkpoint(run_dir, 3, "{}")
+    assert prepare_run_folder(run_dir, "a", is_main=True) == str(done)
+    assert prepare_run_folder(run_dir, "b", is_main=True) is None  # other params/data: start afresh
+    assert not done.exists()
+    assert json.loads((run_dir / RUN_FINGERPRINT).read_text()) == {"fingerprint": "b"}
