@@ -226,6 +226,21 @@ def _tau_kernel(SUMS, TAU, LO, HI, DONE, numel, alpha, p_exp, f_tol, START: tl.c
     tl.store(DONE + offs, done.to(tl.int8), mask=ok)
 
 
+@triton.jit
+def _entry_block(TOK, BKT, RANK, B_RANGES, bh, blk, NE, NB_BUCKET, offs, none, BLOCK: tl.constexpr):
+    """Block ``blk`` of one side's sorted entries: (entry rows, token, bucket, rank, in range) and the
+    [lo, hi) range of the other side's entries it meets. Padding entries get the side's ``none`` bucket."""
+    rows = blk * BLOCK + offs
+    in_range = rows < NE
+    tab = bh * NE + rows
+    tok = tl.load(TOK + tab, mask=in_range, other=0)
+    bkt = tl.load(BKT + tab, mask=in_range, other=none)
+    rank = tl.load(RANK + tab, mask=in_range, other=0)
+    lo = tl.load(B_RANGES + (bh * NB_BUCKET + blk) * 2)
+    hi = tl.load(B_RANGES + (bh * NB_BUCKET + blk) * 2 + 1)
+    return rows, tok, bkt, rank, in_range, lo, hi
+
+
 # ------------------------------------------------------------------------------------ query-major pass
 
 
@@ -432,15 +447,8 @@ def _rows_kernel(
                 False, MODE, KIND, NEED_U, TAU_METHOD, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                 PRECISION)
     else:
-        blk = pid - NB_PATTERN
-        rows = blk * BLOCK_M + offs_m
-        in_range = rows < NE_Q
-        tab = bh * NE_Q + rows
-        row_tok = tl.load(Q_TOK + tab, mask=in_range, other=0)
-        row_bkt = tl.load(Q_BKT + tab, mask=in_range, other=-1)
-        row_rank = tl.load(Q_RANK + tab, mask=in_range, other=0)
-        lo = tl.load(B_RANGES + (bh * NB_BUCKET + blk) * 2)
-        hi = tl.load(B_RANGES + (bh * NB_BUCKET + blk) * 2 + 1)
+        rows, row_tok, row_bkt, row_rank, in_range, lo, hi = _entry_block(
+            Q_TOK, Q_BKT, Q_RANK, B_RANGES, bh, pid - NB_PATTERN, NE_Q, NB_BUCKET, offs_m, -1, BLOCK_M)
         _rows_block(
             Q, K, V, DO, ROW_STAT, ROW_DELTA, Q_IDS, K_IDS, K_TOK, K_BKT, K_RANK, ACC, ACC2, STATS,
             b, h, bh, row_tok, row_bkt, row_rank, in_range & (row_bkt >= 0), rows, lo, hi, 0, 0,
@@ -566,15 +574,8 @@ def _cols_kernel(
             N, M, NE_Q, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp,
             False, KIND, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
     else:
-        blk = pid - NB_PATTERN
-        cols = blk * BLOCK_N + offs_n
-        in_range = cols < NE_K
-        tab = bh * NE_K + cols
-        col_tok = tl.load(K_TOK + tab, mask=in_range, other=0)
-        col_bkt = tl.load(K_BKT + tab, mask=in_range, other=-2)
-        col_rank = tl.load(K_RANK + tab, mask=in_range, other=0)
-        lo = tl.load(B_RANGES + (bh * NB_BUCKET + blk) * 2)
-        hi = tl.load(B_RANGES + (bh * NB_BUCKET + blk) * 2 + 1)
+        cols, col_tok, col_bkt, col_rank, in_range, lo, hi = _entry_block(
+            K_TOK, K_BKT, K_RANK, B_RANGES, bh, pid - NB_PATTERN, NE_K, NB_BUCKET, offs_n, -2, BLOCK_N)
         _cols_block(
             Q, K, V, DO, ROW_STAT, ROW_DELTA, Q_IDS, K_IDS, Q_TOK, Q_BKT, Q_RANK, DK, DV,
             b, h, bh, col_tok, col_bkt, col_rank, in_range & (col_bkt >= 0), cols, lo, hi, 0, 0,
