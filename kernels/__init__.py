@@ -3,10 +3,11 @@
 ``bucketed_attention(q, k, v, q_buckets, k_buckets, *, alpha, causal, window, global_tokens, scale)``
 computes, per (batch, head), o_i = Σ_{j∈A_i} p_ij v_j with p_i = α-entmax(scale · q_i·K) over
 
-    A_i = {j : i and j share a bucket id ≥ 0} ∪ {j : |i − j| ≤ window} ∪ {j : i < g or j < g}
-          (∩ {j ≤ i} when causal, g = global_tokens),
+    A_i = {j : i and j share a bucket id ≥ 0} ∪ {j : |i − j| ≤ w // 2} ∪ {j : i < g or j < g}
+          (∩ {j ≤ i} when causal, w = window: 0 or an odd size, g = global_tokens),
 
-softmax when α = 1, zeros for a query with no key, each pair counted once however many buckets it shares.
+as :mod:`kernels.attended` defines it for the whole project; softmax when α = 1, zeros for a query with
+no key, each pair counted once however many buckets it shares.
 With ``backend="auto"``, CUDA tensors in float16, bfloat16 or float32 run the Triton kernel (imported only
 then, so CPU use never needs Triton) and everything else runs the sub-quadratic PyTorch path, which also
 accepts float64. ``backend="triton"`` or ``"torch"`` forces one; the Triton kernel takes CPU tensors only
@@ -23,6 +24,7 @@ from numbers import Integral, Real
 import torch
 
 from kernels import torch_bucketed
+from kernels.attended import window_radius
 
 __all__ = ["bucketed_attention"]
 
@@ -72,7 +74,8 @@ def _validate(
     scale: object,
     backend: object,
 ) -> tuple[float, bool, int, int, float | None, str]:
-    """Raise ValueError naming the first bad argument; return the normalised scalar options."""
+    """Raise ValueError naming the first bad argument; return the options the backends take (window as
+    its radius w // 2, −1 for none)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
@@ -100,14 +103,14 @@ def _validate(
         raise ValueError(f"causal must be True or False; got {causal!r}")
     if causal and n != m:
         raise ValueError(f"causal attention needs as many queries as keys; got n = {n}, m = {m}")
-    window = _check_count("window", window)
+    radius = window_radius(window)
     global_tokens = _check_count("global_tokens", global_tokens)
     if scale is not None and (
         isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0
     ):
         raise ValueError(f"scale must be None (1/√d) or a finite number > 0; got {scale!r}")
     backend = _check_backend(backend, q)
-    return float(alpha), causal, window, global_tokens, None if scale is None else float(scale), backend
+    return float(alpha), causal, radius, global_tokens, None if scale is None else float(scale), backend
 
 
 def _check_backend(backend: object, q: torch.Tensor) -> str:
@@ -147,10 +150,10 @@ def bucketed_attention(
     (batch, heads, m, T′) integer ids, −1 for none. Differentiable in q, k and v. ``backend``: "auto",
     "triton" or "torch" (see the module docstring). Bad arguments raise ValueError before any work.
     """
-    alpha, causal, window, global_tokens, scale, backend = _validate(
+    alpha, causal, radius, global_tokens, scale, backend = _validate(
         q, k, v, q_buckets, k_buckets, alpha, causal, window, global_tokens, scale, backend
     )
-    options = dict(alpha=alpha, causal=causal, window=window, global_tokens=global_tokens, scale=scale)
+    options = dict(alpha=alpha, causal=causal, radius=radius, global_tokens=global_tokens, scale=scale)
     if backend == "triton":
         from kernels.triton_bucketed import triton_bucketed_attention
 

@@ -1,12 +1,11 @@
 """Dense masked reference for bucketed attention (tests only: O(n²) memory).
 
-The attended set of query i is
+The attended set A_i of query i is :func:`kernels.attended.attended_mask` (window size w: |i − j| ≤ w // 2;
+the first ``global_tokens`` positions global; j ≤ i when causal), and the output is
 
-    A_i = {j : q_buckets[i] ∩ k_buckets[j] ∖ {−1} ≠ ∅} ∪ {j : |i − j| ≤ window}
-          ∪ {j : i < global_tokens or j < global_tokens},   intersected with {j ≤ i} when causal,
+    o_i = Σ_{j∈A_i} p_ij v_j,   p_i = α-entmax(s_i) over A_i (softmax when α = 1),   s_ij = scale · q_i·k_j.
 
-and the output is  o_i = Σ_{j∈A_i} p_ij v_j  with  p_i = α-entmax(s_i) over A_i (softmax when α = 1),
-s_ij = scale · q_i·k_j. A query with A_i = ∅ outputs zeros. Masking is by −inf, never by a large
+ A query with A_i = ∅ outputs zeros. Masking is by −inf, never by a large
 finite constant, so a masked key can never enter the support.
 """
 
@@ -15,30 +14,7 @@ from __future__ import annotations
 import torch
 from entmax import entmax15, entmax_bisect
 
-
-def attended_mask(
-    q_buckets: torch.Tensor,
-    k_buckets: torch.Tensor,
-    *,
-    causal: bool = False,
-    window: int = 0,
-    global_tokens: int = 0,
-) -> torch.Tensor:
-    """Boolean (batch, heads, n, m) mask of attended pairs; buckets are (batch, heads, n|m, T) int."""
-    n, m = q_buckets.shape[-2], k_buckets.shape[-2]
-    # (b, h, n, 1, T, 1) == (b, h, 1, m, 1, T) -> any over the T×T id pairs
-    qb = q_buckets[..., :, None, :, None]
-    kb = k_buckets[..., None, :, None, :]
-    shared = ((qb == kb) & (qb >= 0)).flatten(-2).any(-1)
-    i = torch.arange(n, device=q_buckets.device)[:, None]
-    j = torch.arange(m, device=q_buckets.device)[None, :]
-    pattern = (i - j).abs() <= window if window > 0 else torch.zeros(n, m, dtype=torch.bool, device=i.device)
-    if global_tokens > 0:
-        pattern = pattern | (i < global_tokens) | (j < global_tokens)
-    mask = shared | pattern
-    if causal:
-        mask = mask & (j <= i)
-    return mask
+from kernels.attended import attended_mask
 
 
 def normalize(scores: torch.Tensor, alpha: float) -> torch.Tensor:

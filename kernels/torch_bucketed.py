@@ -2,9 +2,10 @@
 
 Math. For each (batch, head) the attended set of query i is
 
-    A_i = {j : q_buckets[i] ∩ k_buckets[j] ∖ {−1} ≠ ∅} ∪ {j : |i − j| ≤ window} ∪ {j : i < g or j < g},
+    A_i = {j : q_buckets[i] ∩ k_buckets[j] ∖ {−1} ≠ ∅} ∪ {j : |i − j| ≤ radius} ∪ {j : i < g or j < g},
 
-intersected with {j ≤ i} when causal (g = global_tokens), and the output is o_i = Σ_{j∈A_i} p_ij v_j with
+intersected with {j ≤ i} when causal (g = global_tokens; radius = w // 2 of the window size w, −1 for no
+window: :mod:`kernels.attended` is the definition), and the output is o_i = Σ_{j∈A_i} p_ij v_j with
 p_i = α-entmax(s_i) restricted to A_i, s_ij = scale · q_i·k_j:
 
     α-entmax(s)_j = [(α − 1) s_j − τ]₊^{1/(α−1)},   τ such that Σ_j p_j = 1   (softmax when α = 1).
@@ -128,18 +129,18 @@ def _runs(start: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch
     return owner, start[owner] + within
 
 
-def _pattern(i: torch.Tensor, j: torch.Tensor, window: int, global_tokens: int) -> torch.Tensor:
+def _pattern(i: torch.Tensor, j: torch.Tensor, radius: int, global_tokens: int) -> torch.Tensor:
     """Window band ∪ global rows and columns on positions i (…, TILE, 1), j (…, 1, TILE)."""
     hit = torch.zeros(torch.broadcast_shapes(i.shape, j.shape), dtype=torch.bool, device=i.device)
-    if window > 0:
-        hit |= (i - j).abs() <= window
+    if radius >= 0:
+        hit |= (i - j).abs() <= radius
     if global_tokens > 0:
         hit |= (i < global_tokens) | (j < global_tokens)
     return hit
 
 
 def _bucket_tasks(
-    q_ids: torch.Tensor, k_ids: torch.Tensor, *, causal: bool, window: int, global_tokens: int
+    q_ids: torch.Tensor, k_ids: torch.Tensor, *, causal: bool, radius: int, global_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blocks of pairs that share a bucket; q_ids (G, n, T), k_ids (G, m, T′) int64 without repeats."""
     n, Tq = q_ids.shape[1:]
@@ -172,13 +173,13 @@ def _bucket_tasks(
                 mask &= ~((qs == k_all[:, None, :, t]) & (qs < bucket))
     if causal:
         mask &= j <= i
-    if window > 0 or global_tokens > 0:
-        mask &= ~_pattern(i, j, window, global_tokens)
+    if radius >= 0 or global_tokens > 0:
+        mask &= ~_pattern(i, j, radius, global_tokens)
     return rows, cols, mask
 
 
 def _pattern_tasks(
-    G: int, n: int, m: int, device: torch.device, *, causal: bool, window: int, global_tokens: int
+    G: int, n: int, m: int, device: torch.device, *, causal: bool, radius: int, global_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blocks covering the window band and the global rows/columns, in position order."""
     nqt, nkt = -(-n // TILE), -(-m // TILE)
@@ -188,9 +189,9 @@ def _pattern_tasks(
     c1 = torch.full_like(a, min(-(-global_tokens // TILE), nkt))
     c1 = torch.where(first_row < global_tokens, nkt, c1)
     # Run 2: the window band's key tiles not already in run 1.
-    if window > 0:
-        b0 = torch.maximum((first_row - window).clamp_min(0) // TILE, c1)
-        b1 = torch.clamp((last_row + window) // TILE, max=nkt - 1)
+    if radius >= 0:
+        b0 = torch.maximum((first_row - radius).clamp_min(0) // TILE, c1)
+        b1 = torch.clamp((last_row + radius) // TILE, max=nkt - 1)
     else:
         b0, b1 = c1, c1 - 1
     if causal:
@@ -204,7 +205,7 @@ def _pattern_tasks(
     r = torch.arange(TILE, device=device)
     i = (tile_a[:, None] * TILE + r)[:, :, None]  # (tasks, TILE, 1) positions
     j = (tile_b[:, None] * TILE + r)[:, None, :]  # (tasks, 1, TILE)
-    mask = _pattern(i, j, window, global_tokens) & (i < n) & (j < m)
+    mask = _pattern(i, j, radius, global_tokens) & (i < n) & (j < m)
     if causal:
         mask &= j <= i
     g = torch.arange(G, device=device)[:, None, None]  # (G, 1, 1)
@@ -218,7 +219,7 @@ def plan_tiles(
     k_buckets: torch.Tensor,
     *,
     causal: bool = False,
-    window: int = 0,
+    radius: int = -1,
     global_tokens: int = 0,
 ) -> TilePlan:
     """Enumerate the attended pairs as masked dense blocks; buckets (batch, heads, n|m, T) int."""
@@ -227,10 +228,10 @@ def plan_tiles(
     G = b * h
     q_ids = _drop_repeated_ids(q_buckets.reshape(G, n, q_buckets.shape[3]).long())  # (G, n, T)
     k_ids = _drop_repeated_ids(k_buckets.reshape(G, m, k_buckets.shape[3]).long())  # (G, m, T′)
-    rows, cols, mask = _bucket_tasks(q_ids, k_ids, causal=causal, window=window, global_tokens=global_tokens)
-    if window > 0 or global_tokens > 0:
+    rows, cols, mask = _bucket_tasks(q_ids, k_ids, causal=causal, radius=radius, global_tokens=global_tokens)
+    if radius >= 0 or global_tokens > 0:
         p_rows, p_cols, p_mask = _pattern_tasks(
-            G, n, m, q_buckets.device, causal=causal, window=window, global_tokens=global_tokens
+            G, n, m, q_buckets.device, causal=causal, radius=radius, global_tokens=global_tokens
         )
         rows, cols, mask = torch.cat([rows, p_rows]), torch.cat([cols, p_cols]), torch.cat([mask, p_mask])
     keep = mask.flatten(1).any(1)  # drop blocks with no attended pair (causal cuts, range overlaps)
@@ -346,7 +347,7 @@ class BlockEntmax(torch.autograd.Function):
 
 
 def _group_chunks(
-    q_buckets: torch.Tensor, k_buckets: torch.Tensor, window: int, global_tokens: int
+    q_buckets: torch.Tensor, k_buckets: torch.Tensor, radius: int, global_tokens: int
 ) -> list[int]:
     """Split the batch·heads groups into consecutive runs of at most ~``CHUNK_PAIRS`` attended pairs.
 
@@ -366,7 +367,7 @@ def _group_chunks(
         at = torch.searchsorted(k_keys, q_keys).clamp_max(k_keys.numel() - 1)
         shared = torch.where(k_keys[at] == q_keys, q_count * k_count[at], 0)
         pairs.index_add_(0, q_keys // nid, shared)
-    pairs += (n * min(m, 2 * window + 1) if window > 0 else 0) + global_tokens * (n + m)
+    pairs += (n * min(m, 2 * radius + 1) if radius >= 0 else 0) + global_tokens * (n + m)
     chunk = (torch.cumsum(pairs, 0) - pairs) // CHUNK_PAIRS  # (G,) non-decreasing run index
     return torch.unique_consecutive(chunk, return_counts=True)[1].tolist()
 
@@ -380,13 +381,13 @@ def _attend(
     *,
     alpha: float,
     causal: bool,
-    window: int,
+    radius: int,
     global_tokens: int,
 ) -> torch.Tensor:
     """One pass over all groups of its inputs; q (b, h, n, d) in the compute dtype, already scaled."""
     b, h, n, d = q.shape
     dv = v.shape[3]
-    plan = plan_tiles(q_buckets, k_buckets, causal=causal, window=window, global_tokens=global_tokens)
+    plan = plan_tiles(q_buckets, k_buckets, causal=causal, radius=radius, global_tokens=global_tokens)
     rows, cols = plan.task_rows.reshape(-1), plan.task_cols.reshape(-1)  # (tasks·TILE,)
     tasks = plan.task_rows.shape[0]
     # One zero row appended so padding indices gather zeros (their scores are masked anyway).
@@ -413,7 +414,7 @@ def torch_bucketed_attention(
     *,
     alpha: float = 1.5,
     causal: bool = False,
-    window: int = 0,
+    radius: int = -1,
     global_tokens: int = 0,
     scale: float | None = None,
 ) -> torch.Tensor:
@@ -438,7 +439,7 @@ def torch_bucketed_attention(
         q_buckets.reshape(1, b * h, n, q_buckets.shape[3]),
         k_buckets.reshape(1, b * h, m, k_buckets.shape[3]),
     )
-    sizes = _group_chunks(q_buckets, k_buckets, window, global_tokens)
-    opts = dict(alpha=float(alpha), causal=causal, window=window, global_tokens=global_tokens)
+    sizes = _group_chunks(q_buckets, k_buckets, radius, global_tokens)
+    opts = dict(alpha=float(alpha), causal=causal, radius=radius, global_tokens=global_tokens)
     outs = [_attend(*chunk, **opts) for chunk in zip(*(x.split(sizes, dim=1) for x in parts), strict=True)]
     return torch.cat(outs, dim=1).view(b, h, n, dv).to(q.dtype)

@@ -1,6 +1,6 @@
 """Triton bucketed sparse attention (forward and backward), softmax and α-entmax.
 
-Query i attends key j iff they share a bucket id ≥ 0, or |i − j| ≤ window (window > 0), or
+Query i attends key j iff they share a bucket id ≥ 0, or |i − j| ≤ radius (radius ≥ 0; −1 is no window), or
 i < global_tokens, or j < global_tokens; and j ≤ i when causal. Each pair counts once however many
 buckets it shares. With s_ij = scale · q_i·k_j over that set A_i:
 
@@ -107,13 +107,13 @@ def _bucket_mask(
 
 @triton.jit
 def _pattern_mask(
-    row_tok, row_ok, row_ids, col_tok, col_ok, col_ids, window, global_tokens,
+    row_tok, row_ok, row_ids, col_tok, col_ok, col_ids, radius, global_tokens,
     CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
 ):
     """(BM, BN) window/global pairs (original positions) that share no bucket: shared pairs belong to the
-    bucket part. ``window`` < 0 disables the band."""
+    bucket part. ``radius`` < 0 disables the band."""
     diff = row_tok[:, None] - col_tok[None, :]
-    mask = (diff <= window) & (diff >= -window)
+    mask = (diff <= radius) & (diff >= -radius)
     mask = mask | (row_tok[:, None] < global_tokens) | (col_tok[None, :] < global_tokens)
     mask = mask & row_ok[:, None] & col_ok[None, :]
     if CAUSAL:
@@ -249,7 +249,7 @@ def _rows_range(
     acc, acc2, r0, r1, r2, lo, hi,
     q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok, row_ids,
     k_base, v_base, stride_kn, stride_vn, k_tok_tab, k_bkt_tab, k_rank_tab, k_ids,
-    qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+    qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
     IS_BUCKET: tl.constexpr, MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr,
     CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -268,7 +268,7 @@ def _rows_range(
                                 col_ok, k_ids + col_tok * T_K, CAUSAL, T_Q, T_K)
         else:
             col_tok = cols
-            mask = _pattern_mask(row_tok, row_ok, row_ids, col_tok, col_ok, k_ids + col_tok * T_K, window,
+            mask = _pattern_mask(row_tok, row_ok, row_ids, col_tok, col_ok, k_ids + col_tok * T_K, radius,
                                  global_tokens, CAUSAL, T_Q, T_K)
         # tiles with no attended pair (other buckets in range, causal cut) cost no K/V traffic
         if tl.max(mask.to(tl.int32)) > 0:
@@ -328,7 +328,7 @@ def _rows_block(
     lo_a, hi_a, lo_b, hi_b,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-    N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
+    N, M, NE_K, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp, alpha, tau_tol,
     IS_BUCKET: tl.constexpr, MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr,
     TAU_METHOD: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -365,7 +365,7 @@ def _rows_block(
         acc, acc2, x_max, count, r2 = _rows_range(
             acc, acc2, zero + float("-inf"), zero, zero, lo_a, hi_a, q, do, stat, delta, row_tok, row_bkt,
             row_rank, row_ok, row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab,
-            K_RANK + k_tab, k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            K_RANK + k_tab, k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
             IS_BUCKET, _ENTMAX_MAX, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
         tau, lo, hi, done = _tau_start(x_max, count, alpha)
         done = done | ~row_ok
@@ -374,27 +374,27 @@ def _rows_block(
             acc, acc2, s0, s1, s2 = _rows_range(
                 acc, acc2, zero, zero, zero, lo_a, hi_a, q, do, tau, delta, row_tok, row_bkt, row_rank,
                 row_ok, row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab,
-                K_RANK + k_tab, k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+                K_RANK + k_tab, k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
                 IS_BUCKET, _ENTMAX_TAU, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
             tau, lo, hi, done = _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, tau_tol, TAU_METHOD)
             steps += 1
         acc, acc2, r0, r1, _ = _rows_range(
             acc, acc2, r0, r1, r2, lo_a, hi_a, q, do, tau, delta, row_tok, row_bkt, row_rank, row_ok,
             row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
-            k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
             IS_BUCKET, _ENTMAX_OUT, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
         r2 = tau
     else:
         acc, acc2, r0, r1, r2 = _rows_range(
             acc, acc2, r0, r1, r2, lo_a, hi_a, q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok,
             row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
-            k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
             IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
     if not IS_BUCKET:
         acc, acc2, r0, r1, r2 = _rows_range(
             acc, acc2, r0, r1, r2, lo_b, hi_b, q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok,
             row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
-            k_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
             IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
 
     out = bh.to(tl.int64) * N_OUT + out_rows  # (BM,) rows of the per-entry outputs
@@ -421,7 +421,7 @@ def _rows_kernel(
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
     H, N, M, NE_Q, NE_K, NB_PATTERN, NB_BUCKET, N_OUT,
-    qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
+    qk_scale, radius, global_tokens, p_exp, g_exp, alpha, tau_tol,
     MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr, TAU_METHOD: tl.constexpr,
     CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
@@ -443,7 +443,7 @@ def _rows_kernel(
                 tl.load(rng), tl.load(rng + 1), tl.load(rng + 2), tl.load(rng + 3),
                 stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                 stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
+                N, M, NE_K, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp, alpha, tau_tol,
                 False, MODE, KIND, NEED_U, TAU_METHOD, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                 PRECISION)
     else:
@@ -454,7 +454,7 @@ def _rows_kernel(
             b, h, bh, row_tok, row_bkt, row_rank, in_range & (row_bkt >= 0), rows, lo, hi, 0, 0,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-            N, M, NE_K, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp, alpha, tau_tol,
+            N, M, NE_K, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp, alpha, tau_tol,
             True, MODE, KIND, NEED_U, TAU_METHOD, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
             PRECISION)
 
@@ -466,7 +466,7 @@ def _rows_kernel(
 def _cols_range(
     dk, dv, lo, hi, k, v, col_tok, col_bkt, col_rank, col_ok, col_ids,
     q_base, do_base, stride_qn, stride_on, row_stat, row_delta, q_tok_tab, q_bkt_tab, q_rank_tab,
-    q_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+    q_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
     IS_BUCKET: tl.constexpr, KIND: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr,
     T_K: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -483,7 +483,7 @@ def _cols_range(
                                 col_rank, col_ok, col_ids, CAUSAL, T_Q, T_K)
         else:
             row_tok = rows
-            mask = _pattern_mask(row_tok, row_ok, q_ids + row_tok * T_Q, col_tok, col_ok, col_ids, window,
+            mask = _pattern_mask(row_tok, row_ok, q_ids + row_tok * T_Q, col_tok, col_ok, col_ids, radius,
                                  global_tokens, CAUSAL, T_Q, T_K)
         if tl.max(mask.to(tl.int32)) > 0:
             row_d_mask = row_ok[:, None] & d_ok[None, :]
@@ -506,7 +506,7 @@ def _cols_block(
     b, h, bh, col_tok, col_bkt, col_rank, col_ok, out_cols, lo_a, hi_a, lo_b, hi_b,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-    N, M, NE_Q, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp,
+    N, M, NE_Q, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp,
     IS_BUCKET: tl.constexpr, KIND: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr,
     T_K: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
@@ -529,13 +529,13 @@ def _cols_block(
     dk, dv = _cols_range(
         dk, dv, lo_a, hi_a, k, v, col_tok, col_bkt, col_rank, col_ok, col_ids, q_base, do_base, stride_qn,
         stride_on, ROW_STAT + bh * N, ROW_DELTA + bh * N, Q_TOK + q_tab, Q_BKT + q_tab, Q_RANK + q_tab, q_ids,
-        qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+        qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
         IS_BUCKET, KIND, CAUSAL, T_Q, T_K, BLOCK_M, PRECISION)
     if not IS_BUCKET:
         dk, dv = _cols_range(
             dk, dv, lo_b, hi_b, k, v, col_tok, col_bkt, col_rank, col_ok, col_ids, q_base, do_base,
             stride_qn, stride_on, ROW_STAT + bh * N, ROW_DELTA + bh * N, Q_TOK + q_tab, Q_BKT + q_tab,
-            Q_RANK + q_tab, q_ids, qk_scale, window, global_tokens, p_exp, g_exp, offs_d, d_ok,
+            Q_RANK + q_tab, q_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
             IS_BUCKET, KIND, CAUSAL, T_Q, T_K, BLOCK_M, PRECISION)
     out = (bh.to(tl.int64) * N_OUT + out_cols)[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, dk, mask=col_d_mask)
@@ -550,7 +550,7 @@ def _cols_kernel(
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
     H, N, M, NE_Q, NE_K, NB_PATTERN, NB_BUCKET, N_OUT,
-    qk_scale, window, global_tokens, p_exp, g_exp,
+    qk_scale, radius, global_tokens, p_exp, g_exp,
     KIND: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -571,7 +571,7 @@ def _cols_kernel(
             tl.load(rng), tl.load(rng + 1), tl.load(rng + 2), tl.load(rng + 3),
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-            N, M, NE_Q, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp,
+            N, M, NE_Q, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp,
             False, KIND, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
     else:
         cols, col_tok, col_bkt, col_rank, in_range, lo, hi = _entry_block(
@@ -581,7 +581,7 @@ def _cols_kernel(
             b, h, bh, col_tok, col_bkt, col_rank, in_range & (col_bkt >= 0), cols, lo, hi, 0, 0,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-            N, M, NE_Q, N_OUT, qk_scale, window, global_tokens, p_exp, g_exp,
+            N, M, NE_Q, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp,
             True, KIND, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
 
 
@@ -651,7 +651,7 @@ def _bucket_ranges(rows: _Side, cols: _Side, block: int) -> torch.Tensor:
 
 
 def _pattern_ranges(
-    n_self: int, n_other: int, block: int, *, window: int, global_tokens: int, causal: bool, key_major: bool,
+    n_self: int, n_other: int, block: int, *, radius: int, global_tokens: int, causal: bool, key_major: bool,
     device: torch.device,
 ) -> torch.Tensor:
     """(NB, 4) int32: two [lo, hi) ranges of the other side's positions that each block of ``block``
@@ -665,9 +665,9 @@ def _pattern_ranges(
     else:  # a query block meets keys j ≤ i when causal
         first = torch.zeros_like(lo_blk)
         cap = hi_blk.clamp_max(n_other) if causal else torch.full_like(lo_blk, n_other)
-    if window > 0:
-        w_lo = torch.maximum(lo_blk - window, first)
-        w_hi = torch.minimum(hi_blk + window, cap)
+    if radius >= 0:
+        w_lo = torch.maximum(lo_blk - radius, first)
+        w_hi = torch.minimum(hi_blk + radius, cap)
     else:
         w_lo, w_hi = cap, cap
     holds_global = lo_blk < global_tokens
@@ -686,7 +686,7 @@ class _Config:
     p_exp: float  # 1/(α − 1)
     g_exp: float  # (2 − α)/(α − 1)
     causal: bool
-    window: int
+    radius: int
     global_tokens: int
     head_dim: int
     block_m: int
@@ -708,7 +708,7 @@ class _Config:
 
 
 def _make_config(
-    alpha: float, scale: float, causal: bool, window: int, global_tokens: int, head_dim: int,
+    alpha: float, scale: float, causal: bool, radius: int, global_tokens: int, head_dim: int,
     buckets_per_token: int, dtype: torch.dtype, device: torch.device,
 ) -> _Config:
     if alpha == 1.0:
@@ -732,7 +732,7 @@ def _make_config(
         block_m, block_n, num_warps, num_stages = 32, 32, 1, 1
     return _Config(
         kind=kind, alpha=alpha, scale=scale, qk_scale=qk_scale, p_exp=p_exp, g_exp=g_exp, causal=causal,
-        window=window, global_tokens=global_tokens, head_dim=head_dim, block_m=block_m, block_n=block_n,
+        radius=radius, global_tokens=global_tokens, head_dim=head_dim, block_m=block_m, block_n=block_n,
         block_d=max(16, triton.next_power_of_2(head_dim)), num_warps=num_warps, num_stages=num_stages,
         # fp32 inputs get full-precision products; fp16/bf16 ignore this and use their tensor cores
         precision="ieee" if dtype == torch.float32 else "tf32",
@@ -756,11 +756,11 @@ class _Plan:
 
 
 def _make_plan(q_buckets: torch.Tensor, k_buckets: torch.Tensor, cfg: _Config) -> _Plan:
-    pattern = cfg.window > 0 or cfg.global_tokens > 0
+    pattern = cfg.radius >= 0 or cfg.global_tokens > 0
     qs = _build_side(q_buckets, -1, pattern)
     ks = _build_side(k_buckets, -2, pattern)
     n, m = q_buckets.shape[1], k_buckets.shape[1]
-    row_pattern = _pattern_ranges(n, m, cfg.block_m, window=cfg.window, global_tokens=cfg.global_tokens,
+    row_pattern = _pattern_ranges(n, m, cfg.block_m, radius=cfg.radius, global_tokens=cfg.global_tokens,
                                   causal=cfg.causal, key_major=False, device=q_buckets.device)
     if not pattern:
         row_pattern = row_pattern[:0]
@@ -805,7 +805,7 @@ def _run_rows(
         acc, acc2, stats,
         *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
         heads, n, k.shape[2], qs.tok.shape[1], ks.tok.shape[1], nb_pattern, nb_bucket, n_out,
-        cfg.qk_scale, cfg.window if cfg.window > 0 else -1, cfg.global_tokens, cfg.p_exp, cfg.g_exp,
+        cfg.qk_scale, cfg.radius, cfg.global_tokens, cfg.p_exp, cfg.g_exp,
         cfg.alpha, cfg.tau_tol,
         MODE=mode.value, NEED_U=need_u, TAU_METHOD=cfg.tau_method,
         **cfg.tile_constants(qs.ids.shape[2], ks.ids.shape[2]),
@@ -887,7 +887,7 @@ def _grad_kv(
     m = k.shape[2]
     bh = batch * heads
     qs, ks = plan.qs, plan.ks
-    col_pattern = _pattern_ranges(m, n, cfg.block_n, window=cfg.window, global_tokens=cfg.global_tokens,
+    col_pattern = _pattern_ranges(m, n, cfg.block_n, radius=cfg.radius, global_tokens=cfg.global_tokens,
                                   causal=cfg.causal, key_major=True, device=q.device)
     if not plan.pattern:
         col_pattern = col_pattern[:0]
@@ -903,7 +903,7 @@ def _grad_kv(
         dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
         heads, n, m, qs.tok.shape[1], ks.tok.shape[1], nb_pattern, nb_bucket, ks.n_out,
-        cfg.qk_scale, cfg.window if cfg.window > 0 else -1, cfg.global_tokens, cfg.p_exp, cfg.g_exp,
+        cfg.qk_scale, cfg.radius, cfg.global_tokens, cfg.p_exp, cfg.g_exp,
         **cfg.tile_constants(qs.ids.shape[2], ks.ids.shape[2]),
     )
     return _per_token(dk, ks).sum(-2) * cfg.scale, _per_token(dv, ks).sum(-2)
@@ -951,7 +951,7 @@ def triton_bucketed_attention(
     *,
     alpha: float = 1.5,
     causal: bool = False,
-    window: int = 0,
+    radius: int = -1,
     global_tokens: int = 0,
     scale: float | None = None,
 ) -> torch.Tensor:
@@ -965,6 +965,6 @@ def triton_bucketed_attention(
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else float(scale)
     t = max(q_buckets.shape[-1], k_buckets.shape[-1])
-    cfg = _make_config(float(alpha), scale, causal, window, global_tokens, d, t, q.dtype, q.device)
+    cfg = _make_config(float(alpha), scale, causal, radius, global_tokens, d, t, q.dtype, q.device)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     return _BucketedAttention.apply(q, k, v, q_buckets.to(torch.int32), k_buckets.to(torch.int32), cfg)

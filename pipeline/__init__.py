@@ -1,6 +1,6 @@
 """Learned sparse attention: α-entmax teachers, Sparsefinder predictors, sparse students.
 
-Importing the package registers its attention implementations with Hugging Face transformers.
+Importing :mod:`pipeline.attention` registers the project's attention implementations with Hugging Face
+transformers (``attn_implementation="entmax"``). The package root imports nothing, so a stage that never
+touches attention (``prepare``) does not depend on its code.
 """
-
-from pipeline import attention  # noqa: F401

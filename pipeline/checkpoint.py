@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ from pipeline.errors import UserError
 from pipeline.fingerprint import file_sha256
 
 MANIFEST = "manifest.json"
+# weight files a local checkpoint folder may hold: one file, or the index of a sharded one
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 def save_checkpoint(
@@ -55,13 +59,30 @@ def describe_parent(source: str) -> dict[str, Any]:
     return {"source": source, "model_sha256": file_sha256(weights) if weights.is_file() else None}
 
 
-def resolve_checkpoint(source: str, key: str) -> str:
-    """Check that ``source`` names a local model folder or looks like a hub id (``org/name``)."""
+def resolve_checkpoint(source: str, key: str, *, local: bool = False) -> str:
+    """Check that ``source`` names a local model folder or looks like a hub id (``org/name``).
+
+    With ``local``, only a folder holding config.json and safetensors weights will do.
+    """
     path = Path(source)
     if (path / "config.json").is_file():
+        if local and not any((path / name).is_file() for name in WEIGHTS):
+            raise UserError(f"{key} = {source!r}: no {WEIGHTS[0]} in that model folder")
         return source
+    if local:
+        raise UserError(f"{key} = {source!r}: not a local model folder (need config.json and {WEIGHTS[0]})")
     if path.exists() or source.startswith((".", "/", "artifacts")) or source.count("/") != 1:
         raise UserError(
             f"{key} = {source!r}: not a model folder (need config.json there) nor a hub id like 'org/name'"
         )
     return source
+
+
+@contextmanager
+def loading(source: str, key: str) -> Iterator[None]:
+    """Turn an ``OSError`` loading ``source`` (unknown hub id, no network, missing file) into a UserError."""
+    try:
+        yield
+    except OSError as err:
+        reason = " ".join(str(err).split())
+        raise UserError(f"{key} = {source!r}: cannot load it ({reason})") from None

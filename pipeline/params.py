@@ -19,6 +19,8 @@ from pipeline.errors import UserError
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+# numpy, scikit-learn and the Trainer take seeds in [0, 2³²)
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class Section(BaseModel):
@@ -70,7 +72,7 @@ class Prepare(Section):
     tgt_lang: str = "es"
     valid_fraction: Fraction = 0.02
     test_fraction: Fraction = 0.02
-    split_seed: int = 0
+    split_seed: Seed = 0
     vocab_size: Annotated[int, Field(ge=100)] = 8000
     min_length: PositiveInt = 1
     max_length: PositiveInt = 64
@@ -127,7 +129,7 @@ class Training(Section):
     eval_steps: PositiveInt = 250
     save_steps: PositiveInt = 250
     logging_steps: PositiveInt = 50
-    seed: int = 0
+    seed: Seed = 0
 
 
 class Evaluation(Section):
@@ -148,6 +150,15 @@ class Pretrain(Section):
     run_dir: str = "artifacts/runs/pretrain"
     metrics: str = "artifacts/metrics/pretrain.json"
 
+    @model_validator(mode="after")
+    def _generation_fits(self) -> Pretrain:
+        if self.init is None and self.eval.max_new_tokens > self.model.max_positions:
+            raise ValueError(
+                f"eval.max_new_tokens = {self.eval.max_new_tokens} exceeds model.max_positions = "
+                f"{self.model.max_positions}; generation cannot go past the last position"
+            )
+        return self
+
 
 class Teacher(Section):
     init: str = "artifacts/models/pretrain"
@@ -159,6 +170,12 @@ class Teacher(Section):
     out: str = "artifacts/models/teacher"
     run_dir: str = "artifacts/runs/teacher"
     metrics: str = "artifacts/metrics/teacher.json"
+
+    @model_validator(mode="after")
+    def _learned_alpha_above_one(self) -> Teacher:
+        if self.learn_alpha and self.alpha <= 1.0:
+            raise ValueError(f"learn_alpha = true needs alpha > 1 to start from, got alpha = {self.alpha}")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -177,7 +194,7 @@ class Extract(Section):
     batch_size: PositiveInt = 32
     dtype: Literal["float16", "float32"] = "float16"
     shard_sentences: PositiveInt = 512
-    seed: int = 0
+    seed: Seed = 0
     out: str = "artifacts/graphs"
     metrics: str = "artifacts/metrics/extract.json"
 
@@ -201,7 +218,7 @@ class Project(Section):
     valid_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
     eval_threshold: Annotated[float, Field(gt=0.0)] = 1.0
     eval_bins: PositiveInt = 4
-    seed: int = 0
+    seed: Seed = 0
     out: str = "artifacts/predictors/projections.safetensors"
     metrics: str = "artifacts/metrics/project.json"
     plot: str = "artifacts/plots/project_loss.csv"
@@ -224,7 +241,7 @@ class Cluster(Section):
     backend: Literal["auto", "faiss", "sklearn"] = "auto"
     iterations: PositiveInt = 25
     max_points_per_centroid: PositiveInt | None = None
-    seed: int = 0
+    seed: Seed = 0
     out: str = "artifacts/predictors/centroids.safetensors"
     metrics: str = "artifacts/metrics/cluster.json"
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pipeline.atomic import write_json
-from pipeline.clustering_store import fit_store_centroids, save_centroids
+from pipeline.clustering import resolve_backend
 from pipeline.errors import exits_cleanly
 from pipeline.graphs import GraphStore
+from pipeline.predictors.fitting import fit_predictors
+from pipeline.predictors.kmeans import KMeansPredictor
+from pipeline.predictors.state import save_states
 from pipeline.projection.model import load_projections
 from pipeline.stage import stage_params
 
@@ -15,9 +18,20 @@ def main(argv: list[str] | None = None) -> None:
     params = stage_params("cluster", argv)
     store = GraphStore(params.graphs)
     layers, extra = load_projections(params.projections)
-    centroids, report = fit_store_centroids(store, layers, extra, params)
-    save_centroids(params.out, centroids, {"kind": report["kind"], "bucket_counts": params.bucket_counts})
-    write_json(params.metrics, report)
+    backend = resolve_backend(params.backend)
+    predictors = [
+        KMeansPredictor(
+            buckets=b,
+            top_k=params.top_k,
+            iterations=params.iterations,
+            max_points_per_centroid=params.max_points_per_centroid,
+            backend=backend,
+        )
+        for b in params.bucket_counts
+    ]
+    report = fit_predictors(store, extra["kind"], predictors, layers, extra["split"], seed=params.seed)
+    save_states(params.out, predictors, {"graphs": store.manifest["teacher"], "kind": extra["kind"]})
+    write_json(params.metrics, {"backend": backend, **report})
 
 
 if __name__ == "__main__":

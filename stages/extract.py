@@ -3,28 +3,58 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel
 
 from pipeline.atomic import write_json
 from pipeline.attention import load_model
-from pipeline.checkpoint import resolve_checkpoint
-from pipeline.errors import exits_cleanly
-from pipeline.graphs import GraphStore
-from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
-from pipeline.inspect_graphs import summarize
+from pipeline.checkpoint import loading, resolve_checkpoint
+from pipeline.errors import UserError, exits_cleanly
+from pipeline.graphs import GraphStore, attention_kind
+from pipeline.graphs.extract import extract_graphs, kind_shapes, query_lengths, teacher_fingerprint
+from pipeline.graphs.summary import summarize
+from pipeline.params import Extract
 from pipeline.stage import stage_params
 from pipeline.training.run import encode_with, load_corpus
+
+
+def check_kinds(params: Extract, model: PreTrainedModel) -> None:
+    """Raise :class:`UserError` unless every kind asked for has the same layers, heads and head size."""
+    shapes = kind_shapes(model, [attention_kind(k) for k in params.kinds])
+    if len(set(shapes.values())) > 1:
+        described = ", ".join(f"{k} {s[0]} layers × {s[1]} heads × {s[2]} dims" for k, s in shapes.items())
+        raise UserError(
+            f"extract.kinds = {params.kinds}: the teacher's kinds differ in shape ({described}); "
+            "allowed: kinds of one shape"
+        )
+
+
+def check_lengths(params: Extract, dataset: Any) -> None:
+    """Raise :class:`UserError` unless some sentence of the split is ``min_length`` long for every kind."""
+    if len(dataset) == 0:
+        raise UserError(f"extract.split = {params.split!r}: that split of {params.data} is empty")
+    kinds = [attention_kind(k) for k in params.kinds]
+    lengths = query_lengths(dataset, kinds)
+    if lengths.max() < params.min_length:
+        sides = " and ".join(sorted({k.query_side for k in kinds}))
+        raise UserError(
+            f"extract.min_length = {params.min_length}: no sentence of the {params.split} split has "
+            f"{params.min_length} {sides} tokens; the longest has {lengths.max()}"
+        )
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("extract", argv)
-    teacher = resolve_checkpoint(params.teacher, "extract.teacher")
-    data, _ = load_corpus(params.data)
-    model = load_model(teacher)
-    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    teacher = resolve_checkpoint(params.teacher, "extract.teacher", local=True)
+    data, _ = load_corpus(params.data, "extract.data")
+    with loading(teacher, "extract.teacher"):
+        model = load_model(teacher)
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+    check_kinds(params, model)
     data = encode_with(tokenizer, data, model.config.max_position_embeddings)
+    check_lengths(params, data[params.split])
     started = time.perf_counter()
     extract_graphs(
         model,

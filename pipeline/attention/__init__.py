@@ -2,25 +2,33 @@
 
 After ``import pipeline.attention`` any model that dispatches through ``AttentionInterface`` accepts
 ``attn_implementation="entmax"``.
+
+- :mod:`~pipeline.attention.interface`: registration with both interfaces, module discovery, state attachers.
+- :mod:`~pipeline.attention.entmax`: the α-entmax normalizer and attention function, learned α.
+- :mod:`~pipeline.attention.loading`: strict checkpoint loading with the attention state.
+- :mod:`~pipeline.attention.sparsity`: measured sparsity of a model's attention.
 """
 
-from pipeline.attention.entmax_attention import (
+from pipeline.attention.entmax import (
     DEFAULT_ALPHA,
     ENTMAX,
     LearnedAlpha,
     attach_learned_alpha,
     attention_alpha,
-    attention_modules,
-    boolean_attention_mask,
     config_alpha,
     entmax_attention_forward,
     entmax_normalize,
-    load_model,
-    mask_scores,
-    register_attention,
     register_entmax,
 )
-from pipeline.attention.sparsity import attention_sparsity, collect_marian_sparsity, valid_pairs
+from pipeline.attention.interface import (
+    attention_modules,
+    boolean_attention_mask,
+    mask_scores,
+    register_attention,
+    register_state_attacher,
+)
+from pipeline.attention.loading import load_model
+from pipeline.attention.sparsity import attention_sparsity, collect_marian_sparsity
 
 register_entmax()
 
@@ -41,5 +49,5 @@ __all__ = [
     "mask_scores",
     "register_attention",
     "register_entmax",
-    "valid_pairs",
+    "register_state_attacher",
 ]

@@ -3,8 +3,8 @@
     sparsity = 1 − |{(i, j) valid : p_ij > 0}| / |valid pairs|
 
 A pair is valid when query i and key j are both real tokens and, for causal attention, j ≤ i (so a causal
-sentence of length L has L(L+1)/2 valid pairs per head). Counts are returned rather than ratios so that
-callers can sum them over batches before dividing.
+sentence of length L has L(L+1)/2 valid pairs per head): :func:`kernels.attended.valid_pairs`. Counts are
+returned rather than ratios so that callers can sum them over batches before dividing.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
+
+from kernels.attended import valid_pairs
 
 # Attention kinds of an encoder–decoder model and the output field holding their per-layer probabilities.
 SEQ2SEQ_ATTENTIONS = {
@@ -23,25 +25,12 @@ SEQ2SEQ_ATTENTIONS = {
 _MODEL_INPUTS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask", "labels")
 
 
-def valid_pairs(query_mask: Tensor, key_mask: Tensor, causal: bool) -> Tensor:
-    """Boolean (batch, q_len, k_len): query i and key j are real tokens, and j ≤ i when ``causal``.
-
-    ``query_mask`` (batch, q_len) and ``key_mask`` (batch, k_len) are nonzero for real tokens. Causality is
-    aligned bottom-right, so the last query sits at the last key (queries that continue a cache).
-    """
-    pairs = query_mask.bool()[:, :, None] & key_mask.bool()[:, None, :]
-    if causal:
-        q_len, k_len = pairs.shape[-2:]
-        pairs = pairs & torch.ones(q_len, k_len, dtype=torch.bool, device=pairs.device).tril(k_len - q_len)
-    return pairs
-
-
 def attention_sparsity(probs: Tensor, query_mask: Tensor, key_mask: Tensor, causal: bool) -> tuple[int, int]:
     """(nonzero, valid) counts of one layer's probabilities ``probs`` (batch, heads, q_len, k_len).
 
     nonzero counts valid pairs with p > 0 over all heads; valid counts valid pairs times heads.
     """
-    pairs = valid_pairs(query_mask, key_mask, causal)[:, None]  # (b, 1, q, k)
+    pairs = valid_pairs(query_mask, key_mask, causal=causal)[:, None]  # (b, 1, q, k)
     nonzero = int(((probs > 0) & pairs).sum())
     valid = int(pairs.sum()) * probs.shape[1]
     return nonzero, valid

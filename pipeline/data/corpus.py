@@ -98,6 +98,34 @@ def _encode_split(
     return columns, dropped
 
 
+def _empty_split(
+    name: str,
+    pairs: list[Pair],
+    split_dropped: dict[str, int],
+    length_filter: LengthFilter,
+    fraction: float,
+) -> UserError:
+    """Why split ``name`` ended up empty, naming the prepare key to change."""
+    before = sum(split_dropped.values())
+    if before:
+        f = length_filter
+        ratio = "null" if f.max_length_ratio is None else f.max_length_ratio
+        reasons = ", ".join(f"{reason} {count}" for reason, count in split_dropped.items())
+        return UserError(
+            f"prepare.min_length = {f.min_length}, max_length = {f.max_length}, max_length_ratio = {ratio}: "
+            f"the length filter dropped all {before} {name} pairs ({reasons})"
+        )
+    if any(pair.split is not None for pair in pairs):
+        return UserError(
+            f"prepare.hf.use_dataset_splits = true: the dataset gives no {name} pairs; "
+            "allowed: false, to split by id hash"
+        )
+    return UserError(
+        f"prepare.{name}_fraction = {fraction}: the {name} split of {len(pairs)} pairs is empty; "
+        "allowed: a fraction that puts at least one pair there"
+    )
+
+
 def _fingerprint(corpus: datasets.DatasetDict) -> str:
     """sha256 over every split's ids and texts: equal corpora, equal fingerprints."""
     digest = hashlib.sha256()
@@ -168,6 +196,9 @@ def build_corpus(
     encoded: dict[str, datasets.Dataset] = {}
     for name in SPLITS:
         columns, split_dropped = _encode_split(splits[name], tokenizer, length_filter)
+        if not columns["id"]:
+            fraction = test_fraction if name == "test" else valid_fraction
+            raise _empty_split(name, pairs, split_dropped, length_filter, fraction)
         for reason, count in split_dropped.items():
             dropped[reason] += count
         encoded[name] = datasets.Dataset.from_dict(columns, features=FEATURES)

@@ -58,6 +58,25 @@ def attention_layers(model: PreTrainedModel, kind: AttentionKind) -> list[nn.Mod
     return [layer.encoder_attn for layer in model.get_decoder().layers]
 
 
+def kind_shapes(
+    model: PreTrainedModel, kinds: Sequence[AttentionKind]
+) -> dict[str, tuple[int, int, int, float]]:
+    """(layers, heads, head_dim, scaling) of every kind's attention modules; a store needs them all equal."""
+    shapes = {}
+    for kind in kinds:
+        modules = attention_layers(model, kind)
+        first = modules[0]
+        shapes[kind.name] = (len(modules), first.num_heads, first.head_dim, float(first.scaling))
+    return shapes
+
+
+def query_lengths(dataset: Any, kinds: Sequence[AttentionKind]) -> np.ndarray:
+    """(rows,) int64: each row's fewest queries over ``kinds``, the length ``min_length`` is compared with."""
+    columns = {"source": "input_ids", "target": "labels"}
+    sides = sorted({k.query_side for k in kinds})
+    return np.minimum.reduce([np.array([len(ids) for ids in dataset[columns[s]]], np.int64) for s in sides])
+
+
 def select_rows(
     dataset: Any,
     kinds: Sequence[AttentionKind],
@@ -71,11 +90,7 @@ def select_rows(
     At most ``max_sentences`` of them: a seeded uniform sample when ``seed`` is given (so a corpus stored
     in reading order is not cut to its first chapters), else the first ones.
     """
-    columns = {"source": "input_ids", "target": "labels"}
-    lengths = [
-        np.array([len(ids) for ids in dataset[columns[side]]]) for side in {k.query_side for k in kinds}
-    ]
-    rows = np.flatnonzero(np.minimum.reduce(lengths) >= min_length)
+    rows = np.flatnonzero(query_lengths(dataset, kinds) >= min_length)
     if max_sentences is not None and len(rows) > max_sentences:
         if seed is None:
             rows = rows[:max_sentences]
@@ -154,7 +169,7 @@ def extract_graphs(
             "load the teacher with attn_implementation='entmax' (or 'eager')"
         )
     per_kind = {k.name: attention_layers(model, k) for k in specs}
-    shapes = {(len(ms), ms[0].num_heads, ms[0].head_dim, float(ms[0].scaling)) for ms in per_kind.values()}
+    shapes = set(kind_shapes(model, specs).values())
     if len(shapes) != 1:
         raise ValueError(
             f"kinds {list(kinds)} differ in (layers, heads, head_dim, scaling): {sorted(shapes)}"

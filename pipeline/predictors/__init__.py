@@ -1,35 +1,53 @@
-"""Sparsefinder predictors: from projected queries and keys to a predicted attention graph Ĝ ≈ G.
+"""Predictors: from a head's (projected) queries and keys to a predicted attention graph Ĝ ≈ G.
 
-- :mod:`~pipeline.predictors.distance`: Ĝ = {‖q′_i − k′_j‖₂ ≤ t} (boolean mask, quadratic).
-- :mod:`~pipeline.predictors.quantization`: equal-size bins per projected dimension (bucket ids).
-- :mod:`~pipeline.predictors.kmeans`: top-k nearest of B offline centroids (bucket ids).
-- :mod:`~pipeline.predictors.patterns`: window, global and valid-pair masks OR-ed / AND-ed in.
-- :mod:`~pipeline.predictors.buckets`: bucket ids → mask, and the combined graph.
+- :mod:`~pipeline.predictors.base`: the interface, the registry and :func:`predicted_graph`, which adds the
+  window and global pattern and the valid pairs exactly as the kernel does (:mod:`kernels.attended`).
+- Sparsefinder: :mod:`~pipeline.predictors.distance` (‖q′ − k′‖ ≤ t, a mask),
+  :mod:`~pipeline.predictors.quantization` (equal-size bins per projected dimension, buckets),
+  :mod:`~pipeline.predictors.kmeans` (top-k of B offline centroids, buckets).
+- :mod:`~pipeline.predictors.state`: fitted state as safetensors. :mod:`~pipeline.predictors.fitting` and
+  :mod:`~pipeline.predictors.scoring`: fitting on a graph store's training split, scoring held out.
 - :mod:`~pipeline.predictors.metrics`: sparsity, recall, precision and exact-query fraction.
+
+Importing this package registers every predictor with :func:`make_predictor`.
 """
 
-from pipeline.predictors.buckets import buckets_to_mask, predicted_graph
-from pipeline.predictors.distance import distance_mask, pairwise_distances
-from pipeline.predictors.kmeans import kmeans_buckets, kmeans_mask, nearest_centroids
+from pipeline.predictors.base import (
+    PREDICTORS,
+    HeadInputs,
+    Prediction,
+    Predictor,
+    make_predictor,
+    predicted_graph,
+    register,
+)
+from pipeline.predictors.bigbird import BigBirdPredictor
+from pipeline.predictors.distance import DistancePredictor
+from pipeline.predictors.kmeans import KMeansPredictor
+from pipeline.predictors.longformer import LongformerPredictor
 from pipeline.predictors.metrics import GraphScoreSums, graph_scores, summarize
-from pipeline.predictors.patterns import global_mask, valid_pairs, window_mask
-from pipeline.predictors.quantization import quantile_bins, quantization_buckets, quantization_mask
+from pipeline.predictors.quantization import QuantizationPredictor
+from pipeline.predictors.reformer import ReformerPredictor
+from pipeline.predictors.routing import RoutingPredictor
+from pipeline.predictors.window import WindowPredictor
 
 __all__ = [
+    "PREDICTORS",
+    "BigBirdPredictor",
+    "DistancePredictor",
     "GraphScoreSums",
-    "buckets_to_mask",
-    "distance_mask",
-    "global_mask",
+    "HeadInputs",
+    "KMeansPredictor",
+    "LongformerPredictor",
+    "Prediction",
+    "Predictor",
+    "QuantizationPredictor",
+    "ReformerPredictor",
+    "RoutingPredictor",
+    "WindowPredictor",
     "graph_scores",
-    "kmeans_buckets",
-    "kmeans_mask",
-    "nearest_centroids",
-    "pairwise_distances",
+    "make_predictor",
     "predicted_graph",
-    "quantile_bins",
-    "quantization_buckets",
-    "quantization_mask",
+    "register",
     "summarize",
-    "valid_pairs",
-    "window_mask",
 ]

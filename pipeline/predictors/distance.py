@@ -5,7 +5,12 @@ Quadratic in the sequence length by nature, but each comparison costs r instead 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from pipeline.errors import UserError
+from pipeline.predictors.base import HeadInputs, Prediction, Predictor, register
 
 
 def pairwise_distances(q_proj: torch.Tensor, k_proj: torch.Tensor) -> torch.Tensor:
@@ -25,3 +30,23 @@ def pairwise_distances(q_proj: torch.Tensor, k_proj: torch.Tensor) -> torch.Tens
 def distance_mask(q_proj: torch.Tensor, k_proj: torch.Tensor, threshold: float) -> torch.Tensor:
     """(batch, heads, n, m) boolean mask [‖q′_i − k′_j‖₂ ≤ threshold]."""
     return pairwise_distances(q_proj, k_proj) <= threshold
+
+
+@register
+@dataclass(frozen=True)
+class DistancePredictor(Predictor):
+    """Ĝ = {‖q′_i − k′_j‖₂ ≤ threshold}: a mask (the only learned predictor that is not buckets)."""
+
+    name = "distance"
+    threshold: float = 1.0
+
+    def check(self) -> None:
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, int | float)
+            or self.threshold < 0
+        ):
+            raise UserError(f"distance.threshold must be a number >= 0; got {self.threshold!r}")
+
+    def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
+        return Prediction(mask=distance_mask(*inputs.projected(), self.threshold))

@@ -7,14 +7,28 @@ With centroids c_1 … c_B of head h,
 Unlike the Routing Transformer (each centroid picks its top tokens), the top-k runs over centroids, so every
 query and key lands in exactly k clusters and no query is left without keys to compare with. Equal distances
 go to the lower centroid index (stable sort). Queries and keys share one centroid set, so the bucket id is the
-centroid index itself.
+centroid index itself. With k ≥ 2 a pair counts when the two share *any* of their k centroids (the reference
+code's torch path matches rank by rank instead, a subset of this); "share any" is what the kernel computes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from pipeline.predictors.buckets import buckets_to_mask
+from pipeline.clustering.kmeans import fit_centroids
+from pipeline.errors import UserError
+from pipeline.predictors.base import (
+    HeadInputs,
+    Prediction,
+    Predictor,
+    padding_to_none,
+    positive_int,
+    register,
+)
 
 
 def nearest_centroids(
@@ -30,33 +44,72 @@ def nearest_centroids(
     # (b, h, n, 1, r) − (1, h, 1, B, r) -> (b, h, n, B); explicit differences keep ties exact
     dist = (x[..., :, None, :] - centroids[None, :, None, :, :].to(x.dtype)).square().sum(-1)
     ids = dist.argsort(dim=-1, stable=True)[..., :top_k].to(torch.int32)
-    if valid is not None:
-        ids = ids.masked_fill(~valid[:, None, :, None], -1)
-    return ids
+    return ids if valid is None else padding_to_none(ids, valid)
 
 
-def kmeans_buckets(
-    q_proj: torch.Tensor,
-    k_proj: torch.Tensor,
-    centroids: torch.Tensor,
-    top_k: int,
-    q_valid: torch.Tensor | None = None,
-    k_valid: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel bucket ids: int32 (batch, heads, n, top_k) for queries and (batch, heads, m, top_k) for keys."""
-    return (
-        nearest_centroids(q_proj, centroids, top_k, q_valid),
-        nearest_centroids(k_proj, centroids, top_k, k_valid),
-    )
+def head_points(batches: Iterable[HeadInputs]) -> list[torch.Tensor]:
+    """Per head, (N, r) float32 projected queries and keys of every real token of ``batches``."""
+    per_head: list[list[torch.Tensor]] = []
+    for inputs in batches:
+        q_proj, k_proj = inputs.projected()
+        if not per_head:
+            per_head = [[] for _ in range(q_proj.shape[1])]
+        for h, points in enumerate(per_head):
+            points += [q_proj[:, h][inputs.q_valid], k_proj[:, h][inputs.k_valid]]
+    return [torch.cat(points).detach().float().cpu() for points in per_head]
 
 
-def kmeans_mask(
-    q_proj: torch.Tensor,
-    k_proj: torch.Tensor,
-    centroids: torch.Tensor,
-    top_k: int,
-    q_valid: torch.Tensor | None = None,
-    k_valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """(batch, heads, n, m) mask of pairs sharing one of their top-k centroids (padding shares nothing)."""
-    return buckets_to_mask(*kmeans_buckets(q_proj, k_proj, centroids, top_k, q_valid, k_valid))
+@register
+@dataclass(frozen=True)
+class KMeansPredictor(Predictor):
+    """Top-``top_k`` of ``buckets`` centroids fitted on the training split's projected queries and keys.
+
+    Fitting runs Lloyd's algorithm (faiss, else scikit-learn; see :mod:`pipeline.clustering.kmeans`) for
+    ``iterations`` steps on every point of a head unless ``max_points_per_centroid`` caps the sample.
+    """
+
+    name = "kmeans"
+    fitted = True
+    fit_knobs = ("buckets", "iterations", "max_points_per_centroid", "backend")
+    buckets: int = 8
+    top_k: int = 1
+    iterations: int = 25
+    max_points_per_centroid: int | None = None
+    backend: str = "auto"
+
+    def check(self) -> None:
+        positive_int(self.name, "buckets", self.buckets)
+        positive_int(self.name, "top_k", self.top_k)
+        positive_int(self.name, "iterations", self.iterations)
+        if self.max_points_per_centroid is not None:
+            positive_int(self.name, "max_points_per_centroid", self.max_points_per_centroid)
+        if self.top_k > self.buckets:
+            raise UserError(f"kmeans.top_k = {self.top_k} exceeds kmeans.buckets = {self.buckets}")
+
+    def fit_layer(self, layer: int, batches: Iterable[HeadInputs], seed: int) -> dict[str, torch.Tensor]:
+        centroids = []
+        for h, points in enumerate(head_points(batches)):
+            if len(points) < self.buckets:
+                raise UserError(
+                    f"kmeans.buckets = {self.buckets}: layer {layer} head {h} has only {len(points)} "
+                    "training tokens to cluster"
+                )
+            centroids.append(
+                fit_centroids(
+                    points.numpy(),
+                    self.buckets,
+                    seed=seed,
+                    backend=self.backend,
+                    n_iter=self.iterations,
+                    max_points_per_centroid=self.max_points_per_centroid,
+                )
+            )
+        return {"centroids": torch.from_numpy(np.stack(centroids))}  # (h, B, r)
+
+    def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
+        centroids = self.layer_state(layer)["centroids"]
+        q_proj, k_proj = inputs.projected()
+        return Prediction(
+            q_buckets=nearest_centroids(q_proj, centroids, self.top_k, inputs.q_valid),
+            k_buckets=nearest_centroids(k_proj, centroids, self.top_k, inputs.k_valid),
+        )

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pipeline.predictors.patterns import valid_pairs
+from kernels.attended import valid_pairs
 
 SCORES = ("sparsity", "recall", "precision", "exact")
 

@@ -17,9 +17,11 @@ ranks of real tokens nor shares a bucket with anything.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from pipeline.predictors.buckets import buckets_to_mask
+from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
 
 
 def quantile_bins(x: torch.Tensor, n_bins: int, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,12 +65,18 @@ def quantization_buckets(
     return ids(q_proj, q_valid), ids(k_proj, k_valid)
 
 
-def quantization_mask(
-    q_proj: torch.Tensor,
-    k_proj: torch.Tensor,
-    n_bins: int,
-    q_valid: torch.Tensor | None = None,
-    k_valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """(batch, heads, n, m) mask of pairs sharing a bin in some dimension (padding shares nothing)."""
-    return buckets_to_mask(*quantization_buckets(q_proj, k_proj, n_bins, q_valid, k_valid))
+@register
+@dataclass(frozen=True)
+class QuantizationPredictor(Predictor):
+    """β equal-size bins per projected dimension; query and key share a bucket when they share a bin."""
+
+    name = "quantization"
+    bins: int = 4
+
+    def check(self) -> None:
+        positive_int(self.name, "bins", self.bins)
+
+    def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
+        q_proj, k_proj = inputs.projected()
+        q_ids, k_ids = quantization_buckets(q_proj, k_proj, self.bins, inputs.q_valid, inputs.k_valid)
+        return Prediction(q_buckets=q_ids, k_buckets=k_ids)

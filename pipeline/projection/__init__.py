@@ -2,7 +2,7 @@
 
 - :mod:`~pipeline.projection.model`: :class:`HeadProjections` and its safetensors file.
 - :mod:`~pipeline.projection.hinge`: the contrastive hinge loss and its negative sampling.
-- :mod:`~pipeline.projection.train`: training one layer and held-out evaluation.
+- :mod:`~pipeline.projection.train`: training one layer and its held-out loss.
 """
 
 from pipeline.projection.hinge import hinge_loss, hinge_losses, sample_negatives
@@ -10,9 +10,8 @@ from pipeline.projection.model import HeadProjections, load_projections, save_pr
 from pipeline.projection.train import (
     Batch,
     BatchesFn,
-    ProjectionEvaluation,
     batch_masks,
-    evaluate_projections,
+    held_out_loss,
     in_memory_batches,
     train_layer_projections,
 )
@@ -21,9 +20,8 @@ __all__ = [
     "Batch",
     "BatchesFn",
     "HeadProjections",
-    "ProjectionEvaluation",
     "batch_masks",
-    "evaluate_projections",
+    "held_out_loss",
     "hinge_loss",
     "hinge_losses",
     "in_memory_batches",

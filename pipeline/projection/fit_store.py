@@ -12,15 +12,18 @@ from pipeline.errors import UserError
 from pipeline.graphs.batches import epoch_batches, iter_batches
 from pipeline.graphs.store import GraphStore
 from pipeline.params import Project
+from pipeline.predictors.distance import DistancePredictor
 from pipeline.predictors.metrics import summarize
+from pipeline.predictors.quantization import QuantizationPredictor
+from pipeline.predictors.scoring import Setting, score_settings
 from pipeline.projection.model import HeadProjections
-from pipeline.projection.train import evaluate_projections, train_layer_projections
+from pipeline.projection.train import held_out_loss, train_layer_projections
 
 
 def split_sentences(count: int, valid_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Seeded (train, valid) index lists over ``count`` sentences; valid gets ⌈fraction·count⌉, at least 1."""
     if count < 2:
-        raise ValueError(f"need at least 2 sentences to hold some out, the store has {count}")
+        raise UserError(f"the graph store has {count} sentence(s); holding some out needs at least 2")
     order = np.random.default_rng(seed).permutation(count)
     n_valid = min(max(1, math.ceil(valid_fraction * count)), count - 1)
     return sorted(order[n_valid:].tolist()), sorted(order[:n_valid].tolist())
@@ -41,6 +44,10 @@ def fit_store_projections(
     causal = store.causal(params.kind)
     train, valid = split_sentences(len(store), params.valid_fraction, params.seed)
     positives = store.edge_counts(params.kind)[:, :, train].sum(axis=(1, 2))  # (layers,)
+    settings = [
+        Setting(DistancePredictor(params.eval_threshold)),
+        Setting(QuantizationPredictor(params.eval_bins)),
+    ]
     layers, curve, per_layer = {}, [], []
     for layer in range(store.layers):
         started = time.perf_counter()
@@ -59,14 +66,16 @@ def fit_store_projections(
             omega=params.omega,
         )
         seconds = time.perf_counter() - started
-        held_out = evaluate_projections(
+        loss = held_out_loss(
             module,
             iter_batches(store, kind=params.kind, layer=layer, indices=valid, batch_size=params.batch_size),
             causal=causal,
             omega=params.omega,
             seed=params.seed,
-            threshold=params.eval_threshold,
-            n_bins=params.eval_bins,
+        )
+        # the projections alone: no window, no global tokens
+        distance, quantization = score_settings(
+            store, params.kind, layer, settings, valid, projections=module, batch_size=params.batch_size
         )
         layers[layer] = module
         curve += [{"layer": layer, "step": step, "loss": loss} for step, loss in enumerate(losses)]
@@ -74,11 +83,11 @@ def fit_store_projections(
             {
                 "layer": layer,
                 "train_loss_last": losses[-1],
-                "valid_loss": held_out.loss,
+                "valid_loss": loss,
                 "seconds": round(seconds, 2),
                 "positive_pairs_per_second": round(params.epochs * int(positives[layer]) / seconds),
-                "distance": summarize([held_out.distance]),
-                "quantization": summarize([held_out.quantization]),
+                "distance": summarize([distance]),
+                "quantization": summarize([quantization]),
             }
         )
     report = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.predictors.patterns import valid_pairs
+from kernels.attended import valid_pairs
 
 
 def sample_negatives(

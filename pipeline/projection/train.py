@@ -13,15 +13,11 @@ batches; it shuffles with ``generator`` (a seeded CPU generator) so training is 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.predictors.distance import distance_mask
-from pipeline.predictors.metrics import GraphScoreSums, graph_scores
-from pipeline.predictors.quantization import quantization_mask
 from pipeline.projection.hinge import hinge_loss, hinge_losses
 from pipeline.projection.model import HeadProjections
 
@@ -114,37 +110,22 @@ def train_layer_projections(
     return module, losses
 
 
-@dataclasses.dataclass
-class ProjectionEvaluation:
-    """Held-out mean hinge loss and per-head graph scores of simple predictors on the projections."""
-
-    loss: float
-    distance: GraphScoreSums
-    quantization: GraphScoreSums | None
-
-
 @torch.no_grad()
-def evaluate_projections(
+def held_out_loss(
     module: HeadProjections,
     batches: Iterable[Batch],
     *,
     causal: bool,
     omega: float = 1.0,
     seed: int = 0,
-    threshold: float = 1.0,
-    n_bins: int | None = None,
-) -> ProjectionEvaluation:
-    """Score ``module`` on held-out batches.
+) -> float:
+    """Mean hinge loss of ``module`` over every (sentence, head) cell of held-out batches.
 
-    The loss is the mean over every (sentence, head) cell of the held-out set (negatives drawn from
-    ``seed``). The distance predictor uses ``threshold`` t; the quantization predictor β = ``n_bins`` bins
-    when given. No window or global pattern is added, so the scores measure the projections alone.
+    Negatives are drawn from a generator seeded by ``seed``, so the figure is reproducible.
     """
     device = next(module.parameters()).device
     negatives_gen = torch.Generator(device=device).manual_seed(seed)
     loss_sum, n_cells = 0.0, 0
-    distance = GraphScoreSums.zeros(module.n_heads)
-    quantization = GraphScoreSums.zeros(module.n_heads) if n_bins is not None else None
     for raw in batches:
         batch = _to(raw, device)
         q_valid, k_valid = batch_masks(batch)
@@ -161,9 +142,4 @@ def evaluate_projections(
         )
         loss_sum += (per_cell * counted).sum().item()
         n_cells += int(counted.sum())
-        pred = distance_mask(q_proj, k_proj, threshold)
-        distance = distance + graph_scores(pred, batch["gold"], q_valid, k_valid, causal=causal)
-        if quantization is not None:
-            pred = quantization_mask(q_proj, k_proj, n_bins, q_valid, k_valid)
-            quantization = quantization + graph_scores(pred, batch["gold"], q_valid, k_valid, causal=causal)
-    return ProjectionEvaluation(loss_sum / max(n_cells, 1), distance, quantization)
+    return loss_sum / max(n_cells, 1)

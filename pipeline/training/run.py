@@ -28,11 +28,29 @@ from pipeline.training.seq2seq import is_main_process, train_seq2seq
 TOKENIZER_FOLDER = "tokenizer"
 
 
-def load_corpus(folder: str) -> tuple[DatasetDict, PreTrainedTokenizerBase]:
-    """The prepared DatasetDict and the tokenizer it was encoded with."""
+def load_corpus(folder: str, key: str = "data") -> tuple[DatasetDict, PreTrainedTokenizerBase]:
+    """The prepared DatasetDict and the tokenizer it was encoded with; ``key`` names ``folder`` in errors."""
     if not (Path(folder) / "dataset_dict.json").is_file():
-        raise UserError(f"data = {folder!r}: no prepared corpus there (run the 'prepare' stage first)")
+        raise UserError(f"{key} = {folder!r}: no prepared corpus there (run the 'prepare' stage first)")
     return load_from_disk(folder), AutoTokenizer.from_pretrained(Path(folder) / TOKENIZER_FOLDER)
+
+
+def longest_sequence(data: DatasetDict) -> int:
+    """Tokens in the longest source or target sequence of any split."""
+    return max(
+        (len(ids) for split in data.values() for column in ("input_ids", "labels") for ids in split[column]),
+        default=0,
+    )
+
+
+def check_generation_fits(stage: str, params: Pretrain | Teacher, model: PreTrainedModel) -> None:
+    """Raise :class:`UserError` when ``eval.max_new_tokens`` runs past the ``init`` model's positions."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and params.eval.max_new_tokens > positions:
+        raise UserError(
+            f"{stage}.eval.max_new_tokens = {params.eval.max_new_tokens}: the model of {stage}.init = "
+            f"{params.init!r} has {positions} positions; allowed: at most {positions}"
+        )
 
 
 def encode_with(tokenizer: PreTrainedTokenizerBase, data: DatasetDict, max_length: int) -> DatasetDict:

@@ -39,9 +39,9 @@ def test_cpu_tensors_run_the_torch_path(monkeypatch):
 
     monkeypatch.setattr(torch_bucketed, "torch_bucketed_attention", spy)
     q, k, v, qb, kb = inputs()
-    out = kernels.bucketed_attention(q, k, v, qb, kb, alpha=2, window=1, global_tokens=1, causal=True)
-    assert calls == [dict(alpha=2.0, causal=True, window=1, global_tokens=1, scale=None)]
-    expected = original(q, k, v, qb, kb, alpha=2.0, causal=True, window=1, global_tokens=1)
+    out = kernels.bucketed_attention(q, k, v, qb, kb, alpha=2, window=3, global_tokens=1, causal=True)
+    assert calls == [dict(alpha=2.0, causal=True, radius=1, global_tokens=1, scale=None)]
+    expected = original(q, k, v, qb, kb, alpha=2.0, causal=True, radius=1, global_tokens=1)
     assert torch.equal(out, expected)
 
 
@@ -66,14 +66,14 @@ def test_triton_route_imports_the_kernel_lazily(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v, qb, kb = inputs()
     assert kernels.bucketed_attention(q, k, v, qb, kb, scale=0.5, backend="triton") == "triton"
-    assert calls == [dict(alpha=1.5, causal=False, window=0, global_tokens=0, scale=0.5)]
+    assert calls == [dict(alpha=1.5, causal=False, radius=-1, global_tokens=0, scale=0.5)]
 
 
 def test_forced_triton_backend_on_cpu_runs_the_interpreted_kernel(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v, qb, kb = inputs()
-    out = kernels.bucketed_attention(q, k, v, qb, kb, window=1, backend="triton")
-    expected = kernels.bucketed_attention(q, k, v, qb, kb, window=1, backend="torch")
+    out = kernels.bucketed_attention(q, k, v, qb, kb, window=3, backend="triton")
+    expected = kernels.bucketed_attention(q, k, v, qb, kb, window=3, backend="torch")
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
 
 
@@ -98,10 +98,10 @@ def test_cuda_tensors_run_triton_except_float64(monkeypatch):
 
     monkeypatch.setattr(triton_bucketed, "triton_bucketed_attention", spy)
     q, k, v, qb, kb = inputs(n=130, device="cuda")
-    out = kernels.bucketed_attention(q, k, v, qb, kb, window=2)
+    out = kernels.bucketed_attention(q, k, v, qb, kb, window=5)
     assert calls == [torch.float32]
     # Sanity only (accuracy is the kernel tests' job): a wrong mask would be off by ~0.1 or more.
-    expected = torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, window=2)
+    expected = torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, radius=2)
     torch.testing.assert_close(out, expected, rtol=0, atol=2e-2)
     kernels.bucketed_attention(q.double(), k.double(), v.double(), qb, kb)  # the PyTorch path on CUDA
     assert calls == [torch.float32]
@@ -109,7 +109,7 @@ def test_cuda_tensors_run_triton_except_float64(monkeypatch):
 
 def test_float64_and_cross_attention_are_accepted():
     q, k, v, qb, kb = inputs(n=9, m=14, t=3, dtype=torch.float64)
-    out = kernels.bucketed_attention(q, k, v, qb, kb, alpha=1, window=2, scale=0.3)
+    out = kernels.bucketed_attention(q, k, v, qb, kb, alpha=1, window=5, scale=0.3)
     assert out.shape == q.shape and out.dtype == torch.float64
 
 
@@ -147,8 +147,9 @@ BAD = [
     ("alpha nan", {}, {"alpha": float("nan")}, "alpha must be a finite number ≥ 1"),
     ("alpha string", {}, {"alpha": "1.5"}, "alpha must be a finite number ≥ 1"),
     ("alpha bool", {}, {"alpha": True}, "alpha must be a finite number ≥ 1"),
-    ("window negative", {}, {"window": -1}, "window must be an integer ≥ 0"),
-    ("window float", {}, {"window": 1.5}, "window must be an integer ≥ 0"),
+    ("window negative", {}, {"window": -1}, r"window must be 0 \(none\) or an odd size"),
+    ("window float", {}, {"window": 3.5}, r"window must be 0 \(none\) or an odd size"),
+    ("window even", {}, {"window": 4}, r"window must be 0 \(none\) or an odd size w \(\|i − j\| ≤ w // 2"),
     ("global negative", {}, {"global_tokens": -2}, "global_tokens must be an integer ≥ 0"),
     ("causal not bool", {}, {"causal": 1}, "causal must be True or False"),
     ("scale zero", {}, {"scale": 0.0}, "scale must be None"),

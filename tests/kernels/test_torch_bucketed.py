@@ -8,6 +8,7 @@ rounding of the output.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -15,9 +16,13 @@ import torch
 from entmax import entmax15, sparsemax
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import torch_bucketed
+from kernels import bucketed_attention, torch_bucketed
+from kernels.attended import window_radius
 from kernels.reference import attended_mask, dense_bucketed_attention, normalize
-from kernels.torch_bucketed import TILE, BlockEntmax, plan_tiles, torch_bucketed_attention
+from kernels.torch_bucketed import TILE, BlockEntmax, plan_tiles
+
+# the PyTorch path through the public entry, which turns the window size into the band radius
+torch_bucketed_attention = functools.partial(bucketed_attention, backend="torch")
 
 # Both paths normalise in fp32 but sum in different orders; measured ratios stay below 2.
 ERROR_FACTOR = 4.0
@@ -33,7 +38,7 @@ def one_thread():
 
 
 ALPHAS = (1.0, 1.5, 2.0)
-PATTERNS = {"none": {}, "window+global": {"window": 3, "global_tokens": 2}}
+PATTERNS = {"none": {}, "window+global": {"window": 7, "global_tokens": 2}}
 
 
 def make_inputs(
@@ -102,7 +107,7 @@ def test_forward_low_precision_matches_reference(dtype, n, alpha, causal, patter
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_cross_attention_matches_reference(n, m, alpha):
     q, k, v, qb, kb = make_inputs(n, 32, 3, seed=n + m, m=m)
-    opts = dict(alpha=alpha, window=4, global_tokens=3)
+    opts = dict(alpha=alpha, window=9, global_tokens=3)
     assert_close_to_truth(
         torch_bucketed_attention(q, k, v, qb, kb, **opts),
         dense_bucketed_attention(q, k, v, qb, kb, **opts),
@@ -164,7 +169,7 @@ def test_attention_gradcheck(alpha, causal):
 
     def fn(q, k, v):
         return torch_bucketed_attention(
-            q, k, v, qb, kb, alpha=alpha, causal=causal, window=1, global_tokens=1
+            q, k, v, qb, kb, alpha=alpha, causal=causal, window=3, global_tokens=1
         )
 
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
@@ -235,7 +240,7 @@ def test_pattern_only_matches_reference():
     q, k, v, _, _ = make_inputs(130, 32, 1, seed=8)
     none = torch.full((2, 2, 130, 1), -1, dtype=torch.int32)
     for causal, alpha in itertools.product([False, True], ALPHAS):
-        opts = dict(alpha=alpha, causal=causal, window=5, global_tokens=3)
+        opts = dict(alpha=alpha, causal=causal, window=11, global_tokens=3)
         assert_close_to_truth(
             torch_bucketed_attention(q, k, v, none, none, **opts),
             dense_bucketed_attention(q, k, v, none, none, **opts),
@@ -245,7 +250,7 @@ def test_pattern_only_matches_reference():
 
 def test_future_tokens_never_change_past_outputs():
     q, k, v, qb, kb = make_inputs(97, 32, 2, seed=9)
-    opts = dict(causal=True, window=3, global_tokens=2)
+    opts = dict(causal=True, window=7, global_tokens=2)
     out = torch_bucketed_attention(q, k, v, qb, kb, **opts)
     k2, v2 = k.clone(), v.clone()
     k2[:, :, 50:] = torch.randn_like(k2[:, :, 50:]) * 10
@@ -260,22 +265,29 @@ def test_future_tokens_never_change_past_outputs():
     [
         (130, 130, 3, {}),
         (130, 130, 3, {"causal": True}),
-        (130, 130, 3, {"window": 4, "global_tokens": 3}),
-        (130, 130, 3, {"causal": True, "window": 70, "global_tokens": 65}),
+        (130, 130, 3, {"window": 9, "global_tokens": 3}),
+        (130, 130, 3, {"causal": True, "window": 141, "global_tokens": 65}),
         (97, 200, 2, {}),
-        (97, 200, 2, {"window": 4, "global_tokens": 3}),
+        (97, 200, 2, {"window": 9, "global_tokens": 3}),
     ],
     ids=["plain", "causal", "pattern", "causal-wide-pattern", "cross", "cross-pattern"],
 )
 def test_pairs_are_exactly_the_attended_set(n, m, t, opts):
     _, _, _, qb, kb = make_inputs(n, 4, t, seed=n + t, m=m, buckets=9)
     mask = attended_mask(qb, kb, **opts)  # (2, 2, n, m)
-    plan = plan_tiles(qb, kb, **opts)
+    plan = plan_tiles(qb, kb, **backend_options(opts))
     query, key = plan.pairs()
     assert plan.num_pairs == query.numel() == int(mask.sum())
     found = torch.zeros(2 * 2 * n, m, dtype=torch.int64)
     found.index_put_((query, key % m), torch.ones_like(query), accumulate=True)
     assert torch.equal(found.view(2, 2, n, m), mask.long())  # each attended pair once, nothing else
+
+
+def backend_options(opts: dict) -> dict:
+    """Options as the backends take them: the window size w becomes the band radius w // 2."""
+    opts = dict(opts)
+    radius = window_radius(opts.pop("window", 0))
+    return {**opts, "radius": radius}
 
 
 def balanced_buckets(heads: int, n: int, buckets: int, seed: int) -> torch.Tensor:
@@ -316,7 +328,7 @@ def test_memory_grows_with_pairs_not_n_squared():
 
 def test_runs_of_groups_give_the_same_result(monkeypatch):
     q, k, v, qb, kb = make_inputs(97, 16, 2, seed=12, dtype=torch.float64)
-    opts = dict(causal=True, window=2, global_tokens=1)
+    opts = dict(causal=True, window=5, global_tokens=1)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     whole = torch_bucketed_attention(q, k, v, qb, kb, **opts)
     grads = torch.autograd.grad(whole.square().sum(), (q, k, v))

@@ -2,9 +2,8 @@
 
 import numpy as np
 import pytest
-import torch
 
-from pipeline.clustering import fit_centroids, fit_layer_centroids, resolve_backend
+from pipeline.clustering import fit_centroids, resolve_backend
 
 BACKENDS = ["faiss", "sklearn"]
 CENTRES = np.array([[0.0, 0.0, 0.0, 0.0], [5.0, 5.0, 0.0, 0.0], [0.0, 5.0, 5.0, 0.0]], dtype=np.float32)
@@ -58,18 +57,16 @@ def test_too_few_points_and_unknown_backend_are_rejected():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_layer_centroids_per_head_without_padding(backend):
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(3, 2, 5, 4, generator=gen)
-    k = torch.randn(3, 2, 6, 4, generator=gen)
-    q_valid = torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [1] * 4 + [0]], dtype=torch.bool)
-    k_valid = torch.tensor([[1] * 6, [1] * 2 + [0] * 4, [1] * 5 + [0]], dtype=torch.bool)
-    q = q.masked_fill(~q_valid[:, None, :, None], 1e6)  # padding far away: would dominate any mean
-    k = k.masked_fill(~k_valid[:, None, :, None], 1e6)
-    out = fit_layer_centroids(q, k, q_valid, k_valid, [1, 3], seed=0, backend=backend)
-    assert sorted(out) == [1, 3]
-    assert out[1].shape == (2, 1, 4) and out[3].shape == (2, 3, 4) and out[3].dtype == torch.float32
-    for h in range(2):
-        points = torch.cat([q[:, h][q_valid], k[:, h][k_valid]])
-        assert torch.allclose(out[1][h, 0], points.mean(0), atol=1e-5)
-    assert (out[3].abs() < 10).all()
+def test_spherical_clusters_directions_not_magnitudes(backend):
+    # three directions 53° apart, each at lengths from 0.5 to 20: plain k-means mixes near points of
+    # neighbouring directions (its centroids land off the directions), spherical k-means does not
+    directions = np.array([[1, 0, 0, 0], [0.6, 0.8, 0, 0], [0, 0.6, 0.8, 0]], dtype=np.float32)
+    rng = np.random.default_rng(3)
+    unit = np.concatenate([d + 0.02 * rng.standard_normal((100, 4)) for d in directions])
+    points = (unit * rng.uniform(0.5, 20.0, (len(unit), 1))).astype(np.float32)
+    centroids = fit_centroids(points, 3, seed=0, backend=backend, n_init=3, spherical=True)
+    assert np.allclose(np.linalg.norm(centroids, axis=1), 1.0, atol=1e-5)
+    cosines = directions @ centroids.T  # (direction, centroid)
+    assert sorted(cosines.argmax(1)) == [0, 1, 2] and (cosines.max(1) > 0.999).all()
+    again = fit_centroids(points, 3, seed=0, backend=backend, n_init=3, spherical=True)
+    assert np.array_equal(centroids, again)

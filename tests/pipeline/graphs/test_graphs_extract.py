@@ -15,7 +15,9 @@ from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore, epoch_batches, iter_batches
 from pipeline.graphs.extract import extract_graphs, select_rows, teacher_fingerprint
 from pipeline.graphs.kinds import KINDS
-from pipeline.projection import evaluate_projections, train_layer_projections
+from pipeline.predictors import DistancePredictor
+from pipeline.predictors.scoring import Setting, score_settings
+from pipeline.projection import held_out_loss, train_layer_projections
 
 KINDS_ALL = ("decoder_self", "encoder_self", "cross")
 
@@ -165,5 +167,8 @@ def test_store_feeds_projection_training(micro_store: Path) -> None:
     )
     assert len(losses) == 2 * -(-len(train) // 4) and np.isfinite(losses).all()
     held_out = iter_batches(store, kind="decoder_self", layer=1, indices=valid, batch_size=2)
-    evaluation = evaluate_projections(module, held_out, causal=True, n_bins=2)
-    assert np.isfinite(evaluation.loss) and (evaluation.distance.counts["recall"] == len(valid)).all()
+    assert np.isfinite(held_out_loss(module, held_out, causal=True))
+    [distance] = score_settings(
+        store, "decoder_self", 1, [Setting(DistancePredictor())], valid, projections=module, batch_size=2
+    )
+    assert (distance.counts["recall"] == len(valid)).all()  # every held-out sentence scored in every head

@@ -8,19 +8,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from pipeline.cli import main
 from pipeline.graphs import GraphStore
-from pipeline.inspect_graphs import format_summary, predicted_mask_for, summarize
-from pipeline.projection import HeadProjections, save_projections
+from pipeline.graphs.summary import format_summary, summarize
+from pipeline.predictors import KMeansPredictor, make_predictor
+from pipeline.predictors.scoring import Setting, sentence_graph
+from pipeline.predictors.state import save_states
+from pipeline.projection import HeadProjections, load_projections, save_projections
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def learned_files(micro_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A projections file (rank 3, both layers) and a k-means centroids file (4 centroids per head)."""
+    """A projections file (rank 3, both layers) and a k-means state file (4 centroids per head)."""
     store = GraphStore(micro_store)
     folder = tmp_path_factory.mktemp("learned")
     generator = torch.Generator().manual_seed(0)
@@ -28,10 +30,10 @@ def learned_files(micro_store: Path, tmp_path_factory: pytest.TempPathFactory) -
         i: HeadProjections(store.heads, store.head_dim, 3, generator=generator) for i in range(store.layers)
     }
     save_projections(folder / "projections.safetensors", layers)
-    centroids = {
-        f"layer{i}.centroids4": torch.randn(store.heads, 4, 3, generator=generator) for i in range(2)
-    }
-    save_file(centroids, folder / "centroids.safetensors")
+    kmeans = KMeansPredictor(buckets=4)
+    for i in range(store.layers):
+        kmeans.set_layer_state(i, {"centroids": torch.randn(store.heads, 4, 3, generator=generator)})
+    save_states(folder / "centroids.safetensors", [kmeans])
     return folder / "projections.safetensors", folder / "centroids.safetensors"
 
 
@@ -80,14 +82,23 @@ def test_cli_check_names_bad_shards(micro_store: Path, tmp_path: Path, capsys: p
     assert "shard-00000" not in err
 
 
-@pytest.mark.parametrize("method", [None, "window", "global", "distance", "quantization", "kmeans"])
-def test_cli_draws_a_head(micro_store: Path, learned_files, tmp_path: Path, method: str | None) -> None:
+@pytest.mark.parametrize(
+    ("method", "knobs"),
+    [
+        (None, []),
+        ("window", []),
+        ("distance", ["threshold=1.5"]),
+        ("quantization", ["bins=2"]),
+        ("kmeans", ["buckets=4", "top_k=2"]),
+    ],
+)
+def test_cli_draws_a_head(micro_store: Path, learned_files, tmp_path: Path, method, knobs) -> None:
     projections, centroids = learned_files
     png = tmp_path / "head.png"
     args = ["inspect", str(micro_store), "--sentence", "2", "--layer", "1", "--head", "0", "--png", str(png)]
     if method is not None:
-        args += ["--method", method, "--buckets", "4", "--projections", str(projections)]
-        args += ["--centroids", str(centroids)]
+        args += ["--method", method, "--window", "3", "--global", "1", "--projections", str(projections)]
+        args += ["--state", str(centroids), *(f"--knob={knob}" for knob in knobs)]
     assert main(args) == 0
     data = png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 15_000
@@ -115,6 +126,15 @@ def test_cli_draws_cross_attention(micro_store: Path, tmp_path: Path) -> None:
             ["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png", "--method", "distance"],
             "--projections",
         ),
+        (["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png", "--window", "2"], "odd size"),
+        (
+            ["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png", "--method", "kmeans"],
+            "--state FILE",
+        ),
+        (
+            "--sentence 0 --layer 0 --head 0 --png x.png --method distance --knob radius=3".split(),
+            "predictor distance has no knob radius",
+        ),
     ],
 )
 def test_cli_rejects_bad_arguments(
@@ -135,33 +155,20 @@ def test_cli_rejects_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_predicted_masks(micro_store: Path, learned_files) -> None:
     store = GraphStore(micro_store)
-    projections, centroids = learned_files
+    projections = load_layer(learned_files[0], 0)
     n = store.get(1, 0, 0).n
     i, j = np.indices((n, n))
     causal = j <= i
 
-    window = predicted_mask_for(store, 1, 0, 0, "decoder_self", "window", window=3)
-    np.testing.assert_array_equal(window, (abs(i - j) <= 1) & causal)
-    first = predicted_mask_for(store, 1, 0, 0, "decoder_self", "global")
-    np.testing.assert_array_equal(first, ((i == 0) | (j == 0)) & causal)
-    everything = predicted_mask_for(
-        store, 1, 0, 0, "decoder_self", "distance", threshold=1e9, projections=projections
-    )
-    np.testing.assert_array_equal(everything, causal)
-    one_bin = predicted_mask_for(
-        store, 1, 0, 0, "decoder_self", "quantization", buckets=1, projections=projections
-    )
-    np.testing.assert_array_equal(one_bin, causal)
-    kmeans = predicted_mask_for(
-        store,
-        1,
-        0,
-        0,
-        "decoder_self",
-        "kmeans",
-        buckets=4,
-        top_k=4,
-        projections=projections,
-        centroids=centroids,
-    )
-    np.testing.assert_array_equal(kmeans, causal)  # every token in all 4 clusters: everything shared
+    def graph(name: str, window: int = 0, global_tokens: int = 0, **knobs) -> np.ndarray:
+        setting = Setting(make_predictor(name, **knobs), window, global_tokens)
+        return sentence_graph(store, "decoder_self", 0, 1, setting, projections=projections)[0].numpy()
+
+    np.testing.assert_array_equal(graph("window", window=3), (abs(i - j) <= 1) & causal)
+    np.testing.assert_array_equal(graph("window", global_tokens=1), ((i == 0) | (j == 0)) & causal)
+    np.testing.assert_array_equal(graph("distance", threshold=1e9), causal)
+    np.testing.assert_array_equal(graph("quantization", bins=1), causal)
+
+
+def load_layer(path: Path, layer: int) -> HeadProjections:
+    return load_projections(path)[0][layer]

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from pipeline.predictors.buckets import buckets_to_mask
-from pipeline.predictors.kmeans import kmeans_buckets, kmeans_mask, nearest_centroids
+from kernels.attended import shared_bucket_pairs
+from pipeline.errors import UserError
+from pipeline.predictors import HeadInputs, KMeansPredictor, make_predictor
+from pipeline.predictors.kmeans import nearest_centroids
 
 
 def loop_top_k(point, centroids, top_k):
@@ -46,9 +48,13 @@ def test_top_k_matches_loops(top_k):
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_mask_matches_loops_and_bucket_ids(top_k):
+def test_predicted_buckets_match_loops(top_k):
     q, k, centroids, q_valid, k_valid = make_inputs()
-    mask = kmeans_mask(q, k, centroids, top_k, q_valid, k_valid)
+    predictor = KMeansPredictor(buckets=4, top_k=top_k)
+    predictor.set_layer_state(0, {"centroids": centroids})
+    inputs = HeadInputs(q, k, q_valid, k_valid, causal=False, q_proj=q, k_proj=k)
+    prediction = predictor.predict(0, inputs)
+    mask = shared_bucket_pairs(prediction.q_buckets, prediction.k_buckets)
     for b in range(2):
         for h in range(2):
             for i in range(5):
@@ -58,7 +64,6 @@ def test_mask_matches_loops_and_bucket_ids(top_k):
                     )
                     expected = bool(shared) and bool(q_valid[b, i]) and bool(k_valid[b, j])
                     assert mask[b, h, i, j].item() == expected
-    assert torch.equal(buckets_to_mask(*kmeans_buckets(q, k, centroids, top_k, q_valid, k_valid)), mask)
 
 
 def test_every_valid_query_gets_a_cluster():
@@ -71,3 +76,48 @@ def test_top_k_out_of_range_is_rejected():
     q, _, centroids, _, _ = make_inputs()
     with pytest.raises(ValueError, match="top_k"):
         nearest_centroids(q, centroids, 5)
+
+
+@pytest.mark.parametrize("backend", ["faiss", "sklearn"])
+def test_fit_per_head_without_padding(backend):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 2, 5, 4, generator=gen)
+    k = torch.randn(3, 2, 6, 4, generator=gen)
+    q_valid = torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [1] * 4 + [0]], dtype=torch.bool)
+    k_valid = torch.tensor([[1] * 6, [1] * 2 + [0] * 4, [1] * 5 + [0]], dtype=torch.bool)
+    q = q.masked_fill(~q_valid[:, None, :, None], 1e6)  # padding far away: would dominate any mean
+    k = k.masked_fill(~k_valid[:, None, :, None], 1e6)
+    batches = [HeadInputs(q, k, q_valid, k_valid, causal=False, q_proj=q, k_proj=k)]
+    one, three = KMeansPredictor(buckets=1, backend=backend), KMeansPredictor(buckets=3, backend=backend)
+    one.fit(0, batches, seed=0)
+    three.fit(0, batches, seed=0)
+    assert one.layer_state(0)["centroids"].shape == (2, 1, 4)
+    assert three.layer_state(0)["centroids"].shape == (2, 3, 4)
+    for h in range(2):
+        points = torch.cat([q[:, h][q_valid], k[:, h][k_valid]])
+        assert torch.allclose(one.layer_state(0)["centroids"][h, 0], points.mean(0), atol=1e-5)
+    assert (three.layer_state(0)["centroids"].abs() < 10).all()
+    with pytest.raises(UserError, match="has no fitted state for layer 1"):
+        three.predict(1, batches[0])
+
+
+def test_top_k_shares_the_fitted_centroids():
+    predictor = KMeansPredictor(buckets=4)
+    predictor.set_layer_state(0, {"centroids": make_inputs()[2]})
+    wider = predictor.with_knobs(top_k=2)
+    assert wider.top_k == 2 and torch.equal(wider.layer_state(0)["centroids"], make_inputs()[2])
+    assert predictor.with_knobs(buckets=6).state_layers == []  # other centroids: nothing to share
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"buckets": 0}, "kmeans.buckets must be an integer >= 1; got 0"),
+        ({"buckets": 4, "top_k": 5}, "kmeans.top_k = 5 exceeds kmeans.buckets = 4"),
+        ({"bucket": 4}, "predictor kmeans has no knob bucket"),
+    ],
+)
+def test_bad_knobs_are_one_line_errors(knobs, message):
+    with pytest.raises(UserError, match=message) as info:
+        make_predictor("kmeans", **knobs)
+    assert "\n" not in str(info.value)

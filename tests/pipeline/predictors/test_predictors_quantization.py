@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from pipeline.predictors.buckets import buckets_to_mask
-from pipeline.predictors.quantization import quantile_bins, quantization_buckets, quantization_mask
+from kernels.attended import shared_bucket_pairs
+from pipeline.predictors import HeadInputs, QuantizationPredictor
+from pipeline.predictors.quantization import quantile_bins, quantization_buckets
 
 
 def loop_bins(x, valid, n_bins):
@@ -44,7 +45,9 @@ def test_bins_match_loops(n_bins):
 def test_mask_matches_loops(n_bins):
     q, k, q_valid, k_valid = make_inputs(1)
     qb, kb = loop_bins(q, q_valid, n_bins), loop_bins(k, k_valid, n_bins)
-    mask = quantization_mask(q, k, n_bins, q_valid, k_valid)
+    inputs = HeadInputs(q, k, q_valid, k_valid, causal=False, q_proj=q, k_proj=k)
+    prediction = QuantizationPredictor(bins=n_bins).predict(0, inputs)
+    mask = shared_bucket_pairs(prediction.q_buckets, prediction.k_buckets)
     for b in range(3):
         for h in range(2):
             for i in range(7):
@@ -53,7 +56,7 @@ def test_mask_matches_loops(n_bins):
                     assert mask[b, h, i, j].item() == shared, (b, h, i, j)
 
 
-def test_bucket_ids_are_unique_per_dimension_and_give_the_mask():
+def test_bucket_ids_are_unique_per_dimension():
     q, k, q_valid, k_valid = make_inputs(2)
     n_bins = 3
     qb, kb = quantization_buckets(q, k, n_bins, q_valid, k_valid)
@@ -63,7 +66,6 @@ def test_bucket_ids_are_unique_per_dimension_and_give_the_mask():
         real = bins[..., d] >= 0
         assert torch.equal(qb[..., d][real], bins[..., d][real].int() + d * n_bins)
     assert torch.equal(qb < 0, bins < 0)
-    assert torch.equal(buckets_to_mask(qb, kb), quantization_mask(q, k, n_bins, q_valid, k_valid))
 
 
 def test_bins_are_balanced_and_padding_is_none():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline.predictors.patterns import valid_pairs
+from kernels.attended import valid_pairs
 from pipeline.projection.hinge import hinge_loss, hinge_losses, sample_negatives
 
 
@@ -54,10 +54,11 @@ def loop_loss(q, k, pos, neg, omega):
 def test_matches_loops_with_the_same_negatives(causal):
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(3, 2, 6, 4, generator=gen)
-    k = torch.randn(3, 2, 7, 4, generator=gen)
-    gold = torch.rand(3, 2, 6, 7, generator=gen) < 0.3
+    m = 6 if causal else 7  # causal attention pairs a sequence with itself
+    k = torch.randn(3, 2, m, 4, generator=gen)
+    gold = torch.rand(3, 2, 6, m, generator=gen) < 0.3
     q_valid = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0]], dtype=torch.bool)
-    k_valid = torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4], dtype=torch.bool)
+    k_valid = torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4], dtype=torch.bool)[:, :m]
     per_cell, _ = hinge_losses(
         q, k, gold, q_valid, k_valid, causal=causal, generator=torch.Generator().manual_seed(7)
     )

@@ -1,20 +1,23 @@
-"""Offline k-means centroids for the k-means predictor, one set per layer, head and bucket count.
+"""Offline k-means centroids (Lloyd's algorithm) for the predictors that cluster projected queries and keys.
 
 Lloyd's algorithm minimises Σ_x min_b ‖x − c_b‖² over the projected queries and keys of a head (padding
 excluded). faiss is used when installed, scikit-learn otherwise; both are seeded, so the same points and
 seed give the same centroids. faiss subsamples to ``max_points_per_centroid · B`` points by default (256 per
 centroid); here that cap is raised to cover every point unless a cap is asked for explicitly.
+
+Spherical k-means (``spherical=True``) clusters directions: the points are L2-normalised and the centroids
+kept on the unit sphere, so a point joins the centroid of largest cosine similarity, max_b x̂·c_b. faiss
+renormalises the centroids after every iteration; scikit-learn has no such mode, so there Lloyd's algorithm
+runs on the normalised points and only the final centroids are normalised (close to, not the same as, faiss).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-import torch
 
 Backend = Literal["auto", "faiss", "sklearn"]
 
@@ -37,13 +40,17 @@ def fit_centroids(
     n_iter: int = 25,
     n_init: int = 1,
     max_points_per_centroid: int | None = None,
+    spherical: bool = False,
 ) -> np.ndarray:
     """(n_clusters, r) float32 centroids of ``points`` (N, r) after ``n_iter`` Lloyd iterations.
 
     ``n_init`` restarts keep the best objective. ``max_points_per_centroid`` (faiss only) caps the
-    training sample at that many points per centroid; ``None`` uses every point.
+    training sample at that many points per centroid; ``None`` uses every point. ``spherical`` fits unit
+    centroids to the L2-normalised points (see the module docstring).
     """
     points = np.ascontiguousarray(points, dtype=np.float32)
+    if spherical:
+        points = unit_rows(points)
     n_points, dim = points.shape
     if n_points < n_clusters:
         raise ValueError(f"cannot fit {n_clusters} centroids to {n_points} points")
@@ -61,50 +68,18 @@ def fit_centroids(
             max_points_per_centroid=cap,
             # few points per centroid is deliberate for small heads; don't warn about it
             min_points_per_centroid=1,
+            spherical=spherical,
         )
         kmeans.train(points)
-        return np.asarray(kmeans.centroids, dtype=np.float32).reshape(n_clusters, dim)
-    from sklearn.cluster import KMeans
+        centroids = np.asarray(kmeans.centroids, dtype=np.float32).reshape(n_clusters, dim)
+    else:
+        from sklearn.cluster import KMeans
 
-    kmeans = KMeans(n_clusters, n_init=n_init, max_iter=n_iter, random_state=seed).fit(points)
-    return kmeans.cluster_centers_.astype(np.float32)
+        kmeans = KMeans(n_clusters, n_init=n_init, max_iter=n_iter, random_state=seed).fit(points)
+        centroids = kmeans.cluster_centers_.astype(np.float32)
+    return unit_rows(centroids) if spherical else centroids
 
 
-def fit_layer_centroids(
-    q_proj: torch.Tensor,
-    k_proj: torch.Tensor,
-    q_valid: torch.Tensor,
-    k_valid: torch.Tensor,
-    bucket_counts: Sequence[int],
-    *,
-    seed: int = 0,
-    backend: Backend = "auto",
-    n_iter: int = 25,
-    n_init: int = 1,
-    max_points_per_centroid: int | None = None,
-) -> dict[int, torch.Tensor]:
-    """Centroids of one layer for every bucket count B: ``{B: float32 (heads, B, r)}``.
-
-    Each head is fitted on its projected queries (batch, heads, n, r) and keys (batch, heads, m, r)
-    together, keeping only real tokens (``q_valid`` (batch, n), ``k_valid`` (batch, m)).
-    """
-    per_head = [
-        torch.cat([q_proj[:, h][q_valid], k_proj[:, h][k_valid]]).detach().float().cpu().numpy()
-        for h in range(q_proj.shape[1])
-    ]
-    centroids = {}
-    for n_clusters in bucket_counts:
-        fitted = [
-            fit_centroids(
-                points,
-                n_clusters,
-                seed=seed,
-                backend=backend,
-                n_iter=n_iter,
-                n_init=n_init,
-                max_points_per_centroid=max_points_per_centroid,
-            )
-            for points in per_head
-        ]
-        centroids[n_clusters] = torch.from_numpy(np.stack(fitted))
-    return centroids
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """``x`` (N, r) with every row scaled to unit L2 norm (zero rows stay zero)."""
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), np.finfo(x.dtype).tiny)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.cli.inspect import add_inspect_parser
 from pipeline.errors import exits_cleanly
-from pipeline.inspect_cli import add_inspect_parser
 from pipeline.params import load_all
 
 

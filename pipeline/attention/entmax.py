@@ -1,0 +1,175 @@
+"""α-entmax attention for every model that dispatches through Hugging Face's attention interface.
+
+    α-entmax(z) = [(α − 1) z − τ 1]₊^{1/(α−1)},   τ such that the result sums to 1.
+
+α = 1 is softmax, α = 1.5 is computed exactly by sorting (``entmax.entmax15``), α = 2 is sparsemax (also
+exact), any other α > 1 — and a learned per-head α — by bisection (``entmax.entmax_bisect``). For α > 1
+the attention probabilities are exactly sparse, which is what the teacher's attention graphs are made of.
+
+Importing :mod:`pipeline.attention` registers the name ``entmax`` (see :mod:`pipeline.attention.interface`),
+so ``attn_implementation="entmax"`` works with every such model (Marian, BART, T5, BERT, RoBERTa, GPT-2,
+Llama, ...).
+
+Config attributes read: ``entmax_alpha`` (float ≥ 1, default 1.5) and ``entmax_learn_alpha`` (bool,
+default False; then every attention module carries a :class:`LearnedAlpha`, see :func:`attach_learned_alpha`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from entmax import entmax15, entmax_bisect, sparsemax
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from pipeline.attention.interface import (
+    attach_to_modules,
+    mask_scores,
+    module_heads,
+    register_attention,
+    register_state_attacher,
+)
+
+ENTMAX = "entmax"
+DEFAULT_ALPHA = 1.5
+
+
+class LearnedAlpha(nn.Module):
+    """One α per head, parametrised as α_h = 1 + softplus(θ_h) so that α_h > 1 for every real θ_h.
+
+    Calling the module returns α with shape (1, heads, 1, 1), ready to broadcast against attention scores
+    of shape (batch, heads, queries, keys).
+    """
+
+    def __init__(self, num_heads: int, init: float = DEFAULT_ALPHA) -> None:
+        super().__init__()
+        if not init > 1.0:
+            raise ValueError(f"a learned entmax alpha must start above 1, got {init}")
+        # softplus⁻¹(y) = log(eˣ − 1) with y = α − 1, so that forward() returns exactly `init`.
+        theta = math.log(math.expm1(init - 1.0))
+        self.theta = nn.Parameter(torch.full((num_heads,), theta, dtype=torch.float32))
+
+    def forward(self) -> Tensor:
+        return (1.0 + nn.functional.softplus(self.theta.float())).view(1, -1, 1, 1)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.theta.numel()}"
+
+
+def config_alpha(config: Any) -> float:
+    """The fixed α a config asks for: ``config.entmax_alpha``, 1.5 when absent; α < 1 is rejected."""
+    alpha = float(getattr(config, "entmax_alpha", DEFAULT_ALPHA))
+    if not alpha >= 1.0:
+        raise ValueError(f"entmax_alpha must be a number >= 1 (1 is softmax), got {alpha}")
+    return alpha
+
+
+def attention_alpha(module: nn.Module) -> float | Tensor:
+    """α for one attention module: its :class:`LearnedAlpha` when it has one, else the config's fixed α."""
+    learned = getattr(module, "entmax_alpha", None)
+    if isinstance(learned, LearnedAlpha):
+        return learned()
+    config = getattr(module, "config", None)
+    if getattr(config, "entmax_learn_alpha", False):
+        # from_pretrained drops the learned α silently; computing with the fixed α instead would be wrong.
+        raise RuntimeError(
+            f"{type(module).__name__} has no learned entmax alpha although the config sets "
+            "entmax_learn_alpha; load the model with pipeline.attention.load_model "
+            "or call attach_learned_alpha first"
+        )
+    return config_alpha(config)
+
+
+def entmax_normalize(scores: Tensor, alpha: float | Tensor) -> Tensor:
+    """α-entmax over the last dimension of float32 ``scores`` in which −inf marks excluded keys.
+
+    Rows with no finite score (a padding query that may attend to nothing) give all zeros instead of NaN.
+    ``alpha`` is a float ≥ 1 or a tensor broadcastable to ``scores`` with size 1 in the last dimension
+    (gradients flow into it). Excluded keys always get exactly zero probability and zero gradient.
+    """
+    has_key = (scores != float("-inf")).any(dim=-1, keepdim=True)
+    # Neutral finite scores keep the normalizers away from all −inf rows (entmax15 indexes out of range and
+    # softmax returns NaN there); those rows are zeroed afterwards.
+    scores = scores.masked_fill(~has_key, 0.0)
+    if isinstance(alpha, Tensor):
+        probs = entmax_bisect(scores, alpha.to(scores.dtype), dim=-1)
+    elif alpha == 1.0:
+        probs = torch.softmax(scores, dim=-1)
+    elif alpha == 1.5:
+        probs = entmax15(scores, dim=-1)
+    elif alpha == 2.0:
+        probs = sparsemax(scores, dim=-1)
+    else:
+        probs = entmax_bisect(scores, alpha, dim=-1)
+    return probs.masked_fill(~has_key, 0.0)
+
+
+def entmax_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    position_bias: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor]:
+    """Attention with α-entmax in place of softmax, in the ``transformers.AttentionInterface`` signature.
+
+        P = α-entmax(scaling · Q Kᵀ + bias, masked by −inf),   out = P V
+
+    Shapes: query (batch, heads, q_len, d); key and value (batch, kv_heads, k_len, d), repeated to ``heads``
+    when the module groups queries (``num_key_value_groups``); attention_mask (batch, 1 | heads, q_len,
+    ≥ k_len), see :func:`mask_scores`; position_bias (T5) is an additive (·, heads, q_len, k_len) tensor.
+    Scores and the normalizer are computed in float32 (entmax is unstable in fp16/bf16); the output is cast
+    back to the value dtype. Returns the output (batch, q_len, heads, d) and the float32 probabilities
+    (batch, heads, q_len, k_len), after dropout exactly like eager attention.
+    """
+    for unsupported in ("softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"entmax attention does not support `{unsupported}`")
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (b, h, q, k)
+    if position_bias is not None:
+        scores = scores + position_bias.float()
+    scores = mask_scores(scores, attention_mask)
+    probs = entmax_normalize(scores, attention_alpha(module))
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+
+    output = torch.matmul(probs.to(value.dtype), value)  # (b, h, q, d)
+    return output.transpose(1, 2).contiguous(), probs
+
+
+
+def attach_learned_alpha(model: PreTrainedModel) -> list[str]:
+    """Give every attention module a :class:`LearnedAlpha` (as ``module.entmax_alpha``), starting at the
+    config's α, and record ``entmax_learn_alpha = True`` in the config so that
+    :func:`~pipeline.attention.loading.load_model` rebuilds it. Modules that already have one keep it.
+    Returns the names of the attention modules.
+    """
+    init = config_alpha(model.config)
+    names = attach_to_modules(
+        model, "entmax_alpha", lambda _name, module: LearnedAlpha(module_heads(module), init)
+    )
+    model.config.entmax_learn_alpha = True
+    return names
+
+
+def _attach_learned_alpha_if_configured(model: PreTrainedModel) -> None:
+    if getattr(model.config, "entmax_learn_alpha", False):
+        attach_learned_alpha(model)
+
+
+def register_entmax() -> None:
+    """Make ``attn_implementation="entmax"`` available to every model using the attention interface."""
+    register_attention(ENTMAX, entmax_attention_forward)
+    register_state_attacher(ENTMAX, _attach_learned_alpha_if_configured)

@@ -1,0 +1,138 @@
+"""One registration path for every attention implementation of this project, and where module state lives.
+
+An implementation is an attention function in the ``transformers.AttentionInterface`` signature,
+registered under a name with both ``AttentionInterface`` and ``AttentionMaskInterface``
+(:func:`register_attention`); a model built with ``attn_implementation=NAME`` then calls it from every
+attention module. Per-module state (a learned α, projections, centroids, ...) is a submodule of those
+attention modules (:func:`attention_modules`), so ``save_pretrained`` writes it with the model; an
+implementation whose state ``from_pretrained`` cannot rebuild registers a *state attacher*
+(:func:`register_state_attacher`) that :func:`pipeline.attention.loading.load_model` runs before loading
+the weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+AttentionFunction = Callable[..., tuple[Tensor, Tensor | None]]
+StateAttacher = Callable[[PreTrainedModel], None]
+
+_STATE_ATTACHERS: dict[str, StateAttacher] = {}
+
+
+def boolean_attention_mask(**kwargs: Any) -> Tensor:
+    """Mask function for ``AttentionMaskInterface``: ``sdpa_mask`` with every skip disabled.
+
+    ``sdpa_mask`` returns None for a plain causal mask (SDPA then uses ``is_causal``) or a full mask, so a
+    None would be ambiguous; here the mask is always a boolean (batch, 1, q_len, k_len) tensor with
+    True = attend, covering padding, causality and cache offsets.
+    """
+    kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    return sdpa_mask(**kwargs)
+
+
+def register_attention(name: str, attention_fn: AttentionFunction) -> None:
+    """Register ``attention_fn`` as ``name`` with both interfaces, masks from :func:`boolean_attention_mask`.
+
+    Registering only the attention function is not enough: masking_utils returns no mask at all for names
+    the mask interface does not know, so padding and causality would be silently dropped.
+    """
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, boolean_attention_mask)
+
+
+def register_state_attacher(name: str, attacher: StateAttacher) -> None:
+    """Run ``attacher(model)`` on every model :func:`~pipeline.attention.loading.load_model` builds.
+
+    An attacher reads the model's config and, when the config asks for its state, gives the attention
+    modules the (uninitialised) submodules the checkpoint's tensors are then loaded into.
+    """
+    _STATE_ATTACHERS[name] = attacher
+
+
+def attach_state(model: PreTrainedModel) -> None:
+    """Run every registered state attacher on ``model`` (in registration order)."""
+    for attacher in _STATE_ATTACHERS.values():
+        attacher(model)
+
+
+def mask_scores(scores: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Exclude key positions from ``scores`` (batch, heads, queries, keys) by setting them to −inf.
+
+    ``attention_mask`` is None (attend everywhere), boolean (True = attend) or additive float, where
+    Hugging Face marks excluded pairs with the dtype's most negative finite value; those become −inf so
+    that no finite constant ever stands in for "excluded" (an entmax with a finite stand-in could give it
+    nonzero probability). Other additive values are added as a bias. Broadcasts over batch and heads;
+    a mask longer than the keys (static caches) is cut to the key length.
+    """
+    if attention_mask is None:
+        return scores
+    mask = attention_mask[..., : scores.shape[-1]]
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))
+    excluded = mask <= torch.finfo(mask.dtype).min
+    return (scores + mask.to(scores.dtype)).masked_fill(excluded, float("-inf"))
+
+
+@functools.cache
+def _dispatches_through_interface(cls: type) -> bool:
+    # The module handed to the attention function is the one whose forward looks the function up.
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) for every module of ``model`` whose forward dispatches through the attention interface.
+
+    These are the ``module`` arguments the attention function receives, hence where per-module attention
+    state (learned α, projections, ...) is attached.
+    """
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if _dispatches_through_interface(type(module))
+    ]
+
+
+def module_heads(module: nn.Module) -> int:
+    """How many attention heads an attention module has (the attribute name varies by architecture)."""
+    for attribute in ("num_heads", "num_attention_heads", "n_heads", "n_head"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int):
+            return value
+    value = getattr(getattr(module, "config", None), "num_attention_heads", None)
+    if isinstance(value, int):
+        return value
+    raise ValueError(f"cannot tell how many attention heads {type(module).__name__} has")
+
+
+def attach_to_modules(
+    model: PreTrainedModel, attribute: str, make: Callable[[str, nn.Module], nn.Module]
+) -> list[str]:
+    """Give every attention module a submodule ``attribute`` = ``make(name, module)``, on its device.
+
+    Modules that already have one keep it. Returns the names of the attention modules; a model with none
+    is an error (its attention cannot be replaced through the interface).
+    """
+    names = []
+    for name, module in attention_modules(model):
+        if getattr(module, attribute, None) is None:
+            device = next(module.parameters()).device
+            setattr(module, attribute, make(name, module).to(device))
+        names.append(name)
+    if not names:
+        raise ValueError(
+            f"{type(model).__name__} has no module that dispatches through the attention interface"
+        )
+    return names

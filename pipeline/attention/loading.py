@@ -1,0 +1,61 @@
+"""Loading a checkpoint folder strictly, with the attention state ``from_pretrained`` cannot rebuild."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import transformers
+from safetensors.torch import load_file
+from torch import Tensor
+from transformers import AutoConfig, PreTrainedModel
+
+from pipeline.attention.entmax import ENTMAX
+from pipeline.attention.interface import attach_state
+
+
+def _load_state_dict(folder: Path) -> dict[str, Tensor]:
+    index = folder / "model.safetensors.index.json"
+    if not index.exists():
+        return load_file(folder / "model.safetensors")
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    state: dict[str, Tensor] = {}
+    for shard in shards:
+        state.update(load_file(folder / shard))
+    return state
+
+
+def load_model(
+    folder: str | os.PathLike,
+    model_cls: type[PreTrainedModel] | None = None,
+    *,
+    attn_implementation: str = ENTMAX,
+) -> PreTrainedModel:
+    """Load a ``save_pretrained`` folder strictly, with the attention state ``from_pretrained`` drops.
+
+    The model is built from the folder's config (class from ``config.architectures`` unless ``model_cls``
+    is given) with ``attn_implementation`` — it is not stored in config.json — gets the attention state its
+    config asks for (every registered state attacher runs: learned α, predictors), and then loads
+    model.safetensors (or its shards). Every stored tensor must find a parameter, and every parameter must
+    be stored except those ``save_pretrained`` leaves out on purpose (tied weights, keys ignored on save).
+    Returns the model in eval mode.
+    """
+    folder = Path(folder)
+    if model_cls is None:
+        config = AutoConfig.from_pretrained(folder)
+        model_cls = getattr(transformers, config.architectures[0])
+    else:
+        config = model_cls.config_class.from_pretrained(folder)
+    model = model_cls._from_config(config, attn_implementation=attn_implementation)
+    attach_state(model)
+
+    missing, unexpected = model.load_state_dict(_load_state_dict(folder), strict=False)
+    left_out = set(model.all_tied_weights_keys) | set(model._keys_to_ignore_on_save)
+    missing = sorted(set(missing) - left_out)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {folder} does not match {model_cls.__name__}: "
+            f"missing {missing}, unexpected {sorted(unexpected)}"
+        )
+    return model.eval()

@@ -1,0 +1,143 @@
+"""``sparsefinder inspect``: summarise, verify or draw a graph store.
+
+sparsefinder inspect FOLDER                      print counts and the sparsity table
+sparsefinder inspect FOLDER --check              verify every shard's sha256 (exit 1 naming bad shards)
+sparsefinder inspect FOLDER --sentence S --layer L --head H --png FILE [--kind K]
+                            [--method NAME [--knob KEY=VALUE ...] --window W --global G
+                             --projections FILE --state FILE]
+
+With --method, the cells the predictor selects (its graph ∪ the window ∪ the global tokens, within the valid
+pairs: exactly what evaluation scores) are shaded under the gold edges. Predictors: see
+``pipeline.predictors`` (e.g. ``--method kmeans --knob buckets=8 --state centroids.safetensors``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from kernels.attended import window_radius
+from pipeline.errors import UserError
+from pipeline.graphs.draw import draw_head
+from pipeline.graphs.store import GraphStore
+from pipeline.graphs.summary import format_summary, summarize
+from pipeline.predictors import PREDICTORS, make_predictor
+from pipeline.predictors.scoring import Setting, sentence_graph
+from pipeline.predictors.state import load_state
+from pipeline.projection.model import HeadProjections, load_projections
+
+
+def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``inspect`` command to ``subparsers``; it runs :func:`run_inspect` (``args.run``)."""
+    parser = subparsers.add_parser(
+        "inspect",
+        help="summarise, verify or draw an attention-graph store",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("folder", help="graph store folder (holding manifest.json)")
+    parser.add_argument("--check", action="store_true", help="verify every shard against its sha256")
+    picture = parser.add_argument_group("drawing one head")
+    picture.add_argument("--sentence", type=int, help="sentence index in the store")
+    picture.add_argument("--layer", type=int, help="layer index")
+    picture.add_argument("--head", type=int, help="head index")
+    picture.add_argument("--kind", default="decoder_self", help="attention kind (default decoder_self)")
+    picture.add_argument("--png", help="write the picture to this file")
+    picture.add_argument("--method", choices=sorted(PREDICTORS), help="shade the cells a predictor selects")
+    picture.add_argument(
+        "--knob", action="append", default=[], metavar="KEY=VALUE", help="a predictor knob (repeatable)"
+    )
+    picture.add_argument("--window", type=int, default=0, help="window size w OR-ed in: 0 or odd (default 0)")
+    picture.add_argument("--global", dest="global_tokens", type=int, default=0, help="global first tokens")
+    picture.add_argument("--projections", help="projections file (predictors on projected queries and keys)")
+    picture.add_argument("--state", help="fitted predictor state file (kmeans: centroids.safetensors)")
+    parser.set_defaults(run=run_inspect)
+    return parser
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Run ``inspect``; returns the exit status (1 when ``--check`` finds a bad shard)."""
+    store = GraphStore(args.folder)
+    if args.check:
+        problems = store.verify()
+        for problem in problems:
+            print(f"corrupt shard {problem}", file=sys.stderr)
+        if problems:
+            return 1
+        print(f"{args.folder}: {len(store.manifest['shards'])} shard(s) verified, sha256 ok")
+        return 0
+    drawing = [args.sentence, args.layer, args.head, args.png]
+    if all(value is None for value in drawing):
+        print(format_summary(summarize(store)))
+        return 0
+    if any(value is None for value in drawing):
+        raise UserError("drawing a head needs all of --sentence, --layer, --head and --png")
+    _check_drawing_args(store, args)
+    mask = None
+    title = f"sentence {args.sentence}, {args.kind}, layer {args.layer}, head {args.head}"
+    if args.method is not None:
+        setting = _setting(args)
+        projections = _projections(store, args) if setting.predictor.needs_projections else None
+        graph = sentence_graph(store, args.kind, args.layer, args.sentence, setting, projections=projections)
+        mask = graph[min(args.head, graph.shape[0] - 1)].numpy()
+        title += f" — {setting.predictor.describe()}, window {args.window}, global {args.global_tokens}"
+    draw_head(store, args.sentence, args.layer, args.head, args.kind, mask, args.png, title)
+    print(f"wrote {args.png}")
+    return 0
+
+
+def _setting(args: argparse.Namespace) -> Setting:
+    """The predictor named by --method with its --knob values, its state loaded when it is fitted."""
+    knobs = {}
+    for item in args.knob:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--knob {item!r} is not KEY=VALUE")
+        knobs[key] = yaml.safe_load(value)
+    predictor = make_predictor(args.method, **knobs)
+    if predictor.fitted:
+        if args.state is None:
+            raise UserError(f"method {args.method} is fitted: give its state file (--state FILE)")
+        load_state(args.state, predictor)
+    return Setting(predictor, args.window, args.global_tokens)
+
+
+def _projections(store: GraphStore, args: argparse.Namespace) -> HeadProjections:
+    """The projections of ``--layer`` from ``--projections``, checked against the store's heads."""
+    path = args.projections
+    if path is None:
+        raise UserError(f"method {args.method} needs a projections file (--projections FILE)")
+    if not Path(path).is_file():
+        raise UserError(f"projections file {path} not found")
+    layers, _ = load_projections(path)
+    if args.layer not in layers:
+        raise UserError(f"{path} has no projections for layer {args.layer}; it has layers {sorted(layers)}")
+    module = layers[args.layer]
+    if (module.n_heads, module.head_dim) != (store.heads, store.head_dim):
+        raise UserError(
+            f"{path} layer {args.layer} projects {module.n_heads} heads of dim {module.head_dim}; "
+            f"the store has {store.heads} heads of dim {store.head_dim}"
+        )
+    return module
+
+
+def _check_drawing_args(store: GraphStore, args: argparse.Namespace) -> None:
+    """One-line errors naming the allowed range for every out-of-range drawing argument."""
+    if args.kind not in store.kinds:
+        raise UserError(f"--kind {args.kind} is not in this store; stored: {', '.join(store.kinds)}")
+    for flag, value, limit in (
+        ("--sentence", args.sentence, len(store)),
+        ("--layer", args.layer, store.layers),
+        ("--head", args.head, store.heads),
+    ):
+        if not 0 <= value < limit:
+            raise UserError(f"{flag} {value} is out of range; allowed 0..{limit - 1}")
+    try:
+        window_radius(args.window)
+    except ValueError as err:
+        raise UserError(f"--{err}") from None
+    if args.global_tokens < 0:
+        raise UserError(f"--global {args.global_tokens} is negative; allowed >= 0")

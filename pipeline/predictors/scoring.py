@@ -1,0 +1,116 @@
+"""Held-out scoring of predictors on a graph store: the one place predicted graphs meet gold graphs.
+
+For one layer of one attention kind, the sentences ``indices`` are read in padded batches, projected once
+by that layer's :class:`~pipeline.projection.model.HeadProjections` (when given), and every
+(predictor, window, global tokens) setting is scored on them (:mod:`pipeline.predictors.metrics`): each
+predictor predicts once per batch, and each of its pattern settings costs one mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.graphs.batches import iter_batches
+from pipeline.graphs.store import GraphStore
+from pipeline.predictors.base import HeadInputs, Predictor, predicted_graph
+from pipeline.predictors.metrics import GraphScoreSums, graph_scores
+from pipeline.projection.model import HeadProjections
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A predictor with the pattern OR-ed into its graph: window size w (0 or odd) and g global tokens."""
+
+    predictor: Predictor
+    window: int = 0
+    global_tokens: int = 0
+
+
+@torch.no_grad()
+def layer_inputs(
+    store: GraphStore,
+    kind: str,
+    layer: int,
+    indices: Sequence[int],
+    *,
+    projections: HeadProjections | None = None,
+    batch_size: int = 64,
+) -> Iterator[tuple[HeadInputs, torch.Tensor]]:
+    """(inputs, gold (b, h, n, m) bool) for padded batches of ``indices``, projected when ``projections``."""
+    causal = store.causal(kind)
+    for batch in iter_batches(store, kind=kind, layer=layer, indices=indices, batch_size=batch_size):
+        q_proj, k_proj = projections(batch["q"], batch["k"]) if projections is not None else (None, None)
+        inputs = HeadInputs(
+            q=batch["q"],
+            k=batch["k"],
+            q_valid=batch["q_valid"],
+            k_valid=batch["k_valid"],
+            causal=causal,
+            q_proj=q_proj,
+            k_proj=k_proj,
+        )
+        yield inputs, batch["gold"]
+
+
+@torch.no_grad()
+def score_settings(
+    store: GraphStore,
+    kind: str,
+    layer: int,
+    settings: Sequence[Setting],
+    indices: Sequence[int],
+    *,
+    projections: HeadProjections | None = None,
+    batch_size: int = 64,
+) -> list[GraphScoreSums]:
+    """Per-head score sums of every setting on the sentences ``indices`` of ``layer``, in order."""
+    sums = [GraphScoreSums.zeros(store.heads) for _ in settings]
+    by_predictor: dict[int, list[int]] = {}
+    for position, setting in enumerate(settings):
+        by_predictor.setdefault(id(setting.predictor), []).append(position)
+    for inputs, gold in layer_inputs(
+        store, kind, layer, indices, projections=projections, batch_size=batch_size
+    ):
+        for positions in by_predictor.values():
+            prediction = settings[positions[0]].predictor.predict(layer, inputs)
+            for position in positions:
+                setting = settings[position]
+                graph = predicted_graph(
+                    prediction,
+                    inputs.q_valid,
+                    inputs.k_valid,
+                    causal=inputs.causal,
+                    window=setting.window,
+                    global_tokens=setting.global_tokens,
+                )
+                sums[position] = sums[position] + graph_scores(
+                    graph, gold, inputs.q_valid, inputs.k_valid, causal=inputs.causal
+                )
+    return sums
+
+
+@torch.no_grad()
+def sentence_graph(
+    store: GraphStore,
+    kind: str,
+    layer: int,
+    sentence: int,
+    setting: Setting,
+    *,
+    projections: HeadProjections | None = None,
+) -> torch.Tensor:
+    """(h | 1, n, m) bool predicted graph of one sentence of ``layer``, exactly as it is scored."""
+    inputs, _ = next(layer_inputs(store, kind, layer, [sentence], projections=projections, batch_size=1))
+    prediction = setting.predictor.predict(layer, inputs)
+    graph = predicted_graph(
+        prediction,
+        inputs.q_valid,
+        inputs.k_valid,
+        causal=inputs.causal,
+        window=setting.window,
+        global_tokens=setting.global_tokens,
+    )
+    return graph[0]
