@@ -15,7 +15,7 @@ import torch
 
 from pipeline.graphs.batches import iter_batches
 from pipeline.graphs.store import GraphStore
-from pipeline.predictors.base import HeadInputs, Predictor, predicted_graph
+from pipeline.predictors.base import HeadInputs, Prediction, Predictor, predicted_graph
 from pipeline.predictors.metrics import GraphScoreSums, graph_scores
 from pipeline.projection.model import HeadProjections
 
@@ -27,6 +27,17 @@ class Setting:
     predictor: Predictor
     window: int = 0
     global_tokens: int = 0
+
+    def graph(self, prediction: Prediction, inputs: HeadInputs) -> torch.Tensor:
+        """(b, h | 1, n, m) bool: ``prediction`` with this setting's pattern, within the valid pairs."""
+        return predicted_graph(
+            prediction,
+            inputs.q_valid,
+            inputs.k_valid,
+            causal=inputs.causal,
+            window=self.window,
+            global_tokens=self.global_tokens,
+        )
 
 
 @torch.no_grad()
@@ -77,15 +88,7 @@ def score_settings(
         for positions in by_predictor.values():
             prediction = settings[positions[0]].predictor.predict(layer, inputs)
             for position in positions:
-                setting = settings[position]
-                graph = predicted_graph(
-                    prediction,
-                    inputs.q_valid,
-                    inputs.k_valid,
-                    causal=inputs.causal,
-                    window=setting.window,
-                    global_tokens=setting.global_tokens,
-                )
+                graph = settings[position].graph(prediction, inputs)
                 sums[position] = sums[position] + graph_scores(
                     graph, gold, inputs.q_valid, inputs.k_valid, causal=inputs.causal
                 )
@@ -104,13 +107,4 @@ def sentence_graph(
 ) -> torch.Tensor:
     """(h | 1, n, m) bool predicted graph of one sentence of ``layer``, exactly as it is scored."""
     inputs, _ = next(layer_inputs(store, kind, layer, [sentence], projections=projections, batch_size=1))
-    prediction = setting.predictor.predict(layer, inputs)
-    graph = predicted_graph(
-        prediction,
-        inputs.q_valid,
-        inputs.k_valid,
-        causal=inputs.causal,
-        window=setting.window,
-        global_tokens=setting.global_tokens,
-    )
-    return graph[0]
+    return setting.graph(setting.predictor.predict(layer, inputs), inputs)[0]
