@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipeline.atomic import write_json
 from pipeline.clustering import resolve_backend
-from pipeline.errors import exits_cleanly
+from pipeline.errors import UserError, exits_cleanly
 from pipeline.graphs import GraphStore
 from pipeline.predictors.fitting import fit_predictors
 from pipeline.predictors.kmeans import KMeansPredictor
@@ -18,6 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     params = stage_params("cluster", argv)
     store = GraphStore(params.graphs)
     layers, extra = load_projections(params.projections)
+    split = extra["split"]
+    if extra["kind"] not in store.kinds or max(split["train"] + split["valid"]) >= len(store):
+        raise UserError(
+            f"cluster.projections = {params.projections!r} was fitted on another graph store than "
+            f"cluster.graphs = {params.graphs!r} ({extra['kind']}, {len(store)} sentences); re-run project"
+        )
     backend = resolve_backend(params.backend)
     predictors = [
         KMeansPredictor(
@@ -29,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         for b in params.bucket_counts
     ]
-    report = fit_predictors(store, extra["kind"], predictors, layers, extra["split"], seed=params.seed)
+    report = fit_predictors(store, extra["kind"], predictors, layers, split, seed=params.seed)
     save_states(params.out, predictors, {"graphs": store.manifest["teacher"], "kind": extra["kind"]})
     write_json(params.metrics, {"backend": backend, **report})
 

@@ -29,7 +29,7 @@ def module_file(name: str) -> Path | None:
 
 
 def imports_of(path: Path, module: str) -> set[str]:
-    """Module names ``path`` imports anywhere in its body; ``from a import b`` yields a.b too (a submodule)."""
+    """Module names ``path`` imports anywhere in its body; ``from a import b`` yields a.b too (a module?)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):

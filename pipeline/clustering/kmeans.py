@@ -19,6 +19,8 @@ from typing import Literal
 
 import numpy as np
 
+from pipeline.errors import UserError
+
 Backend = Literal["auto", "faiss", "sklearn"]
 
 
@@ -28,6 +30,8 @@ def resolve_backend(backend: Backend) -> Literal["faiss", "sklearn"]:
         return "faiss" if importlib.util.find_spec("faiss") is not None else "sklearn"
     if backend not in ("faiss", "sklearn"):
         raise ValueError(f"backend must be 'auto', 'faiss' or 'sklearn', got {backend!r}")
+    if backend == "faiss" and importlib.util.find_spec("faiss") is None:
+        raise UserError("cluster.backend = 'faiss': faiss is not installed; allowed here: 'auto', 'sklearn'")
     return backend
 
 

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from pipeline.atomic import atomic_path
+from pipeline.errors import UserError
 
 METADATA_KEY = "projections"
 
@@ -94,10 +95,12 @@ def load_projections(
     path: str | os.PathLike, device: torch.device | str = "cpu"
 ) -> tuple[dict[int, HeadProjections], dict[str, Any]]:
     """Read a file written by :func:`save_projections`: ({layer: module}, extra)."""
+    if not os.path.isfile(path):
+        raise UserError(f"projections file {path} not found; run the project stage first")
     with safe_open(str(path), framework="pt", device=str(device)) as f:
         meta = f.metadata() or {}
         if METADATA_KEY not in meta:
-            raise ValueError(f"{path}: not a projections file (no {METADATA_KEY!r} metadata)")
+            raise UserError(f"{path}: not a projections file (no {METADATA_KEY!r} metadata)")
         header = json.loads(meta[METADATA_KEY])
         layers = {}
         for idx, config in header["layers"].items():

@@ -132,7 +132,10 @@ def test_cli_draws_cross_attention(micro_store: Path, tmp_path: Path) -> None:
             "--state FILE",
         ),
         (
-            "--sentence 0 --layer 0 --head 0 --png x.png --method distance --knob radius=3".split(),
+            [
+                *["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png"],
+                *["--method", "distance", "--knob", "radius=3"],
+            ],
             "predictor distance has no knob radius",
         ),
     ],

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from pipeline.errors import UserError
 from pipeline.projection.model import HeadProjections, load_projections, save_projections
 
 
@@ -59,5 +60,5 @@ def test_loading_a_foreign_file_fails_clearly(tmp_path):
 
     path = tmp_path / "other.safetensors"
     save_file({"x": torch.zeros(1)}, str(path))
-    with pytest.raises(ValueError, match="not a projections file"):
+    with pytest.raises(UserError, match="not a projections file"):
         load_projections(path)
