@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,6 +60,25 @@ def head_points(batches: Iterable[HeadInputs]) -> list[torch.Tensor]:
     return [torch.cat(points).detach().float().cpu() for points in per_head]
 
 
+def fit_head_centroids(
+    batches: Iterable[HeadInputs], n_clusters: int, *, knob: str, layer: int, **options: Any
+) -> torch.Tensor:
+    """float32 (heads, n_clusters, r) centroids of each head's projected training tokens.
+
+    ``options`` go to :func:`~pipeline.clustering.kmeans.fit_centroids`; ``knob`` names the params key in
+    the error raised when a head has fewer tokens than clusters.
+    """
+    centroids = []
+    for h, points in enumerate(head_points(batches)):
+        if len(points) < n_clusters:
+            raise UserError(
+                f"{knob} = {n_clusters}: layer {layer} head {h} has only {len(points)} training tokens "
+                "to cluster"
+            )
+        centroids.append(fit_centroids(points.numpy(), n_clusters, **options))
+    return torch.from_numpy(np.stack(centroids))
+
+
 @register
 @dataclass(frozen=True)
 class KMeansPredictor(Predictor):
@@ -87,24 +107,17 @@ class KMeansPredictor(Predictor):
             raise UserError(f"kmeans.top_k = {self.top_k} exceeds kmeans.buckets = {self.buckets}")
 
     def fit_layer(self, layer: int, batches: Iterable[HeadInputs], seed: int) -> dict[str, torch.Tensor]:
-        centroids = []
-        for h, points in enumerate(head_points(batches)):
-            if len(points) < self.buckets:
-                raise UserError(
-                    f"kmeans.buckets = {self.buckets}: layer {layer} head {h} has only {len(points)} "
-                    "training tokens to cluster"
-                )
-            centroids.append(
-                fit_centroids(
-                    points.numpy(),
-                    self.buckets,
-                    seed=seed,
-                    backend=self.backend,
-                    n_iter=self.iterations,
-                    max_points_per_centroid=self.max_points_per_centroid,
-                )
-            )
-        return {"centroids": torch.from_numpy(np.stack(centroids))}  # (h, B, r)
+        centroids = fit_head_centroids(
+            batches,
+            self.buckets,
+            knob=f"{self.name}.buckets",
+            layer=layer,
+            seed=seed,
+            backend=self.backend,
+            n_iter=self.iterations,
+            max_points_per_centroid=self.max_points_per_centroid,
+        )
+        return {"centroids": centroids}
 
     def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
         centroids = self.layer_state(layer)["centroids"]

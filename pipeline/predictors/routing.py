@@ -19,14 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.clustering.kmeans import fit_centroids
-from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
-from pipeline.predictors.kmeans import head_points
+from pipeline.predictors.kmeans import fit_head_centroids
 
 
 def routed_buckets(x: torch.Tensor, centroids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -64,19 +61,16 @@ class RoutingPredictor(Predictor):
 
     def fit_layer(self, layer: int, batches: Iterable[HeadInputs], seed: int) -> dict[str, torch.Tensor]:
         # the seed knob (part of the state key) seeds k-means, not the fitting run's seed
-        centroids = []
-        for h, points in enumerate(head_points(batches)):
-            if len(points) < self.clusters:
-                raise UserError(
-                    f"routing.clusters = {self.clusters}: layer {layer} head {h} has only {len(points)} "
-                    "training tokens to cluster"
-                )
-            centroids.append(
-                fit_centroids(
-                    points.numpy(), self.clusters, seed=self.seed, n_iter=self.iterations, spherical=True
-                )
-            )
-        return {"centroids": torch.from_numpy(np.stack(centroids))}  # (h, c, r), unit rows
+        centroids = fit_head_centroids(
+            batches,
+            self.clusters,
+            knob=f"{self.name}.clusters",
+            layer=layer,
+            seed=self.seed,
+            n_iter=self.iterations,
+            spherical=True,
+        )
+        return {"centroids": centroids}  # (h, c, r), unit rows
 
     def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
         centroids = self.layer_state(layer)["centroids"]
