@@ -42,11 +42,21 @@ def causal_pairs(n: int, m: int, *, device: torch.device | str | None = None) ->
 
 
 def pattern_pairs(
-    n: int, m: int, *, window: int = 0, global_tokens: int = 0, device: torch.device | str | None = None
+    n: int,
+    m: int,
+    *,
+    window: int = 0,
+    global_tokens: int = 0,
+    q_offset: int = 0,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """(n, m) W ∪ G: the window band of size ``window`` and the first ``global_tokens`` rows and columns."""
+    """(n, m) W ∪ G: the window band of size ``window`` and the first ``global_tokens`` rows and columns.
+
+    The queries are positions ``q_offset … q_offset + n − 1`` (a decoding step with m − n cached keys has
+    q_offset = m − n), the keys ``0 … m − 1``.
+    """
     radius = window_radius(window)
-    i = torch.arange(n, device=device)[:, None]
+    i = torch.arange(q_offset, q_offset + n, device=device)[:, None]
     j = torch.arange(m, device=device)[None, :]
     pattern = (i - j).abs() <= radius  # radius −1: no pair
     if global_tokens > 0:

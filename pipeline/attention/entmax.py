@@ -149,7 +149,6 @@ def entmax_attention_forward(
     return output.transpose(1, 2).contiguous(), probs
 
 
-
 def attach_learned_alpha(model: PreTrainedModel) -> list[str]:
     """Give every attention module a :class:`LearnedAlpha` (as ``module.entmax_alpha``), starting at the
     config's α, and record ``entmax_learn_alpha = True`` in the config so that

@@ -2,6 +2,7 @@
 
 sparsefinder params [--params FILE]        validate every section of a params file
 sparsefinder inspect FOLDER [...]          summarise, verify or draw a graph store
+sparsefinder configure TEACHER OUT [...]   write a model that attends over a predictor's graph
 sparsefinder bench [...]                   bucketed-attention benchmark (kernels.bench)
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.cli.configure import add_configure_parser
 from pipeline.cli.inspect import add_inspect_parser
 from pipeline.errors import exits_cleanly
 from pipeline.params import load_all
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     params.set_defaults(run=_run_params)
 
     add_inspect_parser(commands)
+    add_configure_parser(commands)
 
     bench = commands.add_parser("bench", help="benchmark bucketed attention (see python -m kernels.bench -h)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)

@@ -17,14 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from kernels.attended import window_radius
+from pipeline.cli.predictor_args import add_predictor_arguments, parse_knobs
 from pipeline.errors import UserError
 from pipeline.graphs.draw import draw_head
 from pipeline.graphs.store import GraphStore
 from pipeline.graphs.summary import format_summary, summarize
-from pipeline.predictors import PREDICTORS, make_predictor
+from pipeline.predictors import make_predictor
 from pipeline.predictors.scoring import Setting, sentence_graph
 from pipeline.predictors.state import load_state
 from pipeline.projection.model import HeadProjections, load_projections
@@ -46,14 +45,7 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     picture.add_argument("--head", type=int, help="head index")
     picture.add_argument("--kind", default="decoder_self", help="attention kind (default decoder_self)")
     picture.add_argument("--png", help="write the picture to this file")
-    picture.add_argument("--method", choices=sorted(PREDICTORS), help="shade the cells a predictor selects")
-    picture.add_argument(
-        "--knob", action="append", default=[], metavar="KEY=VALUE", help="a predictor knob (repeatable)"
-    )
-    picture.add_argument("--window", type=int, default=0, help="window size w OR-ed in: 0 or odd (default 0)")
-    picture.add_argument("--global", dest="global_tokens", type=int, default=0, help="global first tokens")
-    picture.add_argument("--projections", help="projections file (predictors on projected queries and keys)")
-    picture.add_argument("--state", help="fitted predictor state file (kmeans: centroids.safetensors)")
+    add_predictor_arguments(picture, method_help="shade the cells a predictor selects")
     parser.set_defaults(run=run_inspect)
     return parser
 
@@ -91,13 +83,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def _setting(args: argparse.Namespace) -> Setting:
     """The predictor named by --method with its --knob values, its state loaded when it is fitted."""
-    knobs = {}
-    for item in args.knob:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--knob {item!r} is not KEY=VALUE")
-        knobs[key] = yaml.safe_load(value)
-    predictor = make_predictor(args.method, **knobs)
+    predictor = make_predictor(args.method, **parse_knobs(args.knob))
     if predictor.fitted:
         if args.state is None:
             raise UserError(f"method {args.method} is fitted: give its state file (--state FILE)")

@@ -105,6 +105,10 @@ class Predictor(ABC):
     fitted: ClassVar[bool] = False
     fit_knobs: ClassVar[tuple[str, ...]] = ()
     needs_projections: ClassVar[bool] = True
+    # What one pair's prediction depends on: "token" (that query and that key only, so a decoder can run
+    # it step by step with a cache), "sentence" (every token of the sentence, e.g. ranks) or "batch" (the
+    # batch's layout too, e.g. random draws by position in the batch).
+    scope: ClassVar[str] = "token"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_state", {})

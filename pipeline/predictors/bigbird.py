@@ -33,6 +33,7 @@ class BigBirdPredictor(Predictor):
     """``random_keys`` keys per query, uniform among those it may attend (paper grid r = 2 … 20)."""
 
     name = "bigbird"
+    scope = "batch"
     needs_projections = False
     random_keys: int = 4
     seed: int = 0

@@ -33,6 +33,7 @@ class LongformerPredictor(Predictor):
     """``global_random`` random real positions become global rows and columns (paper grid g = 4 … 20)."""
 
     name = "longformer"
+    scope = "batch"
     needs_projections = False
     global_random: int = 4
     seed: int = 0

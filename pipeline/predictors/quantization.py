@@ -71,6 +71,7 @@ class QuantizationPredictor(Predictor):
     """β equal-size bins per projected dimension; query and key share a bucket when they share a bin."""
 
     name = "quantization"
+    scope = "sentence"
     bins: int = 4
 
     def check(self) -> None:

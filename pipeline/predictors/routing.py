@@ -48,6 +48,7 @@ class RoutingPredictor(Predictor):
     """``clusters`` spherical centroids each routing its top ⌈L/c⌉ tokens (paper grid c = 2 … 10)."""
 
     name = "routing"
+    scope = "sentence"
     fitted = True
     fit_knobs = ("clusters", "iterations", "seed")
     clusters: int = 4

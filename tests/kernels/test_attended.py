@@ -31,6 +31,15 @@ def test_pattern_matches_loops(window, global_tokens):
     assert pattern_pairs(n, m, window=window, global_tokens=global_tokens).tolist() == expected
 
 
+@pytest.mark.parametrize("q_offset", [0, 3, 8])
+def test_pattern_rows_of_a_decoding_step_are_the_full_patterns_rows(q_offset):
+    # a step decoding positions q_offset … m − 1 against m cached keys sees those rows of the whole pattern
+    m = 9
+    full = pattern_pairs(m, m, window=3, global_tokens=2)
+    step = pattern_pairs(m - q_offset, m, window=3, global_tokens=2, q_offset=q_offset)
+    assert torch.equal(step, full[q_offset:])
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_valid_pairs_matches_loops(causal):
     mask = valid_pairs(Q_VALID, K_VALID, causal=causal)

@@ -1,0 +1,123 @@
+"""Write a ``sparsefinder`` model folder from a teacher, its learned projections and fitted predictor state.
+
+The folder is the teacher's checkpoint with ``config.sparsefinder`` set and every attention module of the
+projections' kind carrying its layer's :class:`~pipeline.attention.sparsefinder.SparsefinderHead`, so
+
+    load_model(folder, attn_implementation="sparsefinder")
+
+computes α-entmax over the predicted graph in that kind and plain α-entmax elsewhere. The projections and
+the predictor state must come from this teacher's graphs: their recorded teacher fingerprint is checked
+against the teacher's weights.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedModel
+
+from pipeline.attention.loading import load_model
+from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder, check_spec
+from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint, save_checkpoint
+from pipeline.errors import UserError
+from pipeline.fingerprint import file_sha256
+from pipeline.graphs.extract import attention_layers
+from pipeline.graphs.kinds import attention_kind
+from pipeline.predictors.state import load_state, read_header
+from pipeline.projection.model import HeadProjections, load_projections
+
+
+def _check_fitted_on(teacher: str, what: str, path: str | os.PathLike, graphs: Mapping[str, Any]) -> None:
+    """One-line error unless ``graphs`` (a store's teacher fingerprint) names the teacher's weights."""
+    weights = Path(teacher) / "model.safetensors"
+    stored = graphs.get("model_sha256")
+    if weights.is_file() and stored is not None and stored != file_sha256(weights):
+        raise UserError(
+            f"{what} {path} was fitted on the graphs of another teacher ({graphs.get('checkpoint')}); "
+            f"re-run project and cluster on {teacher}'s graphs"
+        )
+
+
+def _check_projections(
+    model: PreTrainedModel, kind: str, layers: Mapping[int, HeadProjections], path: str | os.PathLike
+) -> None:
+    """One-line error unless the projections cover every layer of ``kind`` with its heads and head size."""
+    modules = attention_layers(model, attention_kind(kind))
+    if sorted(layers) != list(range(len(modules))):
+        raise UserError(
+            f"projections {path} cover layers {sorted(layers)} but the teacher's {kind} attention has "
+            f"{len(modules)} layers"
+        )
+    for layer, module in enumerate(modules):
+        config = layers[layer].config()
+        if (config["n_heads"], config["head_dim"]) != (module.num_heads, module.head_dim):
+            raise UserError(
+                f"projections {path} layer {layer} are for {config['n_heads']} heads × {config['head_dim']} "
+                f"dims; the teacher's {kind} attention has {module.num_heads} × {module.head_dim}"
+            )
+
+
+def configure_sparsefinder(
+    teacher: str,
+    out: str | os.PathLike,
+    *,
+    method: str,
+    knobs: Mapping[str, Any] | None = None,
+    window: int = 0,
+    global_tokens: int = 0,
+    projections: str | os.PathLike | None = None,
+    state: str | os.PathLike | None = None,
+    kind: str = "decoder_self",
+) -> PreTrainedModel:
+    """Write the sparsefinder model folder ``out`` (atomically) and return the model.
+
+    ``method`` and ``knobs`` name the predictor (``make_predictor``); ``projections`` is the project stage's
+    file (its attention kind is the one configured; ``kind`` only matters without projections), ``state``
+    the cluster stage's file for fitted predictors (k-means centroids, ...). Every mismatch is a one-line
+    :class:`UserError`.
+    """
+    resolve_checkpoint(teacher, "teacher", local=True)
+    with loading(teacher, "teacher"):
+        model = load_model(teacher, attn_implementation=SPARSEFINDER)
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+    layers = None
+    if projections is not None:
+        layers, extra = load_projections(projections)
+        kind = extra["kind"]
+        _check_projections(model, kind, layers, projections)
+        _check_fitted_on(teacher, "projections", projections, extra.get("graphs", {}))
+    any_layer = next(iter(layers.values())) if layers else None
+    spec = {
+        "kind": kind,
+        "predictor": method,
+        "knobs": dict(knobs or {}),
+        "window": window,
+        "global_tokens": global_tokens,
+        "projections": any_layer.config() if any_layer is not None else None,
+        "state_shapes": {},
+    }
+    predictor = check_spec(spec)
+    spec["knobs"] = predictor.knobs()  # every knob, defaults included
+    states = None
+    if predictor.fitted:
+        if state is None:
+            raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
+        _check_fitted_on(teacher, "predictor state", state, read_header(state)["extra"].get("graphs", {}))
+        load_state(state, predictor)
+        missing = sorted(set(layers or {}) - set(predictor.state_layers))
+        if missing:
+            raise UserError(f"{state} holds no {predictor.describe()} state for layers {missing}")
+        states = {layer: predictor.layer_state(layer) for layer in sorted(layers or {})}
+        spec["state_shapes"] = {name: list(t.shape) for name, t in states[min(states)].items()}
+    attach_sparsefinder(model, spec, layers, states)
+    parent = read_manifest(teacher)
+    save_checkpoint(
+        out,
+        model,
+        tokenizer,
+        {"stage": "configure", "teacher": teacher, "teacher_manifest": parent, SPARSEFINDER: spec},
+    )
+    return model

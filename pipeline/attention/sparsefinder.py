@@ -1,0 +1,329 @@
+"""Sparsefinder attention: α-entmax over a predicted graph Ĝ instead of over every key.
+
+For one layer of the configured attention kind, with the layer's learned projections q′ = g_q(q), k′ = g_k(k)
+and a predictor (k-means buckets, a distance threshold, ...):
+
+    Ĝ = (learned(q′, k′) ∪ W ∪ G) ∩ A,     P = α-entmax(s masked to Ĝ by −inf),     out = P V
+
+where W and G are the window band and the global tokens of :mod:`kernels.attended` (absolute positions, so
+a cached decoding step at position t sees the band around t) and A is what the model's own mask allows
+(padding, causality, the cache). By sparse-consistency (Sparsefinder, Prop. 1) the output equals the
+teacher's whenever Ĝ holds every key of the teacher's support.
+
+Bucket predictors run through :func:`kernels.bucketed_attention` (Triton on CUDA, the sub-quadratic PyTorch
+path on CPU) for whole sequences; mask predictors, decoding steps with a cache, a learned α and padded
+non-causal batches run the dense masked entmax of :mod:`pipeline.attention.entmax` on Ĝ. Both compute the
+same set. Keys' bucket ids are recomputed from the cached keys at each step: a key's ids depend on that key
+alone (predictors of scope "token"), so this costs O(m·B·r) next to the step's O(m·d) and is exact.
+
+The configuration lives in ``config.sparsefinder`` (see :func:`attach_sparsefinder`); every attention module
+of the configured kind carries a :class:`SparsefinderHead` holding its layer's projections and fitted
+tensors, saved with the model as safetensors. Modules without one compute plain α-entmax. Importing this
+module registers ``attn_implementation="sparsefinder"``; :func:`pipeline.attention.load_model` then
+rebuilds the heads from the config before loading the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+import pipeline.predictors  # noqa: F401  (registers every predictor with make_predictor)
+from kernels import bucketed_attention
+from kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
+from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
+from pipeline.attention.interface import register_attention, register_state_attacher
+from pipeline.errors import UserError
+from pipeline.graphs.extract import attention_layers
+from pipeline.graphs.kinds import KINDS, attention_kind
+from pipeline.predictors.base import HeadInputs, Prediction, Predictor, make_predictor
+from pipeline.projection.model import HeadProjections
+
+SPARSEFINDER = "sparsefinder"
+# scopes of prediction a kind can run: a decoder's queries arrive one step at a time
+_SCOPES = {"decoder_self": ("token",), "cross": ("token",), "encoder_self": ("token", "sentence")}
+
+
+class SparsefinderHead(nn.Module):
+    """The predictor of one attention module: its layer's projections and fitted tensors (as buffers).
+
+    ``predictor`` is the method with its knobs (a frozen dataclass, not a module); its fitted tensors for
+    ``layer`` are the buffers ``state_<name>``, handed to it at every call so they follow the model's
+    device. When :func:`measure_sparsity` is active the head also sums, per head, how many valid pairs it
+    attended.
+    """
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        layer: int,
+        kind: str,
+        *,
+        window: int,
+        global_tokens: int,
+        projections: HeadProjections | None,
+        state: Mapping[str, Tensor],
+    ) -> None:
+        super().__init__()
+        self.predictor, self.layer = predictor, layer
+        self.causal = attention_kind(kind).causal
+        self.self_attention = kind != "cross"
+        self.window, self.global_tokens = window, global_tokens
+        self.projections = projections
+        self.state_names = sorted(state)
+        for name in self.state_names:
+            self.register_buffer(f"state_{name}", state[name].clone())
+        self.measuring = False
+        self.attended = self.valid = torch.zeros(0, dtype=torch.float64)  # (h,) sums while measuring
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.predictor.describe()}, layer={self.layer}, window={self.window}, "
+            f"global_tokens={self.global_tokens}"
+        )
+
+    def predict(self, q: Tensor, k: Tensor, q_valid: Tensor, k_valid: Tensor) -> Prediction:
+        """The predictor's buckets or mask for queries (b, h, n, d) and keys (b, h, m, d)."""
+        q_proj = k_proj = None
+        if self.projections is not None:
+            dtype = self.projections.q_weight.dtype
+            q_proj, k_proj = self.projections(q.to(dtype), k.to(dtype))
+        self.predictor.set_layer_state(self.layer, {n: getattr(self, f"state_{n}") for n in self.state_names})
+        inputs = HeadInputs(q, k, q_valid, k_valid, self.causal, q_proj, k_proj)
+        return self.predictor.predict(self.layer, inputs)
+
+    def graph(self, prediction: Prediction, allowed: Tensor, q_offset: int) -> Tensor:
+        """(b, h, n, m) bool Ĝ = (learned ∪ W ∪ G) ∩ ``allowed`` for queries at positions q_offset + i."""
+        if prediction.is_buckets:
+            learned = shared_bucket_pairs(prediction.q_buckets, prediction.k_buckets)
+        else:
+            learned = prediction.mask
+        n, m = learned.shape[-2:]
+        pattern = pattern_pairs(
+            n,
+            m,
+            window=self.window,
+            global_tokens=self.global_tokens,
+            q_offset=q_offset,
+            device=learned.device,
+        )
+        return (learned | pattern) & allowed
+
+    def record(self, graph: Tensor, allowed: Tensor, q_valid: Tensor, heads: int) -> None:
+        """Add this call's attended and valid pair counts per head (real queries only)."""
+        b, _, n, m = graph.shape
+        graph = graph.expand(b, heads, n, m)  # a head-shared graph counts for every head
+        valid = (allowed & q_valid[:, None, :, None]).expand(b, heads, n, m)
+        attended = (graph & valid).sum((0, 2, 3)).double().cpu()  # (h,)
+        total = valid.sum((0, 2, 3)).double().cpu()
+        if self.attended.numel() == 0:
+            self.attended, self.valid = attended, total
+        else:
+            self.attended, self.valid = self.attended + attended, self.valid + total
+
+
+def _allowed_pairs(attention_mask: Tensor | None, b: int, n: int, m: int, device: torch.device) -> Tensor:
+    """(b, 1 | h, n, m) bool: the pairs the model's mask allows (all when it gives none)."""
+    if attention_mask is None:
+        return torch.ones(b, 1, n, m, dtype=torch.bool, device=device)
+    mask = attention_mask[..., :m]
+    if mask.dtype != torch.bool:
+        mask = mask > torch.finfo(mask.dtype).min
+    return mask.expand(b, -1, n, m)
+
+
+def sparsefinder_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    position_bias: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """α-entmax over Ĝ (see the module docstring) in the ``transformers.AttentionInterface`` signature.
+
+    Shapes as :func:`~pipeline.attention.entmax.entmax_attention_forward`. Returns the output
+    (b, n, h, d) and the probabilities (b, h, n, m), or None for them when the kernel ran.
+    """
+    head: SparsefinderHead | None = getattr(module, SPARSEFINDER, None)
+    dense = (module, query, key, value)
+    options = dict(scaling=scaling, dropout=dropout, position_bias=position_bias, **kwargs)
+    if head is None:
+        return entmax_attention_forward(*dense, attention_mask, **options)
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # (b, h, m, d)
+    b, _, n, _ = query.shape
+    m = keys.shape[-2]
+    allowed = _allowed_pairs(attention_mask, b, n, m, query.device)  # (b, 1 | h, n, m)
+    k_valid = allowed.any(dim=-2).any(dim=1)  # (b, m): a key no query may see is padding
+    q_offset = m - n if head.self_attention else 0  # cached keys before this step's queries
+    if head.self_attention:
+        q_valid = k_valid[:, q_offset:]
+    else:  # cross-attention: the decoder's padding is not in the encoder mask
+        q_valid = torch.ones(b, n, dtype=torch.bool, device=query.device)
+    prediction = head.predict(query, keys, q_valid, k_valid)
+
+    alpha = attention_alpha(module)
+    use_kernel = (
+        prediction.is_buckets
+        and q_offset == 0
+        and position_bias is None
+        and isinstance(alpha, float)
+        and not (module.training and dropout > 0.0)
+        # the kernel takes no padding mask: causal rows of real queries never reach right padding
+        and (head.causal or bool(k_valid.all()))
+    )
+    graph = None
+    if not use_kernel or head.measuring:
+        graph = head.graph(prediction, allowed, q_offset)  # (b, h, n, m)
+        if head.measuring:
+            head.record(graph, allowed, q_valid, query.shape[1])
+    if not use_kernel:
+        return entmax_attention_forward(*dense, graph, **options)
+    values = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    output = bucketed_attention(
+        query,
+        keys,
+        values,
+        prediction.q_buckets,
+        prediction.k_buckets,
+        alpha=alpha,
+        causal=head.causal,
+        window=head.window,
+        global_tokens=head.global_tokens,
+        scale=scaling,
+    )  # (b, h, n, d)
+    return output.transpose(1, 2).contiguous(), None
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+
+
+def sparsefinder_heads(model: nn.Module) -> list[SparsefinderHead]:
+    """Every :class:`SparsefinderHead` of ``model``, in layer order."""
+    return sorted(
+        (m for m in model.modules() if isinstance(m, SparsefinderHead)), key=lambda head: head.layer
+    )
+
+
+def check_spec(spec: Mapping[str, Any]) -> Predictor:
+    """The predictor ``spec`` names, after one-line checks of every field against the attention kind."""
+    kind = spec["kind"]
+    if kind not in KINDS:
+        raise UserError(f"sparsefinder kind {kind!r} is unknown; allowed: {', '.join(KINDS)}")
+    predictor = make_predictor(spec["predictor"], **spec["knobs"])
+    if predictor.scope not in _SCOPES[kind]:
+        raise UserError(
+            f"predictor {predictor.name} cannot run inside a model's {kind} attention: its graph depends on "
+            f"the whole {predictor.scope}, which a decoder does not have while generating; allowed there: "
+            "predictors of scope " + " or ".join(_SCOPES[kind])
+        )
+    try:
+        window_radius(spec["window"])
+    except ValueError as err:
+        raise UserError(f"sparsefinder {err}") from None
+    if isinstance(spec["global_tokens"], bool) or not isinstance(spec["global_tokens"], int):
+        raise UserError(f"sparsefinder global tokens must be an integer >= 0; got {spec['global_tokens']!r}")
+    if spec["global_tokens"] < 0:
+        raise UserError(f"sparsefinder global tokens must be an integer >= 0; got {spec['global_tokens']}")
+    if kind == "cross" and (spec["window"] or spec["global_tokens"]):
+        raise UserError(
+            "cross-attention has no shared positions for a window or global tokens; "
+            "allowed there: window 0 and global tokens 0"
+        )
+    if predictor.needs_projections and spec["projections"] is None:
+        raise UserError(f"predictor {predictor.name} works on projected queries and keys; give projections")
+    return predictor
+
+
+def attach_sparsefinder(
+    model: PreTrainedModel,
+    spec: Mapping[str, Any],
+    projections: Mapping[int, HeadProjections] | None = None,
+    states: Mapping[int, Mapping[str, Tensor]] | None = None,
+) -> list[SparsefinderHead]:
+    """Give the attention modules of ``spec["kind"]`` their :class:`SparsefinderHead` and record ``spec``.
+
+    ``spec``: ``{"kind", "predictor", "knobs", "window", "global_tokens", "projections" (HeadProjections
+    config or None), "state_shapes" ({name: shape})}``. ``projections`` and ``states`` give each layer's
+    tensors; without them the heads get uninitialised tensors of the recorded shapes, for
+    ``load_state_dict`` to fill (this is how a saved model is rebuilt).
+    """
+    check_spec(spec)
+    modules = attention_layers(model, attention_kind(spec["kind"]))
+    heads = []
+    for layer, module in enumerate(modules):
+        if projections is not None:
+            layer_projections = projections[layer]
+        elif spec["projections"] is not None:
+            layer_projections = HeadProjections(**spec["projections"])
+        else:
+            layer_projections = None
+        if states is not None:
+            state = dict(states[layer])
+        else:
+            state = {name: torch.empty(shape) for name, shape in spec["state_shapes"].items()}
+        head = SparsefinderHead(
+            make_predictor(spec["predictor"], **spec["knobs"]),  # one per layer: it holds the layer's state
+            layer,
+            spec["kind"],
+            window=spec["window"],
+            global_tokens=spec["global_tokens"],
+            projections=layer_projections,
+            state=state,
+        )
+        device = next(module.parameters()).device
+        setattr(module, SPARSEFINDER, head.to(device))
+        heads.append(head)
+    model.config.sparsefinder = dict(spec)
+    return heads
+
+
+def _attach_if_configured(model: PreTrainedModel) -> None:
+    spec = getattr(model.config, SPARSEFINDER, None)
+    if spec is not None and not sparsefinder_heads(model):
+        attach_sparsefinder(model, spec)
+
+
+@contextmanager
+def measure_sparsity(model: nn.Module) -> Iterator[dict[str, Any]]:
+    """Count the pairs every head attends while the block runs; fills the yielded dict on exit.
+
+    The result holds ``"sparsity"``: 1 − attended / valid pairs, pooled over every call (every decoding
+    step, every beam) per head, then averaged over heads and layers, and ``"per_layer_head"``: the pooled
+    sparsity per layer and head. Valid pairs are those the model's mask allows to real queries.
+    """
+    heads = sparsefinder_heads(model)
+    for head in heads:
+        head.measuring = True
+        head.attended = head.valid = torch.zeros(0, dtype=torch.float64)
+    result: dict[str, Any] = {}
+    try:
+        yield result
+    finally:
+        table = []
+        for head in heads:
+            if head.valid.numel():
+                table.append((1 - head.attended / head.valid).tolist())
+            head.measuring = False
+        if table:
+            result["sparsity"] = float(torch.tensor(table).mean())
+            result["per_layer_head"] = table
+
+
+def register_sparsefinder() -> None:
+    """Make ``attn_implementation="sparsefinder"`` available to every model using the attention interface."""
+    register_attention(SPARSEFINDER, sparsefinder_attention_forward)
+    register_state_attacher(SPARSEFINDER, _attach_if_configured)
+
+
+register_sparsefinder()

@@ -1,0 +1,164 @@
+"""``sparsefinder configure``: a teacher + projections + fitted state → a model folder that reloads whole."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models
+from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+
+from pipeline.attention import ENTMAX, load_model
+from pipeline.attention.sparsefinder import SPARSEFINDER, sparsefinder_heads
+from pipeline.checkpoint import read_manifest
+from pipeline.cli import main
+from pipeline.graphs.extract import teacher_fingerprint
+from pipeline.predictors import HeadInputs, KMeansPredictor
+from pipeline.predictors.state import load_state, save_states
+from pipeline.projection.model import HeadProjections, save_projections
+
+VOCAB, HEADS, HEAD_DIM, LAYERS = 30, 2, 8, 2
+
+
+def save_teacher(folder: Path, seed: int = 0) -> MarianMTModel:
+    """A tiny α-entmax Marian checkpoint folder with a word-level tokenizer."""
+    config = MarianConfig(
+        vocab_size=VOCAB,
+        d_model=HEADS * HEAD_DIM,
+        encoder_layers=1,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        init_std=0.5,
+    )
+    config.entmax_alpha = 1.5
+    torch.manual_seed(seed)
+    model = MarianMTModel._from_config(config, attn_implementation=ENTMAX).eval()
+    model.save_pretrained(folder)
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> dict[str, Path]:
+    """A teacher folder, its decoder self-attention projections and k-means state for B ∈ {1, 4}."""
+    root = tmp_path_factory.mktemp("configure")
+    teacher = save_teacher(root / "teacher")
+    fingerprint = teacher_fingerprint(teacher, root / "teacher")
+    generator = torch.Generator().manual_seed(1)
+    layers = {layer: HeadProjections(HEADS, HEAD_DIM, generator=generator) for layer in range(LAYERS)}
+    save_projections(
+        root / "projections.safetensors", layers, {"kind": "decoder_self", "graphs": fingerprint}
+    )
+    predictors = [KMeansPredictor(buckets=b, iterations=5, backend="sklearn") for b in (1, 4)]
+    for layer, module in layers.items():
+        q = torch.randn(3, HEADS, 10, HEAD_DIM, generator=generator)
+        valid = torch.ones(3, 10, dtype=torch.bool)
+        batch = HeadInputs(q, q, valid, valid, True, *module(q, q))
+        for predictor in predictors:
+            predictor.fit(layer, [batch], seed=0)
+    save_states(root / "centroids.safetensors", predictors, {"graphs": fingerprint, "kind": "decoder_self"})
+    return {
+        "root": root,
+        "teacher": root / "teacher",
+        "projections": root / "projections.safetensors",
+        "state": root / "centroids.safetensors",
+    }
+
+
+def configure(fitted, out: Path, *extra: str) -> list[str]:
+    return [
+        "configure", str(fitted["teacher"]), str(out), "--projections", str(fitted["projections"]),
+        "--centroids", str(fitted["state"]), *extra,
+    ]  # fmt: skip
+
+
+def logits(model, seed: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, VOCAB, (2, 7), generator=g)
+    labels = torch.randint(3, VOCAB, (2, 9), generator=g)
+    with torch.no_grad():
+        return model(input_ids=input_ids, decoder_input_ids=labels).logits
+
+
+def test_configured_folder_reloads_whole_and_records_the_predictor(fitted, tmp_path):
+    out = tmp_path / "kmeans4"
+    assert main(configure(fitted, out, "--method", "kmeans", "--knob", "buckets=4", "--knob", "iterations=5",
+                          "--knob", "backend=sklearn", "--window", "3")) == 0  # fmt: skip
+    manifest = read_manifest(out)
+    assert manifest["attn_implementation"] == SPARSEFINDER
+    spec = manifest[SPARSEFINDER]
+    assert (spec["kind"], spec["predictor"], spec["window"]) == ("decoder_self", "kmeans", 3)
+    assert spec["knobs"]["buckets"] == 4 and spec["state_shapes"] == {"centroids": [HEADS, 4, 4]}
+
+    model = load_model(out, attn_implementation=SPARSEFINDER)
+    heads = sparsefinder_heads(model)
+    assert [h.layer for h in heads] == list(range(LAYERS)) and heads[0].window == 3
+    stored = KMeansPredictor(buckets=4, iterations=5, backend="sklearn")
+    load_state(fitted["state"], stored)
+    for head in heads:
+        assert torch.equal(head.state_centroids, stored.layer_state(head.layer)["centroids"])
+    teacher = load_model(fitted["teacher"])
+    assert not torch.allclose(logits(model), logits(teacher), atol=1e-4)  # B = 4 really drops keys
+
+
+def test_one_bucket_configuration_equals_the_teacher(fitted, tmp_path):
+    out = tmp_path / "kmeans1"
+    main(configure(fitted, out, "--method", "kmeans", "--knob", "buckets=1", "--knob", "iterations=5",
+                   "--knob", "backend=sklearn"))  # fmt: skip
+    model = load_model(out, attn_implementation=SPARSEFINDER)
+    torch.testing.assert_close(logits(model), logits(load_model(fitted["teacher"])), rtol=1e-5, atol=1e-5)
+
+
+def test_window_only_needs_no_projections(fitted, tmp_path):
+    out = tmp_path / "window"
+    main(["configure", str(fitted["teacher"]), str(out), "--method", "window", "--window", "5"])
+    heads = sparsefinder_heads(load_model(out, attn_implementation=SPARSEFINDER))
+    assert len(heads) == LAYERS and heads[0].projections is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--method", "kmeans", "--knob", "buckets=3"], "holds no state for kmeans"),
+        (["--method", "kmeans", "--knob", "buckets=4", "--window", "2"], "window must be 0 .none. or an odd"),
+        (["--method", "bigbird"], "bigbird cannot run inside a model's decoder_self attention"),
+        (["--method", "distance", "--knob", "threshold=-1"], "distance.threshold must be a number >= 0"),
+        (["--method", "kmeans", "--knob", "depth=2"], "predictor kmeans has no knob depth"),
+    ],
+)
+def test_bad_options_exit_2_in_one_line_and_write_nothing(fitted, tmp_path, args, message):
+    out = tmp_path / "bad"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", *configure(fitted, out, *args)], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and re.search(message, result.stderr)
+    assert not out.exists()
+
+
+def test_projections_of_another_teacher_are_refused(fitted, tmp_path):
+    other = tmp_path / "other"
+    save_teacher(other, seed=5)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["configure", str(other), str(tmp_path / "out"), "--method", "distance",
+              "--projections", str(fitted["projections"])])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "out").exists()

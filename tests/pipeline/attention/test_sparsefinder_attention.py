@@ -1,0 +1,248 @@
+"""Sparsefinder attention in a model: sparse-consistency, cached decoding, the kernel path, save/reload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import MarianConfig, MarianMTModel
+
+from pipeline.attention import ENTMAX, entmax_attention_forward, load_model
+from pipeline.attention.sparsefinder import (
+    SPARSEFINDER,
+    attach_sparsefinder,
+    measure_sparsity,
+    sparsefinder_attention_forward,
+    sparsefinder_heads,
+)
+from pipeline.errors import UserError
+from pipeline.projection.model import HeadProjections
+
+VOCAB, HEADS, HEAD_DIM, RANK, LAYERS = 40, 4, 8, 4, 2
+
+
+def teacher(attn_implementation: str = ENTMAX) -> MarianMTModel:
+    """A tiny α-entmax Marian whose peaked initial scores make its attention visibly sparse."""
+    config = MarianConfig(
+        vocab_size=VOCAB,
+        d_model=HEADS * HEAD_DIM,
+        encoder_layers=1,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=2,
+        decoder_attention_heads=HEADS,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        init_std=0.5,
+    )
+    config.entmax_alpha = 1.5
+    torch.manual_seed(0)
+    return MarianMTModel._from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def spec(predictor: str, knobs: dict | None = None, *, window: int = 0, global_tokens: int = 0, shapes=None):
+    return {
+        "kind": "decoder_self",
+        "predictor": predictor,
+        "knobs": knobs or {},
+        "window": window,
+        "global_tokens": global_tokens,
+        "projections": None if predictor == "window" else HeadProjections(HEADS, HEAD_DIM, RANK).config(),
+        "state_shapes": shapes or {},
+    }
+
+
+def sparsefinder_model(predictor: str, knobs: dict | None = None, *, buckets: int = 4, **pattern):
+    """The teacher's weights with a sparsefinder head in decoder self-attention (random projections)."""
+    model = teacher()
+    sparse = teacher(SPARSEFINDER)
+    sparse.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    projections = {
+        layer: HeadProjections(HEADS, HEAD_DIM, RANK, generator=generator) for layer in range(LAYERS)
+    }
+    states, shapes = None, None
+    if predictor == "kmeans":
+        states = {
+            layer: {"centroids": torch.randn(HEADS, buckets, RANK, generator=generator)} for layer in range(2)
+        }
+        shapes = {"centroids": [HEADS, buckets, RANK]}
+    attach_sparsefinder(
+        sparse,
+        spec(predictor, knobs, shapes=shapes, **pattern),
+        None if predictor == "window" else projections,
+        states,
+    )
+    return model, sparse.eval()
+
+
+def batch() -> dict[str, torch.Tensor]:
+    """Two source sentences and two targets, the second of each right-padded."""
+    g = torch.Generator().manual_seed(2)
+    input_ids = torch.randint(2, VOCAB, (2, 9), generator=g)
+    input_ids[1, 6:] = 0
+    labels = torch.randint(2, VOCAB, (2, 12), generator=g)
+    labels[1, 8:] = 0
+    decoder_mask = (labels != 0).long()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": (input_ids != 0).long(),
+        "decoder_input_ids": labels,
+        "decoder_attention_mask": decoder_mask,
+    }
+
+
+def real_logits(model, inputs) -> torch.Tensor:
+    """Logits at real target positions only (padded positions are never scored)."""
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    return logits[inputs["decoder_attention_mask"].bool()]
+
+
+@pytest.mark.parametrize(
+    ("predictor", "knobs", "pattern"),
+    [
+        ("kmeans", {"buckets": 1}, {}),  # one bucket holds every token: through the kernel
+        ("window", {}, {"window": 25}),  # a window wider than the sentence: the mask path
+        ("distance", {"threshold": 1e9}, {}),
+    ],
+)
+def test_recall_one_predictor_reproduces_the_teacher(predictor, knobs, pattern):
+    model, sparse = sparsefinder_model(predictor, knobs, buckets=1, **pattern)
+    inputs = batch()
+    torch.testing.assert_close(real_logits(sparse, inputs), real_logits(model, inputs), rtol=1e-5, atol=1e-5)
+    generate = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=10)
+    assert torch.equal(sparse.generate(**generate, num_beams=3), model.generate(**generate, num_beams=3))
+
+
+def test_a_sparse_predictor_changes_the_output_only_where_it_drops_gold_keys():
+    model, sparse = sparsefinder_model("kmeans", {"buckets": 4})
+    inputs = batch()
+    assert not torch.allclose(real_logits(sparse, inputs), real_logits(model, inputs), atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("predictor", "knobs", "pattern"),
+    [
+        ("kmeans", {"buckets": 4, "top_k": 2}, {"window": 3}),
+        ("kmeans", {"buckets": 4}, {"global_tokens": 2}),
+        ("distance", {"threshold": 1.0}, {"window": 1}),
+        ("reformer", {"buckets": 4}, {}),
+    ],
+)
+def test_cached_decoding_equals_uncached(predictor, knobs, pattern):
+    if predictor == "reformer":
+        _, sparse = sparsefinder_model("window")  # replaced below: reformer's rotations are its state
+        generator = torch.Generator().manual_seed(3)
+        projections = {
+            layer: HeadProjections(HEADS, HEAD_DIM, RANK, generator=generator) for layer in range(2)
+        }
+        states = {
+            layer: {"rotations": torch.randn(HEADS, RANK, 2, generator=generator)} for layer in range(2)
+        }
+        reformer_spec = spec("reformer", knobs, shapes={"rotations": [HEADS, RANK, 2]})
+        attach_sparsefinder(sparse, reformer_spec, projections, states)
+    else:
+        _, sparse = sparsefinder_model(predictor, knobs, **pattern)
+    inputs = batch()
+    generate = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=12)
+    cached = sparse.generate(
+        **generate,
+        num_beams=1,
+        do_sample=False,
+        use_cache=True,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    uncached = sparse.generate(
+        **generate,
+        num_beams=1,
+        do_sample=False,
+        use_cache=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(cached.sequences, uncached.sequences)
+    for step_cached, step_uncached in zip(cached.scores, uncached.scores, strict=True):
+        torch.testing.assert_close(step_cached, step_uncached, rtol=1e-5, atol=1e-5)
+    assert torch.equal(
+        sparse.generate(**generate, num_beams=3, use_cache=True),
+        sparse.generate(**generate, num_beams=3, use_cache=False),
+    )
+
+
+def test_kernel_path_equals_dense_entmax_over_the_same_graph():
+    _, sparse = sparsefinder_model("kmeans", {"buckets": 3, "top_k": 2}, window=3, global_tokens=1)
+    module = sparse.get_decoder().layers[0].self_attn
+    head = module.sparsefinder
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, HEADS, 11, HEAD_DIM, generator=g) for _ in range(3))
+    causal = torch.ones(11, 11, dtype=torch.bool).tril()[None, None].expand(2, 1, 11, 11)
+    out, probs = sparsefinder_attention_forward(module, q, k, v, causal, scaling=0.3)
+    assert probs is None  # the kernel ran
+    valid = torch.ones(2, 11, dtype=torch.bool)
+    graph = head.graph(head.predict(q, k, valid, valid), causal, 0)
+    assert 0 < graph.float().mean() < causal.float().mean()  # really sparse, really attending
+    expected, _ = entmax_attention_forward(module, q, k, v, graph, scaling=0.3)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_measured_sparsity_counts_the_graphs_used():
+    _, sparse = sparsefinder_model("window", window=1)  # the diagonal alone: one key per query
+    inputs = batch()
+    with measure_sparsity(sparse) as measured, torch.no_grad():
+        sparse(**inputs)
+    lengths = inputs["decoder_attention_mask"].sum(-1).tolist()  # 12 and 8 real target tokens
+    expected = 1 - sum(lengths) / sum(n * (n + 1) // 2 for n in lengths)
+    assert measured["sparsity"] == pytest.approx(expected)
+    assert len(measured["per_layer_head"]) == LAYERS and len(measured["per_layer_head"][0]) == HEADS
+    assert all(not head.measuring for head in sparsefinder_heads(sparse))
+
+
+def test_save_and_reload_keeps_every_head(tmp_path):
+    _, sparse = sparsefinder_model("kmeans", {"buckets": 4, "top_k": 2}, window=3)
+    sparse.save_pretrained(tmp_path)
+    reloaded = load_model(tmp_path, attn_implementation=SPARSEFINDER)
+    heads = sparsefinder_heads(reloaded)
+    assert [h.layer for h in heads] == [0, 1]
+    assert heads[0].predictor.describe() == sparsefinder_heads(sparse)[0].predictor.describe()
+    for before, after in zip(sparsefinder_heads(sparse), heads, strict=True):
+        assert torch.equal(before.state_centroids, after.state_centroids)
+        assert torch.equal(before.projections.q_weight, after.projections.q_weight)
+    inputs = batch()
+    torch.testing.assert_close(real_logits(reloaded, inputs), real_logits(sparse, inputs))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"predictor": "bigbird", "knobs": {}}, "bigbird cannot run inside a model's decoder_self attention"),
+        ({"predictor": "quantization", "knobs": {}}, "depends on the whole sentence"),
+        ({"window": 4}, "window must be 0 .none. or an odd size"),
+        ({"global_tokens": -1}, "global tokens must be an integer >= 0"),
+        ({"knobs": {"buckets": 4, "depth": 2}}, "predictor kmeans has no knob depth"),
+        ({"kind": "cross", "window": 3}, "cross-attention has no shared positions"),
+        ({"projections": None}, "works on projected queries and keys"),
+    ],
+)
+def test_bad_configurations_fail_in_one_line(changes, message):
+    bad = {**spec("kmeans", {"buckets": 4}, shapes={"centroids": [HEADS, 4, RANK]}), **changes}
+    with pytest.raises(UserError, match=message) as err:
+        attach_sparsefinder(teacher(SPARSEFINDER), bad)
+    assert "\n" not in str(err.value)
+
+
+def test_quantization_runs_in_encoder_self_attention():
+    encoder_spec = {**spec("quantization", {"bins": 2}), "kind": "encoder_self"}
+    encoder_spec["projections"] = HeadProjections(2, HEAD_DIM * 2, RANK).config()
+    model = teacher(SPARSEFINDER)
+    heads = attach_sparsefinder(model, encoder_spec)
+    assert len(heads) == 1 and heads[0].causal is False
+    with torch.no_grad():
+        for head in heads:
+            for p in head.projections.parameters():
+                p.normal_()
+        logits = model(**batch()).logits
+    assert torch.isfinite(logits).all()
