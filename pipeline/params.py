@@ -7,12 +7,14 @@ line: ``params.yaml: teacher.train.lr = -1: Input should be greater than 0``.
 
 from __future__ import annotations
 
+import itertools
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import UserError
 
@@ -184,18 +186,36 @@ class Teacher(Section):
 AttentionKindName = Literal["decoder_self", "encoder_self", "cross"]
 
 
-class Extract(Section):
-    teacher: str = "artifacts/models/teacher"
-    data: str = "artifacts/data"
-    split: Literal["train", "valid", "test"] = "train"
-    kinds: Annotated[list[AttentionKindName], Field(min_length=1)] = ["decoder_self"]
+# a store name is a key in dvc.yaml interpolations (${extract.stores.NAME.out}) and in the metrics JSON
+STORE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ExtractStore(Section):
+    """One graph store: which split it reads, which of its sentences, and where it goes."""
+
+    split: Literal["train", "valid", "test"]
     min_length: PositiveInt = 21
     max_sentences: PositiveInt | None = 10000
+    out: str
+
+
+class Extract(Section):
+    """Settings shared by every store, then the stores, extracted in order by one stage run.
+
+    Each split feeds one store at most, so a held-out store never shares a sentence with a training one.
+    """
+
+    teacher: str = "artifacts/models/teacher"
+    data: str = "artifacts/data"
+    kinds: Annotated[list[AttentionKindName], Field(min_length=1)] = ["decoder_self"]
     batch_size: PositiveInt = 32
     dtype: Literal["float16", "float32"] = "float16"
     shard_sentences: PositiveInt = 512
     seed: Seed = 0
-    out: str = "artifacts/graphs"
+    stores: Annotated[dict[str, ExtractStore], Field(min_length=1)] = {
+        "train": ExtractStore(split="train", out="artifacts/graphs/train"),
+        "test": ExtractStore(split="test", max_sentences=1000, out="artifacts/graphs/test"),
+    }
     metrics: str = "artifacts/metrics/extract.json"
 
     @model_validator(mode="after")
@@ -204,9 +224,34 @@ class Extract(Section):
             raise ValueError(f"kinds {self.kinds} lists a kind twice")
         return self
 
+    @model_validator(mode="after")
+    def _separate_stores(self) -> Extract:
+        for name in self.stores:
+            if not STORE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"store name {name!r} is not a simple identifier (allowed: letters, digits and _, "
+                    "not starting with a digit)"
+                )
+        readers: dict[str, str] = {}
+        for name, store in self.stores.items():
+            if store.split in readers:
+                raise ValueError(
+                    f"stores {readers[store.split]!r} and {name!r} both read the {store.split} split; "
+                    "allowed: one store per split, so no sentence lands in two stores"
+                )
+            readers[store.split] = name
+        outs = {name: PurePosixPath(os.path.normpath(store.out)) for name, store in self.stores.items()}
+        for (a, out_a), (b, out_b) in itertools.combinations(outs.items(), 2):
+            if out_a == out_b or out_a in out_b.parents or out_b in out_a.parents:
+                raise ValueError(
+                    f"stores {a!r} and {b!r} write overlapping folders ({out_a} and {out_b}); "
+                    "allowed: distinct folders, neither inside the other"
+                )
+        return self
+
 
 class Project(Section):
-    graphs: str = "artifacts/graphs"
+    graphs: str = "artifacts/graphs/train"
     kind: AttentionKindName = "decoder_self"
     rank: PositiveInt = 4
     shared: bool = False
@@ -224,8 +269,17 @@ class Project(Section):
     plot: str = "artifacts/plots/project_loss.csv"
 
 
+def _even(value: int) -> int:
+    if value % 2:
+        raise ValueError("Reformer's bucket count must be even (argmax over [xR; −xR])")
+    return value
+
+
+EvenBuckets = Annotated[int, Field(ge=2), AfterValidator(_even)]
+
+
 class Cluster(Section):
-    graphs: str = "artifacts/graphs"
+    graphs: str = "artifacts/graphs/train"
     projections: str = "artifacts/predictors/projections.safetensors"
     bucket_counts: Annotated[list[Annotated[int, Field(ge=2)]], Field(min_length=1)] = [
         2,
@@ -241,6 +295,9 @@ class Cluster(Section):
     backend: Literal["auto", "faiss", "sklearn"] = "auto"
     iterations: PositiveInt = 25
     max_points_per_centroid: PositiveInt | None = None
+    # the fitted baselines, in the same state file: Routing's spherical centroids, Reformer's rotations
+    routing_clusters: list[Annotated[int, Field(ge=2)]] = [2, 4, 8]
+    reformer_buckets: list[EvenBuckets] = [2, 4, 8]
     seed: Seed = 0
     out: str = "artifacts/predictors/centroids.safetensors"
     metrics: str = "artifacts/metrics/cluster.json"
@@ -254,6 +311,75 @@ class Cluster(Section):
         return self
 
 
+# ----------------------------------------------------------------------------------------------------------
+# evaluate and report
+
+OpenFraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+
+
+def _window_size(value: int) -> int:
+    if value < 0 or (value > 0 and value % 2 == 0):
+        raise ValueError("a window size must be 0 (none) or odd (|i − j| ≤ w // 2)")
+    return value
+
+
+WindowSize = Annotated[int, AfterValidator(_window_size)]
+# the paper's window sizes: 0 (none), 1 (the diagonal), 3, 5, ...
+PAPER_WINDOWS = [0, 1, 3, 5, 7, 9, 11, 15, 19, 23, 27]
+
+
+class Quality(Section):
+    """Which grid points are translated, and how: the same beam search and sentences for every point."""
+
+    examples: PositiveInt | None = 200
+    beams: PositiveInt = 4
+    max_new_tokens: PositiveInt = 80
+    batch_size: PositiveInt = 32
+    # each method's Pareto points at sparsity >= the teacher's gold sparsity − sparsity_margin
+    sparsity_margin: Fraction = 0.1
+    points_per_method: NonNegativeInt = 2
+
+
+class Evaluate(Section):
+    graphs: str = "artifacts/graphs/test"
+    projections: str = "artifacts/predictors/projections.safetensors"
+    state: str = "artifacts/predictors/centroids.safetensors"
+    teacher: str = "artifacts/models/teacher"
+    data: str = "artifacts/data"
+    # per method, lists of knob values; fitted methods choose among the states in `state`
+    methods: Annotated[dict[str, dict[str, list[Any]]], Field(min_length=1)] = {
+        "window": {},
+        "distance": {"threshold": [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5]},
+        "quantization": {"bins": [2, 4, 6, 8, 12]},
+        "kmeans": {"top_k": [1, 2]},
+        "bigbird": {"random_keys": [2, 4, 8, 12, 16, 20]},
+        "longformer": {"global_random": [4, 8, 12, 16, 20]},
+        "reformer": {},
+        "routing": {},
+    }
+    windows: Annotated[list[WindowSize], Field(min_length=1)] = PAPER_WINDOWS
+    global_tokens: Annotated[list[NonNegativeInt], Field(min_length=1)] = [0, 1]
+    max_sentences: PositiveInt | None = None
+    batch_size: PositiveInt = 64
+    quality: Quality = Quality()
+    out: str = "artifacts/evaluation/evaluate.json"
+
+
+class Report(Section):
+    evaluation: str = "artifacts/evaluation/evaluate.json"
+    sparsity_levels: Annotated[list[OpenFraction], Field(min_length=1)] = [0.8, 0.9]
+    recall_target: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    out: str = "artifacts/report.md"
+    plots: str = "artifacts/plots/report"
+    metrics: str = "artifacts/metrics/report.json"
+
+    @model_validator(mode="after")
+    def _unique_levels(self) -> Report:
+        if len(set(self.sparsity_levels)) != len(self.sparsity_levels):
+            raise ValueError(f"sparsity_levels {self.sparsity_levels} lists a level twice")
+        return self
+
+
 SECTIONS: dict[str, type[Section]] = {
     "prepare": Prepare,
     "pretrain": Pretrain,
@@ -261,6 +387,8 @@ SECTIONS: dict[str, type[Section]] = {
     "extract": Extract,
     "project": Project,
     "cluster": Cluster,
+    "evaluate": Evaluate,
+    "report": Report,
 }
 
 

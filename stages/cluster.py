@@ -1,4 +1,8 @@
-"""Stage ``cluster``: k-means centroids per layer and head in the projected space, for every bucket count."""
+"""Stage ``cluster``: the fitted predictors, per layer and head in the projected space.
+
+k-means centroids for every bucket count, and the fitted baselines: Routing Transformer's spherical
+centroids and Reformer's random rotations. All go to one predictor state file.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from pipeline.errors import UserError, exits_cleanly
 from pipeline.graphs import GraphStore
 from pipeline.predictors.fitting import fit_predictors
 from pipeline.predictors.kmeans import KMeansPredictor
+from pipeline.predictors.reformer import ReformerPredictor
+from pipeline.predictors.routing import RoutingPredictor
 from pipeline.predictors.state import save_states
 from pipeline.projection.model import load_projections
 from pipeline.stage import stage_params
@@ -35,6 +41,11 @@ def main(argv: list[str] | None = None) -> None:
         )
         for b in params.bucket_counts
     ]
+    predictors += [
+        RoutingPredictor(clusters=c, iterations=params.iterations, seed=params.seed)
+        for c in params.routing_clusters
+    ]
+    predictors += [ReformerPredictor(buckets=b, seed=params.seed) for b in params.reformer_buckets]
     report = fit_predictors(store, extra["kind"], predictors, layers, split, seed=params.seed)
     save_states(params.out, predictors, {"graphs": store.manifest["teacher"], "kind": extra["kind"]})
     write_json(params.metrics, {"backend": backend, **report})

@@ -1,4 +1,8 @@
-"""Stage ``extract``: run the teacher and store its queries, keys and gold attention graphs."""
+"""Stage ``extract``: run the teacher and store its queries, keys and gold attention graphs.
+
+One run writes every store of ``extract.stores`` (a training store to fit predictors on, a held-out one to
+score them on), each from its own corpus split.
+"""
 
 from __future__ import annotations
 
@@ -30,22 +34,25 @@ def check_kinds(params: Extract, model: PreTrainedModel) -> None:
         )
 
 
-def check_lengths(params: Extract, dataset: Any) -> None:
-    """Raise :class:`UserError` unless some sentence of the split is ``min_length`` long for every kind."""
+def check_lengths(params: Extract, name: str, dataset: Any) -> None:
+    """Raise :class:`UserError` unless some sentence of store ``name``'s split is ``min_length`` long."""
+    store = params.stores[name]
+    key = f"extract.stores.{name}"
     if len(dataset) == 0:
-        raise UserError(f"extract.split = {params.split!r}: that split of {params.data} is empty")
+        raise UserError(f"{key}.split = {store.split!r}: that split of {params.data} is empty")
     kinds = [attention_kind(k) for k in params.kinds]
     lengths = query_lengths(dataset, kinds)
-    if lengths.max() < params.min_length:
+    if lengths.max() < store.min_length:
         sides = " and ".join(sorted({k.query_side for k in kinds}))
         raise UserError(
-            f"extract.min_length = {params.min_length}: no sentence of the {params.split} split has "
-            f"{params.min_length} {sides} tokens; the longest has {lengths.max()}"
+            f"{key}.min_length = {store.min_length}: no sentence of the {store.split} split has "
+            f"{store.min_length} {sides} tokens; the longest has {lengths.max()}"
         )
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
+    """Check every store's split first, then extract the stores in order; one summary per store."""
     params = stage_params("extract", argv)
     teacher = resolve_checkpoint(params.teacher, "extract.teacher", local=True)
     data, _ = load_corpus(params.data, "extract.data")
@@ -54,27 +61,34 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = AutoTokenizer.from_pretrained(teacher)
     check_kinds(params, model)
     data = encode_with(tokenizer, data, model.config.max_position_embeddings)
-    check_lengths(params, data[params.split])
-    started = time.perf_counter()
-    extract_graphs(
-        model,
-        tokenizer,
-        data[params.split],
-        params.out,
-        fingerprint=teacher_fingerprint(model, teacher),
-        kinds=params.kinds,
-        min_length=params.min_length,
-        max_sentences=params.max_sentences,
-        batch_size=params.batch_size,
-        seed=params.seed,
-        dtype=params.dtype,
-        shard_sentences=params.shard_sentences,
-    )
-    seconds = time.perf_counter() - started
-    summary = summarize(GraphStore(params.out))
-    summary["seconds"] = round(seconds, 1)
-    summary["sentences_per_second"] = round(summary["sentences"] / seconds, 1)
-    write_json(params.metrics, summary)
+    for name, store in params.stores.items():
+        check_lengths(params, name, data[store.split])
+    fingerprint = teacher_fingerprint(model, teacher)
+    summaries = {}
+    for name, store in params.stores.items():
+        started = time.perf_counter()
+        extract_graphs(
+            model,
+            tokenizer,
+            data[store.split],
+            store.out,
+            fingerprint=fingerprint,
+            split=store.split,
+            kinds=params.kinds,
+            min_length=store.min_length,
+            max_sentences=store.max_sentences,
+            batch_size=params.batch_size,
+            seed=params.seed,
+            dtype=params.dtype,
+            shard_sentences=params.shard_sentences,
+            desc=f"extract {name}",
+        )
+        seconds = time.perf_counter() - started
+        summary = summarize(GraphStore(store.out))
+        summary["seconds"] = round(seconds, 1)
+        summary["sentences_per_second"] = round(summary["sentences"] / seconds, 1)
+        summaries[name] = summary
+    write_json(params.metrics, summaries)
 
 
 if __name__ == "__main__":

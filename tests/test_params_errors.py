@@ -158,6 +158,19 @@ def assert_user_error(result: subprocess.CompletedProcess, key: str, unwritten: 
             "artifacts/graphs",
         ),
         (
+            "extract",
+            {"extract.stores.test.split": "train"},
+            "extract: stores 'train' and 'test' both read the train split; allowed: one store per split",
+            "artifacts/graphs",
+        ),
+        (
+            "extract",
+            {"extract.stores.test.out": "artifacts/graphs/train/held-out"},
+            "extract: stores 'train' and 'test' write overlapping folders (artifacts/graphs/train and "
+            "artifacts/graphs/train/held-out)",
+            "artifacts/graphs",
+        ),
+        (
             "teacher",
             {"teacher.alpha": 1.0, "teacher.learn_alpha": True},
             "teacher: learn_alpha = true needs alpha > 1 to start from, got alpha = 1.0",
@@ -170,7 +183,15 @@ def assert_user_error(result: subprocess.CompletedProcess, key: str, unwritten: 
             "artifacts/models/pretrain",
         ),
     ],
-    ids=["pretrain-seed", "teacher-seed", "extract-seed", "learned-alpha", "max-new-tokens"],
+    ids=[
+        "pretrain-seed",
+        "teacher-seed",
+        "extract-seed",
+        "extract-same-split",
+        "extract-nested-outs",
+        "learned-alpha",
+        "max-new-tokens",
+    ],
 )
 def test_schema_rejects(tmp_path: Path, stage: str, changes: dict, expected: str, out: str) -> None:
     assert expected in assert_user_error(run_stage(stage, tmp_path, changes), expected, tmp_path / out)
@@ -184,6 +205,39 @@ def test_every_seed_is_non_negative(tmp_path: Path, section: str, key: str) -> N
     path = params_file(tmp_path, {f"{section}.{key}": -1})
     with pytest.raises(UserError, match=f"{section}.{key} = -1: Input should be greater than or equal to 0"):
         load_section(section, path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"extract.stores": {}}, "extract.stores = {}: Dictionary should have at least 1 item"),
+        (
+            {"extract.stores.test.split": "dev"},
+            "extract.stores.test.split = 'dev': Input should be 'train', 'valid' or 'test'",
+        ),
+        (
+            {"extract.stores.test.split": "valid", "extract.stores.test.out": "artifacts/graphs/train"},
+            "extract: stores 'train' and 'test' write overlapping folders",
+        ),
+        (
+            {"extract.stores.test.out": "artifacts/graphs"},
+            "extract: stores 'train' and 'test' write overlapping folders (artifacts/graphs/train and "
+            "artifacts/graphs)",
+        ),
+        (
+            {"extract.stores.held-out": {"split": "valid", "out": "artifacts/graphs/valid"}},
+            "extract: store name 'held-out' is not a simple identifier",
+        ),
+        ({"extract.stores.test.max_sentences": 0}, "extract.stores.test.max_sentences = 0: Input should be"),
+        ({"extract.stores.test.outt": "x"}, "extract.stores.test.outt: unknown key"),
+    ],
+    ids=["no-store", "unknown-split", "same-out", "out-inside", "store-name", "max-sentences", "typo"],
+)
+def test_extract_stores_schema(tmp_path: Path, changes: dict, expected: str) -> None:
+    path = params_file(tmp_path, changes)
+    with pytest.raises(UserError) as err:
+        load_section("extract", path)
+    assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -287,11 +341,20 @@ def test_teacher_init_unknown_hub_id(tmp_path: Path, corpus: Path) -> None:
 # extract
 
 
-def test_extract_min_length_beyond_every_sentence(tmp_path: Path, corpus: Path, teacher: Path) -> None:
-    changes = {"extract.data": str(corpus), "extract.teacher": str(teacher), "extract.min_length": 500}
+@pytest.mark.parametrize("store", ["train", "test"])
+def test_extract_min_length_beyond_every_sentence(
+    tmp_path: Path, corpus: Path, teacher: Path, store: str
+) -> None:
+    """Every store is checked before any is written: a bad held-out store leaves no training store."""
+    changes = {
+        "extract.data": str(corpus),
+        "extract.teacher": str(teacher),
+        f"extract.stores.{store}.min_length": 500,
+    }
     line = assert_user_error(
         run_stage("extract", tmp_path, changes),
-        "extract.min_length = 500: no sentence of the train split has 500 target tokens; the longest has",
+        f"extract.stores.{store}.min_length = 500: no sentence of the {store} split has 500 target tokens; "
+        "the longest has",
         tmp_path / "artifacts/graphs",
     )
     assert int(line.rsplit(" ", 1)[1]) <= TEACHER_POSITIONS

@@ -20,13 +20,14 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedModel
 
 from pipeline.attention.loading import load_model
-from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder, check_spec
+from pipeline.attention.sparsefinder import SPARSEFINDER, attach_predictor
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint, save_checkpoint
 from pipeline.errors import UserError
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs.extract import attention_layers
 from pipeline.graphs.kinds import attention_kind
-from pipeline.predictors.state import load_state, read_header
+from pipeline.predictors.base import make_predictor
+from pipeline.predictors.state import read_header, select_state
 from pipeline.projection.model import HeadProjections, load_projections
 
 
@@ -89,30 +90,18 @@ def configure_sparsefinder(
         kind = extra["kind"]
         _check_projections(model, kind, layers, projections)
         _check_fitted_on(teacher, "projections", projections, extra.get("graphs", {}))
-    any_layer = next(iter(layers.values())) if layers else None
-    spec = {
-        "kind": kind,
-        "predictor": method,
-        "knobs": dict(knobs or {}),
-        "window": window,
-        "global_tokens": global_tokens,
-        "projections": any_layer.config() if any_layer is not None else None,
-        "state_shapes": {},
-    }
-    predictor = check_spec(spec)
-    spec["knobs"] = predictor.knobs()  # every knob, defaults included
-    states = None
+    predictor = make_predictor(method, **(knobs or {}))
     if predictor.fitted:
         if state is None:
             raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
         _check_fitted_on(teacher, "predictor state", state, read_header(state)["extra"].get("graphs", {}))
-        load_state(state, predictor)
-        missing = sorted(set(layers or {}) - set(predictor.state_layers))
-        if missing:
-            raise UserError(f"{state} holds no {predictor.describe()} state for layers {missing}")
-        states = {layer: predictor.layer_state(layer) for layer in sorted(layers or {})}
-        spec["state_shapes"] = {name: list(t.shape) for name, t in states[min(states)].items()}
-    attach_sparsefinder(model, spec, layers, states)
+        predictor = select_state(state, predictor)
+    if predictor.needs_projections and layers is None:
+        raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
+    attach_predictor(
+        model, predictor, kind=kind, window=window, global_tokens=global_tokens, projections=layers
+    )
+    spec = model.config.sparsefinder
     parent = read_manifest(teacher)
     save_checkpoint(
         out,

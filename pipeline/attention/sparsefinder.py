@@ -45,8 +45,8 @@ from pipeline.predictors.base import HeadInputs, Prediction, Predictor, make_pre
 from pipeline.projection.model import HeadProjections
 
 SPARSEFINDER = "sparsefinder"
-# scopes of prediction a kind can run: a decoder's queries arrive one step at a time
-_SCOPES = {"decoder_self": ("token",), "cross": ("token",), "encoder_self": ("token", "sentence")}
+# the predictor scopes a model can run in each kind: a decoder's queries arrive one step at a time
+MODEL_SCOPES = {"decoder_self": ("token",), "cross": ("token",), "encoder_self": ("token", "sentence")}
 
 
 class SparsefinderHead(nn.Module):
@@ -221,11 +221,11 @@ def check_spec(spec: Mapping[str, Any]) -> Predictor:
     if kind not in KINDS:
         raise UserError(f"sparsefinder kind {kind!r} is unknown; allowed: {', '.join(KINDS)}")
     predictor = make_predictor(spec["predictor"], **spec["knobs"])
-    if predictor.scope not in _SCOPES[kind]:
+    if predictor.scope not in MODEL_SCOPES[kind]:
         raise UserError(
             f"predictor {predictor.name} cannot run inside a model's {kind} attention: its graph depends on "
             f"the whole {predictor.scope}, which a decoder does not have while generating; allowed there: "
-            "predictors of scope " + " or ".join(_SCOPES[kind])
+            "predictors of scope " + " or ".join(MODEL_SCOPES[kind])
         )
     try:
         window_radius(spec["window"])
@@ -286,6 +286,32 @@ def attach_sparsefinder(
         heads.append(head)
     model.config.sparsefinder = dict(spec)
     return heads
+
+
+def attach_predictor(
+    model: PreTrainedModel,
+    predictor: Predictor,
+    *,
+    kind: str = "decoder_self",
+    window: int = 0,
+    global_tokens: int = 0,
+    projections: Mapping[int, HeadProjections] | None = None,
+) -> list[SparsefinderHead]:
+    """:func:`attach_sparsefinder` for a predictor (fitted state included) and each layer's projections."""
+    if not predictor.needs_projections:
+        projections = None
+    layers = sorted(projections) if projections else range(len(attention_layers(model, attention_kind(kind))))
+    states = {layer: predictor.layer_state(layer) for layer in layers} if predictor.fitted else None
+    spec = {
+        "kind": kind,
+        "predictor": predictor.name,
+        "knobs": predictor.knobs(),
+        "window": window,
+        "global_tokens": global_tokens,
+        "projections": projections[min(projections)].config() if projections else None,
+        "state_shapes": {name: list(t.shape) for name, t in states[min(states)].items()} if states else {},
+    }
+    return attach_sparsefinder(model, spec, projections, states)
 
 
 def _attach_if_configured(model: PreTrainedModel) -> None:

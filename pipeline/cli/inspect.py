@@ -25,7 +25,7 @@ from pipeline.graphs.store import GraphStore
 from pipeline.graphs.summary import format_summary, summarize
 from pipeline.predictors import make_predictor
 from pipeline.predictors.scoring import Setting, sentence_graph
-from pipeline.predictors.state import load_state
+from pipeline.predictors.state import select_state
 from pipeline.projection.model import HeadProjections, load_projections
 
 
@@ -87,7 +87,7 @@ def _setting(args: argparse.Namespace) -> Setting:
     if predictor.fitted:
         if args.state is None:
             raise UserError(f"method {args.method} is fitted: give its state file (--state FILE)")
-        load_state(args.state, predictor)
+        predictor = select_state(args.state, predictor)
     return Setting(predictor, args.window, args.global_tokens)
 
 

@@ -145,6 +145,7 @@ def extract_graphs(
     out_folder: str | os.PathLike,
     *,
     fingerprint: Mapping[str, Any],
+    split: str,
     kinds: Sequence[str] = ("decoder_self",),
     min_length: int = 1,
     max_sentences: int | None = None,
@@ -152,6 +153,7 @@ def extract_graphs(
     seed: int | None = 0,
     dtype: str = "float16",
     shard_sentences: int = 512,
+    desc: str = "extract",
 ) -> dict[str, Any]:
     """Write the graph store of ``model`` over ``dataset`` to ``out_folder``; returns its manifest.
 
@@ -159,7 +161,8 @@ def extract_graphs(
     ``dataset[column]`` and ``dataset[row]`` (a ``datasets.Dataset``). The decoder reads
     shift_tokens_right(labels), so decoder position i is the prefix ending with label i − 1; its tokens are
     what the store shows on the target side. ``fingerprint`` identifies the teacher
-    (:func:`teacher_fingerprint`). See :func:`select_rows` for ``min_length``, ``max_sentences``, ``seed``.
+    (:func:`teacher_fingerprint`); ``split`` names the corpus split ``dataset`` is, for the manifest.
+    See :func:`select_rows` for ``min_length``, ``max_sentences``, ``seed``; ``desc`` labels the progress bar.
     """
     specs = [attention_kind(k) for k in kinds]
     config = model.config
@@ -186,6 +189,7 @@ def extract_graphs(
     writer = GraphStoreWriter(
         out_folder,
         teacher_fingerprint=fingerprint,
+        split=split,
         attention_kinds=[k.name for k in specs],
         layers=layers,
         heads=heads,
@@ -198,7 +202,7 @@ def extract_graphs(
     model.eval()
     try:
         with writer, capture_projections(modules) as captured, torch.inference_mode():
-            progress = tqdm(total=len(rows), unit="sentence", desc="extract")
+            progress = tqdm(total=len(rows), unit="sentence", desc=desc)
             for begin in range(0, len(rows), batch_size):
                 batch_rows = rows[begin : begin + batch_size]
                 examples = [dataset[row] for row in batch_rows]

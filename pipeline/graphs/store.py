@@ -2,7 +2,7 @@
 
 Layout of a store folder::
 
-    manifest.json              format, teacher fingerprint, kinds, shapes, counts, shards with sha256
+    manifest.json              format, teacher fingerprint, split, kinds, shapes, counts, shards with sha256
     shard-00000.safetensors    flat arrays for sentences [0, shard_sentences)
     shard-00001.safetensors    ...
 
@@ -52,6 +52,7 @@ from pipeline.graphs.mmap import map_safetensors
 FORMAT = "sparsefinder-graph-store"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+SPLITS = ("train", "valid", "test")
 QK_DTYPES = ("float16", "float32")
 PROBS_DTYPES = ("float16", "float32")
 _INT16_LIMIT = np.iinfo(np.int16).max
@@ -92,8 +93,10 @@ def shard_name(index: int) -> str:
 class GraphStoreWriter:
     """Stream sentences into a new graph store; use as a context manager.
 
-    ``scaling`` is the factor the teacher multiplies q·kᵀ by before its attention normalizer (Marian:
-    head_dim^−½); queries are stored unscaled, exactly as the projection layers output them.
+    ``split`` is the corpus split every sentence comes from (``train``, ``valid`` or ``test``), so a reader
+    can tell a training store from a held-out one. ``scaling`` is the factor the teacher multiplies q·kᵀ by
+    before its attention normalizer (Marian: head_dim^−½); queries are stored unscaled, exactly as the
+    projection layers output them.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class GraphStoreWriter:
         folder: str | os.PathLike,
         *,
         teacher_fingerprint: Mapping[str, Any],
+        split: str,
         attention_kinds: Sequence[str],
         layers: int,
         heads: int,
@@ -113,6 +117,8 @@ class GraphStoreWriter:
         kinds = [attention_kind(name) for name in attention_kinds]
         if not kinds or len(set(attention_kinds)) != len(kinds):
             raise ValueError(f"attention_kinds must be distinct and non-empty, got {list(attention_kinds)}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if dtype not in QK_DTYPES:
             raise ValueError(f"dtype must be one of {QK_DTYPES}, got {dtype!r}")
         if probs_dtype not in PROBS_DTYPES:
@@ -130,6 +136,7 @@ class GraphStoreWriter:
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "teacher": dict(teacher_fingerprint),
+            "split": split,
             "attention_kinds": [k.name for k in kinds],
             "kinds": {
                 k.name: {"causal": k.causal, "query_side": k.query_side, "key_side": k.key_side}
@@ -401,6 +408,12 @@ class GraphStore:
             raise UserError(
                 f"{manifest_path} is not a {FORMAT} manifest of version {FORMAT_VERSION}; re-run extract"
             )
+        split = self.manifest.get("split")
+        if split not in SPLITS:
+            raise UserError(
+                f"{manifest_path} records split {split!r}; allowed: {', '.join(SPLITS)}; re-run extract"
+            )
+        self.split: str = split
         self.kinds: tuple[str, ...] = tuple(self.manifest["attention_kinds"])
         self.layers: int = self.manifest["layers"]
         self.heads: int = self.manifest["heads"]

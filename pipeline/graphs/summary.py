@@ -14,7 +14,7 @@ from pipeline.graphs.store import GraphStore
 
 
 def summarize(store: GraphStore) -> dict[str, Any]:
-    """Counts, bytes and per kind/layer/head gold sparsity and mean degree, JSON-ready."""
+    """Split, counts, bytes and per kind/layer/head gold sparsity and mean degree, JSON-ready."""
     manifest = store.manifest
     kinds = {}
     for kind in store.kinds:
@@ -35,6 +35,7 @@ def summarize(store: GraphStore) -> dict[str, Any]:
     return {
         "folder": str(store.folder),
         "teacher": manifest["teacher"],
+        "split": store.split,
         "sentences": len(store),
         "tokens": manifest["counts"]["tokens"],
         "shards": len(manifest["shards"]),
@@ -52,7 +53,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     tokens = ", ".join(f"{count} {side}" for side, count in summary["tokens"].items())
     teacher = ", ".join(f"{key}={value}" for key, value in summary["teacher"].items())
     lines = [
-        f"graph store {summary['folder']}",
+        f"graph store {summary['folder']} ({summary['split']} split)",
         f"  {summary['sentences']} sentences, tokens: {tokens}; {summary['shards']} shard(s), "
         f"{summary['bytes'] / 1e6:.2f} MB",
         f"  {summary['layers']} layers x {summary['heads']} heads, head dim {summary['head_dim']}, "

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from pipeline.atomic import atomic_path
 from pipeline.errors import UserError
-from pipeline.predictors.base import Predictor
+from pipeline.predictors.base import Predictor, make_predictor
 
 METADATA_KEY = "predictors"
 
@@ -72,3 +72,34 @@ def load_state(path: str | os.PathLike, predictor: Predictor) -> Predictor:
                 layer, {n[len(prefix) :]: handle.get_tensor(n) for n in names if n.startswith(prefix)}
             )
     return predictor
+
+
+def load_states(path: str | os.PathLike) -> list[Predictor]:
+    """Every predictor stored in ``path``, built from its recorded knobs and filled with its state (their
+    classes must be registered: import :mod:`pipeline.predictors`)."""
+    return [
+        load_state(path, make_predictor(entry["name"], **entry["knobs"]))
+        for _, entry in sorted(read_header(path)["states"].items())
+    ]
+
+
+def select_state(path: str | os.PathLike, predictor: Predictor) -> Predictor:
+    """``predictor`` with the state in ``path`` whose fit knobs match the ones it was given explicitly.
+
+    Fit knobs left at their defaults are taken from the stored state when exactly one stored state of the
+    method matches the others (so ``kmeans(buckets=8)`` finds centroids fitted with any iteration count);
+    a one-line error lists the fitted states when none or several match.
+    """
+    defaults = type(predictor)()
+    given = {
+        k: getattr(predictor, k) for k in predictor.fit_knobs if getattr(predictor, k) != getattr(defaults, k)
+    }
+    stored = [p for p in load_states(path) if p.name == predictor.name]
+    exact = [p for p in stored if p.state_key() == predictor.state_key()]
+    matches = exact or [p for p in stored if all(getattr(p, k) == v for k, v in given.items())]
+    if len(matches) != 1:
+        fitted = "; ".join(p.describe() for p in stored) or "none"
+        problem = "no state" if not matches else "several states"
+        raise UserError(f"{path} holds {problem} for {predictor.describe()}; fitted: {fitted}")
+    other = {k: v for k, v in predictor.knobs().items() if k not in predictor.fit_knobs}
+    return matches[0].with_knobs(**other)

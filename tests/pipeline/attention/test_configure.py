@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models
-from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+from transformers import MarianMTModel
 
-from pipeline.attention import ENTMAX, load_model
+from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER, sparsefinder_heads
 from pipeline.checkpoint import read_manifest
 from pipeline.cli import main
@@ -20,39 +19,24 @@ from pipeline.graphs.extract import teacher_fingerprint
 from pipeline.predictors import HeadInputs, KMeansPredictor
 from pipeline.predictors.state import load_state, save_states
 from pipeline.projection.model import HeadProjections, save_projections
+from tests.tiny import tiny_marian, word_tokenizer
 
 VOCAB, HEADS, HEAD_DIM, LAYERS = 30, 2, 8, 2
 
 
 def save_teacher(folder: Path, seed: int = 0) -> MarianMTModel:
     """A tiny α-entmax Marian checkpoint folder with a word-level tokenizer."""
-    config = MarianConfig(
-        vocab_size=VOCAB,
+    model = tiny_marian(
+        vocab=VOCAB,
         d_model=HEADS * HEAD_DIM,
         encoder_layers=1,
         decoder_layers=LAYERS,
-        encoder_attention_heads=HEADS,
-        decoder_attention_heads=HEADS,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-        init_std=0.5,
+        encoder_heads=HEADS,
+        decoder_heads=HEADS,
+        seed=seed,
     )
-    config.entmax_alpha = 1.5
-    torch.manual_seed(seed)
-    model = MarianMTModel._from_config(config, attn_implementation=ENTMAX).eval()
     model.save_pretrained(folder)
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
-    tokenizer.save_pretrained(folder)
+    word_tokenizer(VOCAB).save_pretrained(folder)
     return model
 
 
@@ -100,8 +84,8 @@ def logits(model, seed: int = 2) -> torch.Tensor:
 
 def test_configured_folder_reloads_whole_and_records_the_predictor(fitted, tmp_path):
     out = tmp_path / "kmeans4"
-    assert main(configure(fitted, out, "--method", "kmeans", "--knob", "buckets=4", "--knob", "iterations=5",
-                          "--knob", "backend=sklearn", "--window", "3")) == 0  # fmt: skip
+    # the stored state's other fit knobs (iterations, backend) are found from buckets alone
+    assert main(configure(fitted, out, "--method", "kmeans", "--knob", "buckets=4", "--window", "3")) == 0
     manifest = read_manifest(out)
     assert manifest["attn_implementation"] == SPARSEFINDER
     spec = manifest[SPARSEFINDER]
@@ -121,8 +105,7 @@ def test_configured_folder_reloads_whole_and_records_the_predictor(fitted, tmp_p
 
 def test_one_bucket_configuration_equals_the_teacher(fitted, tmp_path):
     out = tmp_path / "kmeans1"
-    main(configure(fitted, out, "--method", "kmeans", "--knob", "buckets=1", "--knob", "iterations=5",
-                   "--knob", "backend=sklearn"))  # fmt: skip
+    main(configure(fitted, out, "--method", "kmeans", "--knob", "buckets=1"))
     model = load_model(out, attn_implementation=SPARSEFINDER)
     torch.testing.assert_close(logits(model), logits(load_model(fitted["teacher"])), rtol=1e-5, atol=1e-5)
 
@@ -137,7 +120,7 @@ def test_window_only_needs_no_projections(fitted, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--method", "kmeans", "--knob", "buckets=3"], "holds no state for kmeans"),
+        (["--method", "kmeans", "--knob", "buckets=3"], "holds no state for kmeans.buckets=3"),
         (["--method", "kmeans", "--knob", "buckets=4", "--window", "2"], "window must be 0 .none. or an odd"),
         (["--method", "bigbird"], "bigbird cannot run inside a model's decoder_self attention"),
         (["--method", "distance", "--knob", "threshold=-1"], "distance.threshold must be a number >= 0"),

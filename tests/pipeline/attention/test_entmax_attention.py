@@ -31,31 +31,24 @@ from pipeline.attention import (
     entmax_normalize,
     load_model,
 )
+from tests.tiny import tiny_marian
 
 VOCAB = 40
 
 
 def marian(alpha: float = 1.5, init_std: float = 0.5, **overrides) -> MarianMTModel:
     """A tiny Marian; a large init_std gives peaked scores, hence visibly sparse entmax attention."""
-    config = MarianConfig(
-        vocab_size=VOCAB,
+    return tiny_marian(
+        vocab=VOCAB,
         d_model=16,
         encoder_layers=2,
         decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
+        encoder_heads=2,
+        decoder_heads=4,
+        alpha=alpha,
         init_std=init_std,
         **overrides,
     )
-    config.entmax_alpha = alpha
-    torch.manual_seed(0)
-    return MarianMTModel._from_config(config, attn_implementation=ENTMAX).eval()
 
 
 def llama(alpha: float = 1.5) -> LlamaForCausalLM:

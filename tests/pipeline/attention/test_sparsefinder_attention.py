@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import MarianConfig, MarianMTModel
+from transformers import MarianMTModel
 
 from pipeline.attention import ENTMAX, entmax_attention_forward, load_model
 from pipeline.attention.sparsefinder import (
@@ -16,30 +16,22 @@ from pipeline.attention.sparsefinder import (
 )
 from pipeline.errors import UserError
 from pipeline.projection.model import HeadProjections
+from tests.tiny import tiny_marian
 
 VOCAB, HEADS, HEAD_DIM, RANK, LAYERS = 40, 4, 8, 4, 2
 
 
 def teacher(attn_implementation: str = ENTMAX) -> MarianMTModel:
     """A tiny α-entmax Marian whose peaked initial scores make its attention visibly sparse."""
-    config = MarianConfig(
-        vocab_size=VOCAB,
+    return tiny_marian(
+        vocab=VOCAB,
         d_model=HEADS * HEAD_DIM,
         encoder_layers=1,
         decoder_layers=LAYERS,
-        encoder_attention_heads=2,
-        decoder_attention_heads=HEADS,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-        init_std=0.5,
+        encoder_heads=2,
+        decoder_heads=HEADS,
+        attn_implementation=attn_implementation,
     )
-    config.entmax_alpha = 1.5
-    torch.manual_seed(0)
-    return MarianMTModel._from_config(config, attn_implementation=attn_implementation).eval()
 
 
 def spec(predictor: str, knobs: dict | None = None, *, window: int = 0, global_tokens: int = 0, shapes=None):

@@ -7,13 +7,12 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
-import torch
-from tokenizers import Tokenizer, models
-from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+from transformers import MarianMTModel, PreTrainedTokenizerFast
 
-from pipeline.attention import ENTMAX, load_model
+from pipeline.attention import load_model
 from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
 from pipeline.graphs.store import AttentionGraph
+from tests.tiny import tiny_marian, word_tokenizer
 
 VOCAB = 40
 LAYERS, HEADS, D_MODEL = 2, 2, 16
@@ -41,17 +40,6 @@ def random_graph():
     return _random_graph
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level tokenizer over ``<pad>``, ``</s>``, ``<unk>`` and w3 … w39 (ids = their number)."""
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
-
-
 def token_rows(seed: int, count: int, low: int, high: int) -> dict[str, list[list[int]]]:
     """``count`` unpadded (input_ids, labels) rows of random lengths in [low, high], each ending in </s>."""
     rng = np.random.default_rng(seed)
@@ -65,27 +53,16 @@ def token_rows(seed: int, count: int, low: int, high: int) -> dict[str, list[lis
 @pytest.fixture(scope="session")
 def teacher(tmp_path_factory: pytest.TempPathFactory) -> tuple[MarianMTModel, PreTrainedTokenizerFast, Path]:
     """A tiny random entmax-1.5 Marian saved as a checkpoint folder and loaded back."""
-    torch.manual_seed(0)
-    config = MarianConfig(
-        vocab_size=VOCAB,
+    folder = tmp_path_factory.mktemp("teacher")
+    tiny_marian(
+        vocab=VOCAB,
         d_model=D_MODEL,
         encoder_layers=LAYERS,
         decoder_layers=LAYERS,
-        encoder_attention_heads=HEADS,
-        decoder_attention_heads=HEADS,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-        # a large init gives peaked scores, hence visibly sparse entmax graphs
-        init_std=0.5,
-    )
-    config.entmax_alpha = 1.5
-    folder = tmp_path_factory.mktemp("teacher")
-    MarianMTModel._from_config(config, attn_implementation=ENTMAX).save_pretrained(folder)
-    tokenizer = tiny_tokenizer()
+        encoder_heads=HEADS,
+        decoder_heads=HEADS,
+    ).save_pretrained(folder)
+    tokenizer = word_tokenizer(VOCAB)
     tokenizer.save_pretrained(folder)
     return load_model(folder), tokenizer, folder
 
@@ -106,6 +83,7 @@ def micro_store(teacher, dataset, tmp_path_factory: pytest.TempPathFactory) -> P
         dataset,
         out,
         fingerprint=teacher_fingerprint(model, folder),
+        split="train",
         kinds=("decoder_self", "encoder_self", "cross"),
         min_length=4,
         batch_size=4,

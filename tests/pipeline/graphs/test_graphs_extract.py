@@ -46,6 +46,7 @@ def test_counts_tokens_and_fingerprint(micro_store: Path, teacher, dataset) -> N
         assert counts["edges"][kind] == int(store.edge_counts(kind).sum())
     assert (store.layers, store.heads, store.head_dim) == (2, 2, 8)
     assert store.scaling == pytest.approx(8**-0.5)
+    assert store.split == store.manifest["split"] == "train"
     assert store.manifest["teacher"] == {
         "checkpoint": str(folder),
         "model_sha256": file_sha256(folder / "model.safetensors"),
@@ -82,10 +83,18 @@ def test_half_precision_support_differs_only_at_the_boundary(teacher, dataset, t
     model, tokenizer, _ = teacher
     out = tmp_path / "graphs"
     extract_graphs(
-        model, tokenizer, dataset, out, fingerprint={}, min_length=4, max_sentences=5, batch_size=5
+        model,
+        tokenizer,
+        dataset,
+        out,
+        fingerprint={},
+        split="valid",
+        min_length=4,
+        max_sentences=5,
+        batch_size=5,
     )
     store = GraphStore(out)
-    assert store.manifest["dtype"] == "float16" and len(store) == 5
+    assert store.manifest["dtype"] == "float16" and len(store) == 5 and store.split == "valid"
     flips, edges = 0, 0
     for sentence in range(len(store)):
         for layer in range(store.layers):
@@ -110,6 +119,7 @@ def test_padding_is_stripped(teacher, dataset, tmp_path: Path) -> None:
             dataset,
             out,
             fingerprint={},
+            split="test",
             kinds=KINDS_ALL,
             batch_size=batch_size,
             dtype="float32",
@@ -144,9 +154,13 @@ def test_rejects_teachers_without_probabilities(teacher, dataset, tmp_path: Path
     model, tokenizer, _ = teacher
     sdpa = MarianMTModel._from_config(copy.deepcopy(model.config), attn_implementation="sdpa")
     with pytest.raises(ValueError, match="returns no attention probabilities"):
-        extract_graphs(sdpa, tokenizer, dataset, tmp_path / "graphs", fingerprint={})
+        extract_graphs(sdpa, tokenizer, dataset, tmp_path / "graphs", fingerprint={}, split="train")
     with pytest.raises(ValueError, match="no dataset row"):
-        extract_graphs(model, tokenizer, dataset, tmp_path / "graphs", fingerprint={}, min_length=100)
+        extract_graphs(
+            model, tokenizer, dataset, tmp_path / "graphs", fingerprint={}, split="train", min_length=100
+        )
+    with pytest.raises(ValueError, match="split must be one of"):
+        extract_graphs(model, tokenizer, dataset, tmp_path / "graphs", fingerprint={}, split="dev")
     assert list(tmp_path.iterdir()) == []
     assert teacher_fingerprint(model, tmp_path)["model_sha256"] is None
 

@@ -41,6 +41,7 @@ def test_summary_counts_valid_pairs(micro_store: Path) -> None:
     store = GraphStore(micro_store)
     summary = summarize(store)
     assert summary["sentences"] == len(store) and summary["bytes"] == store.nbytes
+    assert summary["split"] == "train"
     stats = summary["kinds"]["decoder_self"]
     lengths = store.lengths("target")
     # causal: L(L+1)/2 valid pairs per sentence and head
@@ -55,6 +56,7 @@ def test_summary_counts_valid_pairs(micro_store: Path) -> None:
     assert cross["valid_pairs"] == int((lengths * store.lengths("source")).sum()) * store.layers * store.heads
 
     text = format_summary(summary)
+    assert "(train split)" in text.splitlines()[0]
     assert "decoder_self (causal)" in text and "cross (bidirectional)" in text and "head 1" in text
 
 

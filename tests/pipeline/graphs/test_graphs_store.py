@@ -21,6 +21,7 @@ TEACHER = {"checkpoint": "teacher", "model_sha256": "0" * 64}
 def writer(folder: Path, **overrides) -> GraphStoreWriter:
     options = dict(
         teacher_fingerprint=TEACHER,
+        split="test",
         attention_kinds=["decoder_self", "cross"],
         layers=L,
         heads=H,
@@ -92,6 +93,7 @@ def test_manifest(written) -> None:
     folder, data = written
     manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["format_version"] == 1 and manifest["teacher"] == TEACHER
+    assert manifest["split"] == GraphStore(folder).split == "test"
     assert manifest["kinds"]["decoder_self"]["causal"] and not manifest["kinds"]["cross"]["causal"]
     counts = manifest["counts"]
     assert counts["sentences"] == SENTENCES
@@ -196,6 +198,8 @@ def test_writer_rejects_bad_input(tmp_path: Path, random_graph) -> None:
         writer(folder).add(0, tokens, {"decoder_self": leaky, "cross": cross})
     with pytest.raises(ValueError, match="unknown attention kind"):
         writer(folder, attention_kinds=["decoder"])
+    with pytest.raises(ValueError, match="split must be one of"):
+        writer(folder, split="dev")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -209,6 +213,19 @@ def test_reader_errors(written, tmp_path: Path) -> None:
         store.get(0, L, 0)
     with pytest.raises(ValueError, match="stored: decoder_self, cross"):
         store.get(0, 0, 0, kind="encoder_self")
+
+
+@pytest.mark.parametrize("split", [None, "dev"])
+def test_reader_refuses_a_manifest_without_a_known_split(written, split: str | None) -> None:
+    folder, _ = written
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if split is None:
+        del manifest["split"]
+    else:
+        manifest["split"] = split
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=f"records split {split!r}; allowed: train, valid, test"):
+        GraphStore(folder)
 
 
 def test_long_sentences_use_wide_columns(tmp_path: Path) -> None:

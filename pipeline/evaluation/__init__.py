@@ -1,0 +1,2 @@
+"""Evaluation of predicted attention graphs: graph metrics sweep, quality with predicted graphs, Pareto fronts
+and the report."""

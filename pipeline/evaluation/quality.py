@@ -1,0 +1,117 @@
+"""Translation quality with predicted graphs: BLEU, perplexity, the sparsity used while decoding, and time.
+
+One model serves every grid point: it is loaded once with ``attn_implementation="sparsefinder"``; without
+predictor heads it is the α-entmax teacher itself, and each point attaches its heads (replacing the previous
+ones) before running the same test sentences. Beam search, perplexity and their wall times run on the same
+batches for the teacher and every point, one after another, so the times compare side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor, measure_sparsity
+from pipeline.evaluation.pareto import pareto_front
+from pipeline.metrics.translation import corpus_bleu, perplexity, translate
+from pipeline.predictors.scoring import Setting
+from pipeline.projection.model import HeadProjections
+
+
+def runs_in_model(setting: Setting, kind: str) -> bool:
+    """Whether a model can attend with ``setting`` in ``kind`` (a decoder needs token-scope predictors)."""
+    return setting.predictor.scope in MODEL_SCOPES[kind]
+
+
+def choose_points(
+    rows: Sequence[tuple[Setting, dict[str, Any]]],
+    kind: str,
+    *,
+    min_sparsity: float,
+    per_method: int,
+) -> list[tuple[Setting, dict[str, Any]]]:
+    """Each method's sparsity–recall Pareto points at sparsity ≥ ``min_sparsity``, at most ``per_method``.
+
+    Methods a model cannot run in ``kind`` are skipped. When a front is longer than ``per_method`` the points
+    kept are spread evenly along it, the highest-recall point always among them.
+    """
+    chosen = []
+    for method in dict.fromkeys(row["method"] for _, row in rows):
+        candidates = [
+            (s, r)
+            for s, r in rows
+            if r["method"] == method and r["sparsity"] >= min_sparsity and runs_in_model(s, kind)
+        ]
+        front = [candidates[i] for i in pareto_front([(r["sparsity"], r["recall"]) for _, r in candidates])]
+        # the front is sorted by sparsity ascending, so its first point has the highest recall
+        if len(front) > per_method:
+            step = (len(front) - 1) / max(per_method - 1, 1)
+            front = [front[round(i * step)] for i in range(per_method)]
+        chosen += front
+    return chosen
+
+
+def translation_quality(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, test: Dataset, *, batch_size: int
+) -> dict[str, Any]:
+    """BLEU (beam search), perplexity, the sparsity of the graphs used while decoding, and wall times.
+
+    Times are taken on passes that count nothing: ``forward_seconds`` is the teacher-forced forward over
+    every test sentence (the perplexity pass), ``decode_seconds`` beam search on the first batch alone.
+    """
+    with measure_sparsity(model) as measured:
+        hypotheses, references = translate(model, tokenizer, test, batch_size)
+    started = time.perf_counter()
+    nll = perplexity(model, test, batch_size)
+    forward_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    translate(model, tokenizer, test.select(range(min(batch_size, len(test)))), batch_size)
+    decode_seconds = time.perf_counter() - started
+    return {
+        **corpus_bleu(hypotheses, references),
+        "perplexity": nll["perplexity"],
+        "sparsity": measured.get("sparsity"),
+        "forward_seconds": round(forward_seconds, 3),
+        "decode_seconds": round(decode_seconds, 3),
+        "examples": hypotheses[:2],
+    }
+
+
+def quality_sweep(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    test: Dataset,
+    points: Sequence[tuple[Setting, dict[str, Any]]],
+    *,
+    kind: str,
+    projections: Mapping[int, HeadProjections],
+    batch_size: int,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(teacher quality, one quality row per point); ``model`` must have been loaded as ``sparsefinder``
+    with no heads attached (it is the teacher until the first point attaches its own)."""
+    teacher = translation_quality(model, tokenizer, test, batch_size=batch_size)
+    rows = []
+    for setting, graph_row in points:
+        attach_predictor(
+            model,
+            setting.predictor,
+            kind=kind,
+            window=setting.window,
+            global_tokens=setting.global_tokens,
+            projections=projections,
+        )
+        quality = translation_quality(model, tokenizer, test, batch_size=batch_size)
+        identity = {k: graph_row[k] for k in ("method", "knobs", "window", "global_tokens", "label")}
+        rows.append(
+            {
+                **identity,
+                "graph_sparsity": graph_row["sparsity"],
+                "graph_recall": graph_row["recall"],
+                **quality,
+            }
+        )
+    return teacher, rows

@@ -1,0 +1,458 @@
+"""The evaluation's report: per-method sparsity–recall summaries, translation quality at those settings, and a
+few sentences generated from the numbers, plus the small headline JSON declared as a DVC metric.
+
+Definitions used throughout:
+
+- *recall at sparsity ≥ s*: the best recall among a method's settings whose graph sparsity is at least s;
+- *sparsity at recall ≥ r*: the highest graph sparsity among a method's settings whose recall is at least r;
+- a *setting* is a method with its knobs, window and global tokens; a quality point belongs to a graph setting
+  when all four agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UserError
+from pipeline.evaluation.pareto import best_at_least, finite_number, front_dominates
+
+# Sparsefinder's predictors on the learned projections; every other method is a baseline.
+LEARNED = ("distance", "quantization", "kmeans", "indexer")
+# A stable order for tables, colours and markers; methods not listed follow, alphabetically.
+METHOD_ORDER = (
+    "window",
+    "bigbird",
+    "longformer",
+    "reformer",
+    "routing",
+    "distance",
+    "quantization",
+    "kmeans",
+    "indexer",
+)
+
+REQUIRED_KEYS = ("kind", "store", "gold_sparsity", "graphs", "quality")
+GRAPH_KEYS = ("method", "sparsity", "recall")
+QUALITY_KEYS = ("teacher", "points")
+POINT_KEYS = ("method", "sparsity", "bleu", "perplexity")
+DASH = "—"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reading
+
+
+def load_evaluation(path: str | os.PathLike) -> dict:
+    """Read the evaluate stage's JSON; raise :class:`UserError`, one line naming file and key, if unusable."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: evaluation file not found (run the evaluate stage first)")
+    try:
+        evaluation = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON ({err})") from None
+    _check_mapping(path, evaluation, "top level", REQUIRED_KEYS)
+    graphs = evaluation["graphs"]
+    if not isinstance(graphs, list) or not graphs:
+        raise UserError(f"{path}: 'graphs' must be a non-empty list of graph settings")
+    for i, row in enumerate(graphs):
+        _check_row(path, row, f"graphs[{i}]", GRAPH_KEYS)
+    quality = evaluation["quality"]
+    _check_mapping(path, quality, "quality", QUALITY_KEYS)
+    if not isinstance(quality["points"], list):
+        raise UserError(f"{path}: 'quality.points' must be a list")
+    for i, row in enumerate(quality["points"]):
+        _check_row(path, row, f"quality.points[{i}]", POINT_KEYS)
+    return evaluation
+
+
+def _check_mapping(path: Path, value: Any, where: str, keys: Sequence[str]) -> None:
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: {where} must be a mapping, got {type(value).__name__}")
+    missing = [key for key in keys if key not in value]
+    if missing:
+        raise UserError(f"{path}: {where} lacks the key {missing[0]!r}")
+
+
+def _check_row(path: Path, row: Any, where: str, keys: Sequence[str]) -> None:
+    """A row has every key; its numbers are numbers or null (an undefined value)."""
+    _check_mapping(path, row, where, keys)
+    for key in keys[1:]:
+        value = row[key]
+        if value is not None and finite_number(value) is None:
+            raise UserError(f"{path}: {where}.{key} = {value!r} is not a number")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# settings and selections
+
+
+def method_order(methods: Iterable[str]) -> list[str]:
+    """The distinct ``methods`` in :data:`METHOD_ORDER`, then the unknown ones alphabetically."""
+    distinct = set(methods)
+    known = [m for m in METHOD_ORDER if m in distinct]
+    return known + sorted(distinct - set(METHOD_ORDER))
+
+
+def rows_by_method(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    """The rows grouped by ``method``, methods in :func:`method_order`, rows in their original order."""
+    rows = list(rows)
+    return {m: [row for row in rows if row["method"] == m] for m in method_order(r["method"] for r in rows)}
+
+
+def finite_points(rows: Iterable[dict], x: str, y: str) -> tuple[list[tuple[float, float]], list[dict]]:
+    """The (x, y) points of the rows where both are finite numbers, and those rows, in the same order."""
+    kept = [
+        row for row in rows if finite_number(row.get(x)) is not None and finite_number(row.get(y)) is not None
+    ]
+    return [(float(row[x]), float(row[y])) for row in kept], kept
+
+
+def setting_key(row: dict) -> tuple[str, str, int, int]:
+    """What identifies a setting: method, knobs, window size and global tokens."""
+    knobs = json.dumps(row.get("knobs") or {}, sort_keys=True)
+    return row["method"], knobs, int(row.get("window") or 0), int(row.get("global_tokens") or 0)
+
+
+def quality_at(evaluation: dict, row: dict | None) -> dict | None:
+    """The quality point decoded with exactly ``row``'s setting, or None when it was not decoded."""
+    if row is None:
+        return None
+    key = setting_key(row)
+    return next((p for p in evaluation["quality"]["points"] if setting_key(p) == key), None)
+
+
+def teacher_quality(evaluation: dict) -> dict:
+    """The teacher's own quality numbers (empty when the evaluation has none)."""
+    return evaluation["quality"].get("teacher") or {}
+
+
+def recall_at_sparsity(rows: Sequence[dict], level: float) -> dict | None:
+    """The setting with the best recall among those with sparsity ≥ ``level`` (ties: the sparser)."""
+    return best_at_least(rows, x="sparsity", y="recall", x_min=level)
+
+
+def sparsity_at_recall(rows: Sequence[dict], target: float) -> dict | None:
+    """The sparsest setting among those with recall ≥ ``target`` (ties: the higher recall)."""
+    return best_at_least(rows, x="recall", y="sparsity", x_min=target)
+
+
+def highest_recall(rows: Sequence[dict]) -> dict | None:
+    """The setting with the highest recall (ties: the sparser)."""
+    return best_at_least(rows, x="sparsity", y="recall", x_min=-math.inf)
+
+
+def operating_point(evaluation: dict, recall_target: float) -> dict | None:
+    """The setting the per-layer/head figure shows.
+
+    The sparsest setting of a learned method (:data:`LEARNED`) with recall ≥ ``recall_target``; when none
+    reaches it, the learned setting with the highest recall; without learned methods, the highest-recall
+    setting of any method. None only when no setting has both a sparsity and a recall.
+    """
+    learned = [row for row in evaluation["graphs"] if row["method"] in LEARNED]
+    return (
+        sparsity_at_recall(learned, recall_target)
+        or highest_recall(learned)
+        or highest_recall(evaluation["graphs"])
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# headline JSON
+
+
+def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_target: float) -> dict:
+    """The small metrics JSON: gold and teacher numbers, per-method threshold values, the best setting.
+
+    ``best`` is the sparsest setting of any method with recall ≥ ``recall_target`` (its fields are null when
+    no setting reaches it), with the BLEU and perplexity of decoding with it when that was measured.
+    """
+    teacher = teacher_quality(evaluation)
+    methods = {}
+    for method, rows in rows_by_method(evaluation["graphs"]).items():
+        values = {
+            f"recall_at_sparsity_{level:g}": _field(recall_at_sparsity(rows, level), "recall")
+            for level in sparsity_levels
+        }
+        values[f"sparsity_at_recall_{recall_target:g}"] = _field(
+            sparsity_at_recall(rows, recall_target), "sparsity"
+        )
+        methods[method] = values
+    best = sparsity_at_recall(evaluation["graphs"], recall_target)
+    point = quality_at(evaluation, best)
+    return {
+        "gold_sparsity": finite_number(evaluation["gold_sparsity"]),
+        "teacher_bleu": finite_number(teacher.get("bleu")),
+        "teacher_perplexity": finite_number(teacher.get("perplexity")),
+        "methods": methods,
+        "best": {
+            "method": best["method"] if best else None,
+            "label": _label(best) if best else None,
+            "sparsity": _field(best, "sparsity"),
+            "recall": _field(best, "recall"),
+            "bleu": _field(point, "bleu"),
+            "perplexity": _field(point, "perplexity"),
+        },
+    }
+
+
+def _field(row: dict | None, key: str) -> float | None:
+    return None if row is None else finite_number(row.get(key))
+
+
+def _label(row: dict) -> str:
+    return row.get("label") or row["method"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# markdown
+
+
+def build_report(
+    evaluation: dict,
+    *,
+    sparsity_levels: Sequence[float] = (0.8, 0.9),
+    recall_target: float = 0.95,
+    figures: Sequence[tuple[str, str]] = (),
+) -> tuple[str, dict]:
+    """The markdown report and the headline JSON of an evaluation.
+
+    ``figures`` are (caption, path relative to the report) pairs shown at the end of the report.
+    """
+    sections = [
+        f"# Learned sparse attention: {evaluation['kind']}",
+        _facts(evaluation),
+        "## Sparsity and recall per method",
+        _method_table(evaluation, sparsity_levels, recall_target),
+        "## Translation quality with predicted graphs",
+        _quality_table(evaluation),
+        "## Findings",
+        _findings(evaluation, sparsity_levels, recall_target),
+    ]
+    if figures:
+        sections += ["## Figures", "\n\n".join(f"![{caption}]({path})" for caption, path in figures)]
+    markdown = "\n\n".join(sections) + "\n"
+    return markdown, headline(evaluation, sparsity_levels=sparsity_levels, recall_target=recall_target)
+
+
+def _num(value: Any, digits: int) -> str:
+    number = finite_number(value)
+    return DASH if number is None else f"{number:.{digits}f}"
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return text.replace("|", "\\|")
+
+
+def _facts(evaluation: dict) -> str:
+    store = evaluation["store"] or {}
+    teacher = teacher_quality(evaluation)
+    shape = (
+        f", {store['layers']} layers × {store['heads']} heads"
+        if "layers" in store and "heads" in store
+        else ""
+    )
+    signature = f" (`{teacher['signature']}`)" if teacher.get("signature") else ""
+    return "\n".join(
+        [
+            f"- attention: **{evaluation['kind']}**, graphs from `{store.get('path', DASH)}` "
+            f"({store.get('split', DASH)} split, {store.get('sentences', DASH)} sentences{shape})",
+            f"- gold sparsity of the teacher's α-entmax graphs: {_num(evaluation['gold_sparsity'], 3)}",
+            f"- teacher: BLEU {_num(teacher.get('bleu'), 2)}{signature}, "
+            f"perplexity {_num(teacher.get('perplexity'), 2)}, "
+            f"decoding sparsity {_num(teacher.get('sparsity'), 3)}",
+        ]
+    )
+
+
+def _method_table(evaluation: dict, levels: Sequence[float], target: float) -> str:
+    header = ["method"]
+    for level in levels:
+        header += [f"recall @ sparsity ≥ {level:g}", "BLEU / ppl"]
+    header += [f"sparsity @ recall ≥ {target:g}", "BLEU / ppl"]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    for method, rows in rows_by_method(evaluation["graphs"]).items():
+        cells = [method]
+        for level in levels:
+            row = recall_at_sparsity(rows, level)
+            cells += [_setting_cell(row, "recall"), _quality_cell(quality_at(evaluation, row))]
+        row = sparsity_at_recall(rows, target)
+        cells += [_setting_cell(row, "sparsity"), _quality_cell(quality_at(evaluation, row))]
+        lines.append(_table_row(cells))
+    lines.append(_table_row(_teacher_cells(evaluation, levels)))
+    return "\n".join(lines)
+
+
+def _teacher_cells(evaluation: dict, levels: Sequence[float]) -> list[str]:
+    """The gold graph has recall 1 at the gold sparsity; the teacher decodes with it."""
+    gold = finite_number(evaluation["gold_sparsity"])
+    quality = _quality_cell(teacher_quality(evaluation))
+    cells = ["teacher (gold graph)"]
+    for level in levels:
+        reached = gold is not None and gold >= level
+        cells += ["1.000 (gold)", quality] if reached else [DASH, DASH]
+    cells += [f"{_num(gold, 3)} (gold)", quality]
+    return cells
+
+
+def _table_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _setting_cell(row: dict | None, key: str) -> str:
+    return DASH if row is None else f"{_num(row[key], 3)} ({_cell(_label(row))})"
+
+
+def _quality_cell(point: dict | None) -> str:
+    if point is None or (
+        finite_number(point.get("bleu")) is None and finite_number(point.get("perplexity")) is None
+    ):
+        return DASH
+    return f"{_num(point.get('bleu'), 2)} / {_num(point.get('perplexity'), 2)}"
+
+
+def _quality_table(evaluation: dict) -> str:
+    teacher = teacher_quality(evaluation)
+    points = evaluation["quality"]["points"]
+    if not points:
+        return "No setting was decoded with its predicted graphs."
+    header = [
+        "setting",
+        "decoding sparsity",
+        "graph recall",
+        "BLEU",
+        "Δ BLEU",
+        "perplexity",
+        "forward",
+        "decode",
+    ]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    if teacher:
+        lines.append(_table_row(["teacher", *_quality_numbers(teacher, teacher, recall=1.0)]))
+    for rows in rows_by_method(points).values():
+        for point in sorted(rows, key=lambda p: (finite_number(p["sparsity"]) or 0.0, _label(p))):
+            cells = _quality_numbers(point, teacher, recall=point.get("graph_recall"))
+            lines.append(_table_row([_cell(_label(point)), *cells]))
+    lines.append("")
+    lines.append("Δ BLEU is against the teacher; forward and decode are times relative to the teacher's.")
+    return "\n".join(lines)
+
+
+def _quality_numbers(point: dict, teacher: dict, *, recall: Any) -> list[str]:
+    return [
+        _num(point.get("sparsity"), 3),
+        _num(recall, 3),
+        _num(point.get("bleu"), 2),
+        _signed(_difference(point.get("bleu"), teacher.get("bleu")), 2),
+        _num(point.get("perplexity"), 2),
+        _ratio(point.get("forward_seconds"), teacher.get("forward_seconds")),
+        _ratio(point.get("decode_seconds"), teacher.get("decode_seconds")),
+    ]
+
+
+def _difference(value: Any, reference: Any) -> float | None:
+    a, b = finite_number(value), finite_number(reference)
+    return None if a is None or b is None else a - b
+
+
+def _signed(value: float | None, digits: int) -> str:
+    return DASH if value is None else f"{value:+.{digits}f}"
+
+
+def _ratio(value: Any, reference: Any) -> str:
+    a, b = finite_number(value), finite_number(reference)
+    return DASH if a is None or b is None or b <= 0 else f"{a / b:.2f}×"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# findings: sentences generated from the numbers
+
+
+def _findings(evaluation: dict, levels: Sequence[float], target: float) -> str:
+    sentences = [
+        _best_recall_sentence(evaluation["graphs"], levels),
+        _dominance_sentence(evaluation["graphs"]),
+        _operating_sentence(evaluation, target),
+    ]
+    return " ".join(s for s in sentences if s)
+
+
+def _best_recall_sentence(rows: Sequence[dict], levels: Sequence[float]) -> str:
+    """Which method has the best recall at each sparsity level."""
+    clauses = []
+    for i, level in enumerate(levels):
+        row = recall_at_sparsity(rows, level)
+        if row is None:
+            clauses.append(f"no setting reaches sparsity ≥ {level:g}")
+            continue
+        found = f"{row['method']}'s ({row['recall']:.3f}, {_label(row)})"
+        lead = f"The best recall at sparsity ≥ {level:g} is" if i == 0 else f"at sparsity ≥ {level:g} it is"
+        clauses.append(f"{lead} {found}")
+    text = "; ".join(clauses) + "."
+    return text[0].upper() + text[1:]
+
+
+def _dominance_sentence(rows: Sequence[dict]) -> str:
+    """Which baselines' sparsity–recall fronts a learned method's front dominates ("" without both kinds)."""
+    points = {m: finite_points(r, "sparsity", "recall")[0] for m, r in rows_by_method(rows).items()}
+    points = {m: p for m, p in points.items() if p}
+    learned = [m for m in points if m in LEARNED]
+    baselines = [m for m in points if m not in LEARNED]
+    if not learned or not baselines:
+        return ""
+    by = {b: [a for a in learned if front_dominates(points[a], points[b])] for b in baselines}
+    beaten = [b for b in baselines if by[b]]
+    standing = [b for b in baselines if not by[b]]
+    if not beaten:
+        return (
+            f"No learned method's sparsity–recall front Pareto-dominates a baseline's "
+            f"({', '.join(baselines)})."
+        )
+    detail = "; ".join(f"{b} by {', '.join(by[b])}" for b in beaten)
+    if not standing:
+        return f"Every baseline's sparsity–recall front is Pareto-dominated by a learned method ({detail})."
+    return (
+        f"The sparsity–recall fronts of {', '.join(beaten)} are Pareto-dominated by a learned method "
+        f"({detail}); those of {', '.join(standing)} are not."
+    )
+
+
+def _operating_sentence(evaluation: dict, target: float) -> str:
+    """Where the best method reaches the recall target, and what decoding with that graph costs."""
+    best = sparsity_at_recall(evaluation["graphs"], target)
+    if best is None:
+        top = highest_recall(evaluation["graphs"])
+        if top is None:
+            return f"No setting reaches recall ≥ {target:g}."
+        return (
+            f"No setting reaches recall ≥ {target:g}; the highest recall is {top['method']}'s "
+            f"{top['recall']:.3f} at sparsity {top['sparsity']:.3f} ({_label(top)})."
+        )
+    found = (
+        f"At recall ≥ {target:g} the sparsest setting is {best['method']}'s: sparsity {best['sparsity']:.3f} "
+        f"with {_label(best)} (recall {best['recall']:.3f})"
+    )
+    return f"{found}; {_gap_clause(quality_at(evaluation, best), teacher_quality(evaluation))}."
+
+
+def _gap_clause(point: dict | None, teacher: dict) -> str:
+    """BLEU and perplexity with a setting's graph, and their gaps to the teacher's."""
+    if point is None:
+        return "it was not decoded with its predicted graph, so its BLEU and perplexity are not measured"
+    parts = []
+    for name, key, digits in (("BLEU", "bleu", 2), ("perplexity", "perplexity", 2)):
+        value = finite_number(point.get(key))
+        if value is None:
+            continue
+        gap = _difference(value, teacher.get(key))
+        versus = "" if gap is None else f" ({gap:+.{digits}f} vs the teacher's {teacher[key]:.{digits}f})"
+        parts.append(f"{name} {value:.{digits}f}{versus}")
+    if not parts:
+        return "decoding with it gave no BLEU or perplexity"
+    return "decoding with it gives " + " and ".join(parts)

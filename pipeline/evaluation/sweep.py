@@ -1,0 +1,128 @@
+"""The graph sweep: every predictor setting × window size × global tokens, scored on a held-out graph store.
+
+A *grid* names, per method, lists of knob values; their product gives the predictors. Fitted methods
+(k-means, Routing, Reformer) come from the predictor state file: the grid's fit knobs choose among the
+stored states (every stored state when it names none), its other knobs (k-means top-k) multiply them. Each
+predictor is then crossed with every window size and global-token count, and all settings are scored
+layer by layer on the store's sentences (:func:`~pipeline.predictors.scoring.score_settings`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from pipeline.errors import UserError
+from pipeline.graphs.store import GraphStore
+from pipeline.predictors.base import PREDICTORS, Predictor, make_predictor
+from pipeline.predictors.metrics import GraphScoreSums, graph_scores, summarize
+from pipeline.predictors.scoring import Setting, layer_inputs, score_settings
+from pipeline.projection.model import HeadProjections
+
+
+def _products(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, keys in sorted order."""
+    keys = sorted(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def grid_predictors(
+    method: str, grid: Mapping[str, Sequence[Any]], stored: Sequence[Predictor], state_path: str
+) -> list[Predictor]:
+    """The predictors of ``method`` the grid names; fitted ones taken from ``stored`` (see module doc)."""
+    if method not in PREDICTORS:
+        allowed = ", ".join(sorted(PREDICTORS))
+        raise UserError(f"evaluate.methods.{method}: unknown predictor; allowed: {allowed}")
+    cls = PREDICTORS[method]
+    if not cls.fitted:
+        return [make_predictor(method, **knobs) for knobs in _products(grid)]
+    fit_grid = {k: v for k, v in grid.items() if k in cls.fit_knobs}
+    chosen = [
+        p
+        for p in stored
+        if p.name == method and all(getattr(p, k) in values for k, values in fit_grid.items())
+    ]
+    for key, values in fit_grid.items():
+        for value in values:
+            if not any(getattr(p, key) == value for p in chosen):
+                fitted = sorted({getattr(p, key) for p in stored if p.name == method})
+                raise UserError(
+                    f"evaluate.methods.{method}.{key} = {value}: {state_path} holds no {method} state with "
+                    f"{key} = {value} (fitted: {fitted or 'none'}); fit it in the cluster stage"
+                )
+    if not chosen:
+        raise UserError(f"evaluate.methods.{method}: {state_path} holds no fitted {method} state")
+    other = {k: v for k, v in grid.items() if k not in cls.fit_knobs}
+    return [p.with_knobs(**knobs) for p in chosen for knobs in _products(other)]
+
+
+def label(predictor: Predictor, keys: Sequence[str], window: int, global_tokens: int) -> str:
+    """``kmeans(buckets=8, top_k=1) w=3 g=1``: the method, the knobs ``keys``, and the pattern."""
+    knobs = ", ".join(f"{k}={getattr(predictor, k)}" for k in keys)
+    return f"{predictor.name}({knobs}) w={window} g={global_tokens}"
+
+
+def varying_knobs(predictors: Sequence[Predictor]) -> list[str]:
+    """The knobs whose values differ among ``predictors`` (of one method): those that name a setting."""
+    if not predictors:
+        return []
+    knobs = predictors[0].knobs()
+    return [k for k in knobs if len({repr(getattr(p, k)) for p in predictors}) > 1]
+
+
+def gold_sparsity(
+    store: GraphStore, kind: str, indices: Sequence[int], *, batch_size: int = 64
+) -> dict[str, Any]:
+    """The teacher's own sparsity 1 − |G|/|V|, averaged like a predictor's (sentences, heads, layers)."""
+    per_layer = []
+    for layer in range(store.layers):
+        sums = GraphScoreSums.zeros(store.heads)
+        for inputs, gold in layer_inputs(store, kind, layer, indices, batch_size=batch_size):
+            sums = sums + graph_scores(gold, gold, inputs.q_valid, inputs.k_valid, causal=inputs.causal)
+        per_layer.append(sums)
+    summary = summarize(per_layer)
+    return {"sparsity": summary["sparsity"], "per_layer_head": summary["per_layer_head"]["sparsity"]}
+
+
+def sweep_graphs(
+    store: GraphStore,
+    kind: str,
+    predictors: Sequence[Predictor],
+    windows: Sequence[int],
+    global_tokens: Sequence[int],
+    projections: Mapping[int, HeadProjections],
+    indices: Sequence[int],
+    *,
+    batch_size: int = 64,
+) -> list[tuple[Setting, dict[str, Any]]]:
+    """Every (predictor, window, global) setting with its scores on ``indices``: JSON-ready rows."""
+    settings = [Setting(p, w, g) for p in predictors for w in windows for g in global_tokens]
+    per_layer: list[list[GraphScoreSums]] = [[] for _ in settings]
+    for layer in tqdm(range(store.layers), desc=f"score {len(settings)} settings", unit="layer"):
+        sums = score_settings(
+            store, kind, layer, settings, indices, projections=projections.get(layer), batch_size=batch_size
+        )
+        for collected, layer_sums in zip(per_layer, sums, strict=True):
+            collected.append(layer_sums)
+    methods = {p.name for p in predictors}
+    label_keys = {method: varying_knobs([p for p in predictors if p.name == method]) for method in methods}
+    rows = []
+    for setting, layer_sums in zip(settings, per_layer, strict=True):
+        p = setting.predictor
+        rows.append(
+            (
+                setting,
+                {
+                    "method": p.name,
+                    "knobs": p.knobs(),
+                    "window": setting.window,
+                    "global_tokens": setting.global_tokens,
+                    "label": label(p, label_keys[p.name], setting.window, setting.global_tokens),
+                    **summarize(layer_sums),
+                },
+            )
+        )
+    return rows

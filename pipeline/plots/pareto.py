@@ -1,0 +1,291 @@
+"""Figures of the evaluation: sparsity–recall and sparsity–quality Pareto fronts, a per-layer/head recall map.
+
+Figures are drawn on matplotlib's Agg canvas (no display needed) and saved as PNG; the CSV tables beside them
+are what ``dvc plots show`` renders. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from pipeline.atomic import atomic_path, write_text
+from pipeline.evaluation.pareto import finite_number, pareto_front
+from pipeline.evaluation.report import (
+    DASH,
+    METHOD_ORDER,
+    finite_points,
+    operating_point,
+    rows_by_method,
+    teacher_quality,
+)
+
+COLORS = matplotlib.colormaps["tab10"].colors
+# baselines in muted tab10 colours, the learned predictors in strong ones
+COLOR_INDEX = {
+    "window": 7,
+    "bigbird": 8,
+    "longformer": 9,
+    "reformer": 5,
+    "routing": 6,
+    "distance": 0,
+    "quantization": 2,
+    "kmeans": 3,
+    "indexer": 4,
+}
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h", "<", ">")
+QUALITY_METRICS = {"bleu": ("BLEU", True), "perplexity": ("perplexity (lower is better)", False)}
+FILES = {
+    "sparsity_recall": "sparsity_recall.png",
+    "sparsity_bleu": "sparsity_bleu.png",
+    "sparsity_perplexity": "sparsity_perplexity.png",
+    "recall_heatmap": "recall_heatmap.png",
+    "pareto_recall": "pareto_recall.csv",
+    "quality": "quality.csv",
+}
+CAPTIONS = {
+    "sparsity_recall": "Sparsity–recall Pareto fronts",
+    "sparsity_bleu": "Sparsity–BLEU with predicted graphs",
+    "sparsity_perplexity": "Sparsity–perplexity with predicted graphs",
+    "recall_heatmap": "Recall per layer and head at the operating point",
+}
+
+
+def write_report_plots(
+    evaluation: dict, out_dir: str | os.PathLike, *, recall_target: float
+) -> dict[str, Path]:
+    """Write every figure and CSV of the report into the folder ``out_dir``, replacing it as a whole.
+
+    Returns the final path of each file, keyed as :data:`FILES`. The heatmap shows the setting
+    :func:`~pipeline.evaluation.report.operating_point` picks for ``recall_target``.
+    """
+    out_dir = Path(out_dir)
+    with atomic_path(out_dir, directory=True) as tmp:
+        plot_sparsity_recall(evaluation, tmp / FILES["sparsity_recall"])
+        plot_quality(evaluation, "bleu", tmp / FILES["sparsity_bleu"])
+        plot_quality(evaluation, "perplexity", tmp / FILES["sparsity_perplexity"])
+        plot_recall_heatmap(
+            evaluation, operating_point(evaluation, recall_target), tmp / FILES["recall_heatmap"]
+        )
+        write_pareto_csv(evaluation, tmp / FILES["pareto_recall"])
+        write_quality_csv(evaluation, tmp / FILES["quality"])
+    return {name: out_dir / file for name, file in FILES.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# style
+
+
+def method_style(method: str) -> tuple[tuple[float, float, float], str]:
+    """A method's colour and marker: fixed for the methods of :data:`METHOD_ORDER`, cycled for others."""
+    if method in METHOD_ORDER:
+        return COLORS[COLOR_INDEX[method]], MARKERS[METHOD_ORDER.index(method)]
+    # an unknown method's slot comes from its name, so its style does not depend on which others are present
+    slot = sum(method.encode())
+    return COLORS[slot % len(COLORS)], MARKERS[slot % len(MARKERS)]
+
+
+def _figure(width: float = 8.0, height: float = 5.0) -> tuple[Figure, Axes]:
+    figure = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(figure)
+    return figure, figure.add_subplot()
+
+
+def _save(figure: Figure, path: str | os.PathLike) -> None:
+    with atomic_path(path) as tmp:
+        # "tight" keeps a legend placed outside the axes inside the image
+        figure.savefig(tmp, format="png", bbox_inches="tight")
+
+
+def _message(path: str | os.PathLike, title: str, text: str) -> None:
+    """A small PNG saying why a figure has nothing to show."""
+    figure, ax = _figure(5.0, 2.0)
+    ax.set_axis_off()
+    ax.set_title(title, fontsize=10)
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=12, transform=ax.transAxes)
+    _save(figure, path)
+
+
+def _subtitle(evaluation: dict) -> str:
+    store = evaluation["store"] or {}
+    return f"{evaluation['kind']}, {store.get('split', '?')} split, {store.get('sentences', '?')} sentences"
+
+
+def _gold_line(ax: Axes, evaluation: dict) -> None:
+    gold = finite_number(evaluation["gold_sparsity"])
+    if gold is not None:
+        ax.axvline(gold, color="0.35", linestyle="--", linewidth=1.0, label=f"gold sparsity {gold:.3f}")
+
+
+def _fronts(ax: Axes, rows: Sequence[dict], x: str, y: str, maximize: tuple[bool, bool]) -> None:
+    """Every setting of each method as a faint point, and the method's Pareto front as a line with markers."""
+    for method, method_rows in rows_by_method(rows).items():
+        points, _ = finite_points(method_rows, x, y)
+        if not points:
+            continue
+        color, marker = method_style(method)
+        xs, ys = np.array(points).T
+        ax.scatter(xs, ys, s=16, color=color, alpha=0.25, linewidths=0)
+        front = pareto_front(points, maximize=maximize)
+        ax.plot(xs[front], ys[front], color=color, marker=marker, markersize=5, linewidth=1.4, label=method)
+
+
+def _legend(ax: Axes) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# figures
+
+
+def plot_sparsity_recall(evaluation: dict, path: str | os.PathLike) -> None:
+    """Graph sparsity against recall: each method's settings and Pareto front, and the gold sparsity."""
+    figure, ax = _figure()
+    _fronts(ax, evaluation["graphs"], "sparsity", "recall", (True, True))
+    _gold_line(ax, evaluation)
+    ax.set_xlabel("graph sparsity (share of valid pairs not attended)")
+    ax.set_ylabel("recall (share of gold edges kept)")
+    ax.set_title(f"Sparsity–recall Pareto fronts\n{_subtitle(evaluation)}", fontsize=10)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    _save(figure, path)
+
+
+def plot_quality(evaluation: dict, metric: Literal["bleu", "perplexity"], path: str | os.PathLike) -> None:
+    """Decoding sparsity against BLEU or perplexity with predicted graphs, beside the teacher's.
+
+    Each method's points and Pareto front (BLEU maximised, perplexity minimised; sparsity maximised), the
+    teacher as a star and the gold sparsity as a dashed line. Without quality points the PNG says so.
+    """
+    name, larger_is_better = QUALITY_METRICS[metric]
+    title = f"Sparsity–{name.split()[0]} with predicted graphs\n{_subtitle(evaluation)}"
+    points = evaluation["quality"]["points"]
+    if not finite_points(points, "sparsity", metric)[0]:
+        _message(path, title, "no quality points")
+        return
+    figure, ax = _figure()
+    _fronts(ax, points, "sparsity", metric, (True, larger_is_better))
+    teacher = teacher_quality(evaluation)
+    teacher_x, teacher_y = finite_number(teacher.get("sparsity")), finite_number(teacher.get(metric))
+    if teacher_x is not None and teacher_y is not None:
+        ax.scatter([teacher_x], [teacher_y], marker="*", s=220, color="black", zorder=4, label="teacher")
+    _gold_line(ax, evaluation)
+    ax.set_xlabel("decoding sparsity (share of valid pairs not attended)")
+    ax.set_ylabel(name)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    _save(figure, path)
+
+
+def plot_recall_heatmap(evaluation: dict, setting: dict | None, path: str | os.PathLike) -> None:
+    """Recall of one setting per layer (rows) and head (columns), cells annotated; undefined cells grey."""
+    title = "Recall per layer and head"
+    grid = ((setting or {}).get("per_layer_head") or {}).get("recall")
+    if not grid:
+        _message(path, title, "no per-layer/head recall")
+        return
+    values = np.array([[np.nan if v is None else float(v) for v in layer] for layer in grid])
+    layers, heads = values.shape
+    figure, ax = _figure(max(4.5, 1.9 + 0.75 * heads), max(3.0, 1.6 + 0.55 * layers))
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.8")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    for layer in range(layers):
+        for head in range(heads):
+            value = values[layer, head]
+            text, color = (DASH, "black") if np.isnan(value) else (f"{value:.2f}", _ink(value))
+            ax.text(head, layer, text, ha="center", va="center", fontsize=8, color=color)
+    ax.set_xticks(range(heads))
+    ax.set_yticks(range(layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    figure.colorbar(image, ax=ax, label="recall")
+    ax.set_title(
+        f"{title}: {setting.get('label') or setting['method']}\n"
+        f"sparsity {_format(setting.get('sparsity'))}, recall {_format(setting.get('recall'))}",
+        fontsize=10,
+    )
+    _save(figure, path)
+
+
+def _ink(value: float) -> str:
+    """Text colour readable on viridis: white on its dark low end, black on its light high end."""
+    return "white" if value < 0.6 else "black"
+
+
+def _format(value: Any) -> str:
+    number = finite_number(value)
+    return DASH if number is None else f"{number:.3f}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CSV tables
+
+
+def _csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([["" if value is None else value for value in row] for row in rows])
+    return buffer.getvalue()
+
+
+def _sorted_by_sparsity(rows: Sequence[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: (finite_number(r.get("sparsity")) or 0.0, r.get("label") or ""))
+
+
+def pareto_recall_rows(evaluation: dict) -> list[tuple[str, str, float, float, str]]:
+    """(method, label, sparsity, recall, on_front) of every setting with both numbers.
+
+    Methods in :func:`~pipeline.evaluation.report.method_order`, settings by sparsity then label; ``on_front``
+    is "true" for the settings on their method's sparsity–recall Pareto front.
+    """
+    table = []
+    for method, rows in rows_by_method(evaluation["graphs"]).items():
+        points, kept = finite_points(rows, "sparsity", "recall")
+        front = {id(kept[i]) for i in pareto_front(points)}
+        for row in _sorted_by_sparsity(kept):
+            on_front = "true" if id(row) in front else "false"
+            table.append((method, row.get("label") or method, row["sparsity"], row["recall"], on_front))
+    return table
+
+
+def write_pareto_csv(evaluation: dict, path: str | os.PathLike) -> None:
+    """``pareto_recall.csv``: method, label, sparsity, recall, on_front (see :func:`pareto_recall_rows`)."""
+    header = ("method", "label", "sparsity", "recall", "on_front")
+    write_text(path, _csv_text(header, pareto_recall_rows(evaluation)))
+
+
+def quality_rows(evaluation: dict) -> list[tuple[str, str, Any, Any, Any]]:
+    """(method, label, sparsity, bleu, perplexity): the teacher first, then every quality point.
+
+    Points are grouped by method in :func:`~pipeline.evaluation.report.method_order`, by decoding sparsity
+    then label within a method; undefined numbers are None.
+    """
+    teacher = teacher_quality(evaluation)
+    table = []
+    if teacher:
+        table.append(
+            ("teacher", "teacher", teacher.get("sparsity"), teacher.get("bleu"), teacher.get("perplexity"))
+        )
+    for method, points in rows_by_method(evaluation["quality"]["points"]).items():
+        for point in _sorted_by_sparsity(points):
+            label = point.get("label") or method
+            table.append((method, label, point["sparsity"], point.get("bleu"), point.get("perplexity")))
+    return table
+
+
+def write_quality_csv(evaluation: dict, path: str | os.PathLike) -> None:
+    """``quality.csv``: method, label, sparsity, bleu, perplexity (see :func:`quality_rows`)."""
+    header = ("method", "label", "sparsity", "bleu", "perplexity")
+    write_text(path, _csv_text(header, quality_rows(evaluation)))

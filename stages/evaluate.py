@@ -1,0 +1,130 @@
+"""Stage ``evaluate``: every predictor and baseline on the held-out graph store, then translation quality with
+predicted graphs at each method's best points.
+
+1. Graphs: every setting of ``evaluate.methods`` × ``windows`` × ``global_tokens`` is scored (sparsity,
+   recall, precision, exact-query fraction, per layer and head) on the test-split store, never on sentences
+   the projections or predictor states were fitted on; so is the teacher's own gold sparsity.
+2. Quality: the teacher, each method's sparsity–recall Pareto points at sparsity ≥ gold − margin that a
+   decoder can run, and a window wider than any sentence (recall 1, which must reproduce the teacher) are
+   translated by beam search on the test split: BLEU, perplexity, the sparsity of the graphs actually used
+   while decoding, and wall times side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from pipeline.atomic import write_json
+from pipeline.attention import load_model
+from pipeline.attention.sparsefinder import SPARSEFINDER
+from pipeline.checkpoint import loading, resolve_checkpoint
+from pipeline.errors import UserError, exits_cleanly
+from pipeline.evaluation.quality import choose_points, quality_sweep
+from pipeline.evaluation.sweep import gold_sparsity, grid_predictors, sweep_graphs
+from pipeline.fingerprint import file_sha256
+from pipeline.graphs import GraphStore
+from pipeline.params import Evaluate
+from pipeline.predictors.state import load_states, read_header
+from pipeline.predictors.window import WindowPredictor
+from pipeline.projection.model import load_projections
+from pipeline.stage import stage_params
+from pipeline.training.run import encode_with, load_corpus
+
+
+def check_teacher(key: str, path: str, fingerprint: Mapping[str, Any], store: GraphStore) -> None:
+    """One-line error unless ``fingerprint`` (what ``path`` was made from) names the store's teacher."""
+    expected = store.manifest["teacher"].get("model_sha256")
+    if fingerprint.get("model_sha256") != expected:
+        raise UserError(
+            f"evaluate.{key} = {path!r} was made from another teacher's graphs than evaluate.graphs "
+            f"({store.folder}); re-run the stages before evaluate"
+        )
+
+
+def graph_rows(
+    params: Evaluate, store: GraphStore, indices: range, full_window: int
+) -> tuple[str, dict, list, list]:
+    """(kind, projections, scored rows, the recall-1 row) on the held-out store; ``full_window`` is a band
+    wider than any sentence, which attends every valid pair (the sparse-consistency check)."""
+    if store.split == "train":
+        raise UserError(
+            f"evaluate.graphs = {params.graphs!r} was extracted from the train split, which the predictors "
+            "were fitted on; allowed: a store of the valid or test split"
+        )
+    projections, extra = load_projections(params.projections)
+    kind = extra["kind"]
+    if kind not in store.kinds:
+        raise UserError(f"evaluate.graphs = {params.graphs!r} holds no {kind} graphs (the projections' kind)")
+    check_teacher("projections", params.projections, extra.get("graphs", {}), store)
+    check_teacher("state", params.state, read_header(params.state)["extra"].get("graphs", {}), store)
+    stored = load_states(params.state)
+    predictors = [
+        p
+        for method, grid in params.methods.items()
+        for p in grid_predictors(method, grid, stored, params.state)
+    ]
+    options = dict(projections=projections, indices=indices, batch_size=params.batch_size)
+    rows = sweep_graphs(store, kind, predictors, params.windows, params.global_tokens, **options)
+    consistency = sweep_graphs(store, kind, [WindowPredictor()], [full_window], [0], **options)
+    return kind, projections, rows, consistency
+
+
+@exits_cleanly
+def main(argv: list[str] | None = None) -> None:
+    params: Evaluate = stage_params("evaluate", argv)
+    store = GraphStore(params.graphs)
+    teacher = resolve_checkpoint(params.teacher, "evaluate.teacher", local=True)
+    if file_sha256(f"{teacher}/model.safetensors") != store.manifest["teacher"].get("model_sha256"):
+        raise UserError(
+            f"evaluate.teacher = {params.teacher!r} is not the teacher evaluate.graphs was extracted from"
+        )
+    data, _ = load_corpus(params.data, "evaluate.data")
+    with loading(teacher, "evaluate.teacher"):
+        model = load_model(teacher, attn_implementation=SPARSEFINDER)
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+    positions = model.config.max_position_embeddings
+    indices = range(min(len(store), params.max_sentences or len(store)))
+    kind, projections, rows, consistency = graph_rows(params, store, indices, 2 * positions + 1)
+    gold = gold_sparsity(store, kind, indices, batch_size=params.batch_size)
+
+    quality = params.quality
+    model.generation_config.num_beams = quality.beams
+    model.generation_config.max_new_tokens = quality.max_new_tokens
+    test = encode_with(tokenizer, data, positions)["test"]
+    if quality.examples is not None:
+        test = test.select(range(min(quality.examples, len(test))))
+    points = choose_points(
+        rows,
+        kind,
+        min_sparsity=gold["sparsity"] - quality.sparsity_margin,
+        per_method=quality.points_per_method,
+    )
+    teacher_quality, point_rows = quality_sweep(
+        model,
+        tokenizer,
+        test,
+        [*points, *consistency],
+        kind=kind,
+        projections=projections,
+        batch_size=quality.batch_size,
+    )
+    teacher_quality["sparsity"] = gold["sparsity"]
+    store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
+    write_json(
+        params.out,
+        {
+            "kind": kind,
+            "store": {**store_facts, "layers": store.layers, "heads": store.heads},
+            "gold_sparsity": gold["sparsity"],
+            "gold_sparsity_per_layer_head": gold["per_layer_head"],
+            "graphs": [row for _, row in [*rows, *consistency]],
+            "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Stage ``report``: Pareto fronts, figures and a generated markdown report from the evaluation's JSON."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.atomic import write_json, write_text
+from pipeline.errors import exits_cleanly
+from pipeline.evaluation.report import build_report, load_evaluation
+from pipeline.plots.pareto import CAPTIONS, write_report_plots
+from pipeline.stage import stage_params
+
+
+@exits_cleanly
+def main(argv: list[str] | None = None) -> None:
+    params = stage_params("report", argv)
+    evaluation = load_evaluation(params.evaluation)
+    files = write_report_plots(evaluation, params.plots, recall_target=params.recall_target)
+    # the report links its figures relative to where it lies, so it renders wherever the folder is opened
+    here = Path(params.out).parent
+    figures = [
+        (caption, Path(os.path.relpath(files[name], here)).as_posix()) for name, caption in CAPTIONS.items()
+    ]
+    markdown, headline = build_report(
+        evaluation,
+        sparsity_levels=params.sparsity_levels,
+        recall_target=params.recall_target,
+        figures=figures,
+    )
+    write_text(params.out, markdown)
+    write_json(params.metrics, headline)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""``python -m stages.report``: every output from a synthetic evaluation; a missing input is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.pipeline.evaluation.synthetic import synthetic_evaluation
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_report(tmp_path: Path, evaluation: Path) -> subprocess.CompletedProcess:
+    report = {
+        "evaluation": str(evaluation),
+        "sparsity_levels": [0.8, 0.9],
+        "recall_target": 0.95,
+        "out": str(tmp_path / "out" / "report.md"),
+        "plots": str(tmp_path / "out" / "plots" / "report"),
+        "metrics": str(tmp_path / "out" / "metrics" / "report.json"),
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"report": report}))
+    return subprocess.run(
+        [sys.executable, "-m", "stages.report", "--params", str(tmp_path / "params.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_stage_writes_report_metrics_and_plots(tmp_path: Path):
+    evaluation = tmp_path / "evaluate.json"
+    evaluation.write_text(json.dumps(synthetic_evaluation()))
+    result = run_report(tmp_path, evaluation)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    plots = sorted(p.name for p in (out / "plots" / "report").iterdir())
+    assert plots == [
+        "pareto_recall.csv",
+        "quality.csv",
+        "recall_heatmap.png",
+        "sparsity_bleu.png",
+        "sparsity_perplexity.png",
+        "sparsity_recall.png",
+    ]
+    markdown = (out / "report.md").read_text()
+    assert "| kmeans | 0.960 (kmeans(buckets=4, top_k=1) w=3) |" in markdown
+    # figures are linked relative to the report, and each link resolves
+    links = [line[line.index("](") + 2 : -1] for line in markdown.splitlines() if line.startswith("![")]
+    assert "plots/report/sparsity_recall.png" in links and len(links) == 4
+    assert all((out / link).is_file() for link in links)
+    headline = json.loads((out / "metrics" / "report.json").read_text())
+    assert headline["best"]["method"] == "kmeans" and headline["best"]["bleu"] == 19.25
+
+
+def test_missing_evaluation_is_one_line_and_writes_nothing(tmp_path: Path):
+    result = run_report(tmp_path, tmp_path / "absent.json")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("error:")
+        and "absent.json: evaluation file not found" in lines[0]
+    )
+    assert not (tmp_path / "out").exists()

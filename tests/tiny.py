@@ -1,0 +1,57 @@
+"""Tiny models and tokenizers the tests build in memory: a Marian teacher and a word-level tokenizer."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models
+from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+
+from pipeline.attention import ENTMAX
+
+
+def tiny_marian(
+    *,
+    vocab: int,
+    d_model: int,
+    encoder_layers: int,
+    decoder_layers: int,
+    encoder_heads: int,
+    decoder_heads: int,
+    alpha: float = 1.5,
+    init_std: float = 0.5,
+    attn_implementation: str = ENTMAX,
+    seed: int = 0,
+    **overrides,
+) -> MarianMTModel:
+    """A random α-entmax Marian in eval mode (pad 0, eos 1); a large ``init_std`` gives peaked scores, hence
+    visibly sparse attention."""
+    config = MarianConfig(
+        vocab_size=vocab,
+        d_model=d_model,
+        encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers,
+        encoder_attention_heads=encoder_heads,
+        decoder_attention_heads=decoder_heads,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        init_std=init_std,
+        **overrides,
+    )
+    config.entmax_alpha = alpha
+    torch.manual_seed(seed)
+    return MarianMTModel._from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def word_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer over ``<pad>``, ``</s>``, ``<unk>`` and w3 … w{vocab − 1} (ids = their number)."""
+    words = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, vocab)}}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(words, unk_token="<unk>")),
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
