@@ -350,7 +350,7 @@ class Evaluate(Section):
     methods: Annotated[dict[str, dict[str, list[Any]]], Field(min_length=1)] = {
         "window": {},
         "distance": {"threshold": [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5]},
-        "quantization": {"bins": [2, 4, 6, 8, 12]},
+        "quantization": {"bins": [2, 4, 6, 8, 12], "tokens_per_bin": [None, 4, 8, 12, 16, 20]},
         "kmeans": {"top_k": [1, 2]},
         "bigbird": {"random_keys": [2, 4, 8, 12, 16, 20]},
         "longformer": {"global_random": [4, 8, 12, 16, 20]},

@@ -38,7 +38,8 @@ def grid_predictors(
         raise UserError(f"evaluate.methods.{method}: unknown predictor; allowed: {allowed}")
     cls = PREDICTORS[method]
     if not cls.fitted:
-        return [make_predictor(method, **knobs) for knobs in _products(grid)]
+        # distinct predictors only: a knob may override another (quantization's tokens_per_bin replaces bins)
+        return list(dict.fromkeys(make_predictor(method, **knobs) for knobs in _products(grid)))
     fit_grid = {k: v for k, v in grid.items() if k in cls.fit_knobs}
     chosen = [
         p

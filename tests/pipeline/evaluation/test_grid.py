@@ -100,3 +100,9 @@ def test_a_long_front_is_thinned_evenly_keeping_its_highest_recall_point():
     rows = [row(p, 0.9 + i / 100, 0.8 - i / 10) for i, p in enumerate(d)]
     chosen = choose_points(rows, "decoder_self", min_sparsity=0.5, per_method=3)
     assert [r["recall"] for _, r in chosen] == pytest.approx([0.8, 0.5, 0.2])
+
+
+def test_a_knob_that_replaces_another_gives_each_predictor_once():
+    grid = {"bins": [2, 4], "tokens_per_bin": [None, 8]}
+    predictors = grid_predictors("quantization", grid, [], "state.safetensors")
+    assert [(p.bins, p.tokens_per_bin) for p in predictors] == [(2, None), (None, 8), (4, None)]

@@ -10,13 +10,13 @@ from pipeline.predictors import HeadInputs, QuantizationPredictor
 from pipeline.predictors.quantization import quantile_bins, quantization_buckets
 
 
-def loop_bins(x, valid, n_bins):
-    """bins[b][h][i][d]: rank among valid tokens by (value, position), cut into ⌈L/β⌉-sized bins."""
+def loop_bins(x, valid, n_bins, tokens_per_bin=None):
+    """bins[b][h][i][d]: rank among valid tokens by (value, position), cut into ⌈L/β⌉-sized bins (or s)."""
     batch, heads, n, r = x.shape
     bins = [[[[-1] * r for _ in range(n)] for _ in range(heads)] for _ in range(batch)]
     for b in range(batch):
         tokens = [i for i in range(n) if valid[b, i]]
-        size = math.ceil(len(tokens) / n_bins)
+        size = tokens_per_bin or math.ceil(len(tokens) / n_bins)
         for h in range(heads):
             for d in range(r):
                 ranked = sorted(tokens, key=lambda i: (x[b, h, i, d].item(), i))
@@ -76,3 +76,25 @@ def test_bins_are_balanced_and_padding_is_none():
     for d in range(2):
         assert torch.bincount(bins[0, 0, :10, d]).tolist() == [3, 3, 3, 1]
     assert (bins[0, 0, 10:] == -1).all()
+
+
+@pytest.mark.parametrize("tokens_per_bin", [1, 2, 3])
+def test_fixed_tokens_per_bin_matches_loops_and_grows_with_the_sentence(tokens_per_bin):
+    q, k, q_valid, k_valid = make_inputs(4)
+    bins = quantile_bins(q, None, q_valid, tokens_per_bin=tokens_per_bin)
+    assert bins.tolist() == loop_bins(q, q_valid, None, tokens_per_bin)
+    # the 7-token sentence gets more bins than the 4-token one
+    assert (
+        bins[0].max() == math.ceil(7 / tokens_per_bin) - 1
+        and bins[2].max() == math.ceil(4 / tokens_per_bin) - 1
+    )
+    predictor = QuantizationPredictor(tokens_per_bin=tokens_per_bin)
+    assert predictor.bins is None and "tokens_per_bin" in predictor.describe()
+    prediction = predictor.predict(0, HeadInputs(q, k, q_valid, k_valid, causal=False, q_proj=q, k_proj=k))
+    qb, kb = loop_bins(q, q_valid, None, tokens_per_bin), loop_bins(k, k_valid, None, tokens_per_bin)
+    mask = shared_bucket_pairs(prediction.q_buckets, prediction.k_buckets)
+    expected = [
+        [[[any(qb[b][h][i][d] >= 0 and qb[b][h][i][d] == kb[b][h][j][d] for d in range(3)) for j in range(8)]
+          for i in range(7)] for h in range(2)] for b in range(3)
+    ]  # fmt: skip
+    assert mask.tolist() == expected
