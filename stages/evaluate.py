@@ -23,10 +23,11 @@ from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import choose_points, quality_sweep
-from pipeline.evaluation.sweep import gold_sparsity, grid_predictors, sweep_graphs
+from pipeline.evaluation.sweep import gold_sparsity, grid_predictors, grid_settings, sweep_graphs
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore
 from pipeline.params import Evaluate
+from pipeline.predictors.scoring import Setting
 from pipeline.predictors.state import load_states, read_header
 from pipeline.predictors.window import WindowPredictor
 from pipeline.projection.model import load_projections
@@ -46,9 +47,9 @@ def check_teacher(key: str, path: str, fingerprint: Mapping[str, Any], store: Gr
 
 def graph_rows(
     params: Evaluate, store: GraphStore, indices: range, full_window: int
-) -> tuple[str, dict, list, list]:
-    """(kind, projections, scored rows, the recall-1 row) on the held-out store; ``full_window`` is a band
-    wider than any sentence, which attends every valid pair (the sparse-consistency check)."""
+) -> tuple[str, dict, list, tuple]:
+    """(kind, projections, scored rows of the grid, the recall-1 row) on the held-out store; ``full_window``
+    is a band wider than any sentence, which attends every valid pair (the sparse-consistency check)."""
     if store.split == "train":
         raise UserError(
             f"evaluate.graphs = {params.graphs!r} was extracted from the train split, which the predictors "
@@ -66,10 +67,12 @@ def graph_rows(
         for method, grid in params.methods.items()
         for p in grid_predictors(method, grid, stored, params.state)
     ]
-    options = dict(projections=projections, indices=indices, batch_size=params.batch_size)
-    rows = sweep_graphs(store, kind, predictors, params.windows, params.global_tokens, **options)
-    consistency = sweep_graphs(store, kind, [WindowPredictor()], [full_window], [0], **options)
-    return kind, projections, rows, consistency
+    settings = [
+        *grid_settings(predictors, params.windows, params.global_tokens),
+        Setting(WindowPredictor(), full_window),
+    ]
+    *rows, full = sweep_graphs(store, kind, settings, projections, indices, batch_size=params.batch_size)
+    return kind, projections, rows, full
 
 
 @exits_cleanly
@@ -87,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = AutoTokenizer.from_pretrained(teacher)
     positions = model.config.max_position_embeddings
     indices = range(min(len(store), params.max_sentences or len(store)))
-    kind, projections, rows, consistency = graph_rows(params, store, indices, 2 * positions + 1)
-    gold = gold_sparsity(store, kind, indices, batch_size=params.batch_size)
+    kind, projections, rows, full = graph_rows(params, store, indices, 2 * positions + 1)
+    gold = gold_sparsity(full[1])
 
     quality = params.quality
     model.generation_config.num_beams = quality.beams
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         model,
         tokenizer,
         test,
-        [*points, *consistency],
+        [*points, full],
         kind=kind,
         projections=projections,
         batch_size=quality.batch_size,
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             "store": {**store_facts, "layers": store.layers, "heads": store.heads},
             "gold_sparsity": gold["sparsity"],
             "gold_sparsity_per_layer_head": gold["per_layer_head"],
-            "graphs": [row for _, row in [*rows, *consistency]],
+            "graphs": [row for _, row in [*rows, full]],
             "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
         },
     )

@@ -18,8 +18,8 @@ from tqdm.auto import tqdm
 from pipeline.errors import UserError
 from pipeline.graphs.store import GraphStore
 from pipeline.predictors.base import PREDICTORS, Predictor, make_predictor
-from pipeline.predictors.metrics import GraphScoreSums, graph_scores, summarize
-from pipeline.predictors.scoring import Setting, layer_inputs, score_settings
+from pipeline.predictors.metrics import GraphScoreSums, summarize
+from pipeline.predictors.scoring import Setting, score_settings
 from pipeline.projection.model import HeadProjections
 
 
@@ -74,33 +74,33 @@ def varying_knobs(predictors: Sequence[Predictor]) -> list[str]:
     return [k for k in knobs if len({repr(getattr(p, k)) for p in predictors}) > 1]
 
 
-def gold_sparsity(
-    store: GraphStore, kind: str, indices: Sequence[int], *, batch_size: int = 64
-) -> dict[str, Any]:
-    """The teacher's own sparsity 1 − |G|/|V|, averaged like a predictor's (sentences, heads, layers)."""
-    per_layer = []
-    for layer in range(store.layers):
-        sums = GraphScoreSums.zeros(store.heads)
-        for inputs, gold in layer_inputs(store, kind, layer, indices, batch_size=batch_size):
-            sums = sums + graph_scores(gold, gold, inputs.q_valid, inputs.k_valid, causal=inputs.causal)
-        per_layer.append(sums)
-    summary = summarize(per_layer)
-    return {"sparsity": summary["sparsity"], "per_layer_head": summary["per_layer_head"]["sparsity"]}
+def grid_settings(
+    predictors: Sequence[Predictor], windows: Sequence[int], global_tokens: Sequence[int]
+) -> list[Setting]:
+    """Every predictor crossed with every window size and global-token count."""
+    return [Setting(p, w, g) for p in predictors for w in windows for g in global_tokens]
+
+
+def gold_sparsity(full_row: Mapping[str, Any]) -> dict[str, Any]:
+    """The teacher's own sparsity 1 − |G|/|V| from the scores of a setting that attends every valid pair.
+
+    With Ĝ = V a sentence's precision is |G ∩ V| / |V|, so its gold sparsity is 1 − precision, averaged
+    over the same sentences, heads and layers as every other score: no pass of its own over the store.
+    """
+    table = [[None if p is None else 1.0 - p for p in row] for row in full_row["per_layer_head"]["precision"]]
+    return {"sparsity": 1.0 - full_row["precision"], "per_layer_head": table}
 
 
 def sweep_graphs(
     store: GraphStore,
     kind: str,
-    predictors: Sequence[Predictor],
-    windows: Sequence[int],
-    global_tokens: Sequence[int],
+    settings: Sequence[Setting],
     projections: Mapping[int, HeadProjections],
     indices: Sequence[int],
     *,
     batch_size: int = 64,
 ) -> list[tuple[Setting, dict[str, Any]]]:
-    """Every (predictor, window, global) setting with its scores on ``indices``: JSON-ready rows."""
-    settings = [Setting(p, w, g) for p in predictors for w in windows for g in global_tokens]
+    """Every setting with its scores on ``indices``, in one pass over the store: JSON-ready rows."""
     per_layer: list[list[GraphScoreSums]] = [[] for _ in settings]
     for layer in tqdm(range(store.layers), desc=f"score {len(settings)} settings", unit="layer"):
         sums = score_settings(
@@ -108,6 +108,7 @@ def sweep_graphs(
         )
         for collected, layer_sums in zip(per_layer, sums, strict=True):
             collected.append(layer_sums)
+    predictors = list(dict.fromkeys(s.predictor for s in settings))
     methods = {p.name for p in predictors}
     label_keys = {method: varying_knobs([p for p in predictors if p.name == method]) for method in methods}
     rows = []

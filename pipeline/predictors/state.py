@@ -59,7 +59,10 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
 
 def load_state(path: str | os.PathLike, predictor: Predictor) -> Predictor:
     """Fill ``predictor`` with its fitted state from ``path`` (matched by state key); returns it."""
-    header = read_header(path)
+    return _fill(path, read_header(path), predictor)
+
+
+def _fill(path: str | os.PathLike, header: dict[str, Any], predictor: Predictor) -> Predictor:
     key = predictor.state_key()
     if key not in header["states"]:
         stored = ", ".join(sorted(header["states"])) or "none"
@@ -74,13 +77,16 @@ def load_state(path: str | os.PathLike, predictor: Predictor) -> Predictor:
     return predictor
 
 
+def _stored(header: dict[str, Any]) -> list[Predictor]:
+    """The predictors a header records, built from their knobs, still without state."""
+    return [make_predictor(entry["name"], **entry["knobs"]) for _, entry in sorted(header["states"].items())]
+
+
 def load_states(path: str | os.PathLike) -> list[Predictor]:
     """Every predictor stored in ``path``, built from its recorded knobs and filled with its state (their
     classes must be registered: import :mod:`pipeline.predictors`)."""
-    return [
-        load_state(path, make_predictor(entry["name"], **entry["knobs"]))
-        for _, entry in sorted(read_header(path)["states"].items())
-    ]
+    header = read_header(path)
+    return [_fill(path, header, predictor) for predictor in _stored(header)]
 
 
 def select_state(path: str | os.PathLike, predictor: Predictor) -> Predictor:
@@ -88,13 +94,14 @@ def select_state(path: str | os.PathLike, predictor: Predictor) -> Predictor:
 
     Fit knobs left at their defaults are taken from the stored state when exactly one stored state of the
     method matches the others (so ``kmeans(buckets=8)`` finds centroids fitted with any iteration count);
-    a one-line error lists the fitted states when none or several match.
+    a one-line error lists the fitted states when none or several match. Only the match's tensors are read.
     """
     defaults = type(predictor)()
     given = {
         k: getattr(predictor, k) for k in predictor.fit_knobs if getattr(predictor, k) != getattr(defaults, k)
     }
-    stored = [p for p in load_states(path) if p.name == predictor.name]
+    header = read_header(path)
+    stored = [p for p in _stored(header) if p.name == predictor.name]
     exact = [p for p in stored if p.state_key() == predictor.state_key()]
     matches = exact or [p for p in stored if all(getattr(p, k) == v for k, v in given.items())]
     if len(matches) != 1:
@@ -102,4 +109,4 @@ def select_state(path: str | os.PathLike, predictor: Predictor) -> Predictor:
         problem = "no state" if not matches else "several states"
         raise UserError(f"{path} holds {problem} for {predictor.describe()}; fitted: {fitted}")
     other = {k: v for k, v in predictor.knobs().items() if k not in predictor.fit_knobs}
-    return matches[0].with_knobs(**other)
+    return _fill(path, header, matches[0]).with_knobs(**other)

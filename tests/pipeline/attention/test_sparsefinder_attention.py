@@ -55,12 +55,17 @@ def sparsefinder_model(predictor: str, knobs: dict | None = None, *, buckets: in
     projections = {
         layer: HeadProjections(HEADS, HEAD_DIM, RANK, generator=generator) for layer in range(LAYERS)
     }
-    states, shapes = None, None
-    if predictor == "kmeans":
+    # random fitted tensors of the fitted predictors: k-means centroids, Reformer rotations (r × β/2)
+    shapes = {
+        "kmeans": {"centroids": [HEADS, buckets, RANK]},
+        "reformer": {"rotations": [HEADS, RANK, (knobs or {}).get("buckets", 4) // 2]},
+    }.get(predictor)
+    states = None
+    if shapes is not None:
         states = {
-            layer: {"centroids": torch.randn(HEADS, buckets, RANK, generator=generator)} for layer in range(2)
+            layer: {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+            for layer in range(LAYERS)
         }
-        shapes = {"centroids": [HEADS, buckets, RANK]}
     attach_sparsefinder(
         sparse,
         spec(predictor, knobs, shapes=shapes, **pattern),
@@ -125,37 +130,12 @@ def test_a_sparse_predictor_changes_the_output_only_where_it_drops_gold_keys():
     ],
 )
 def test_cached_decoding_equals_uncached(predictor, knobs, pattern):
-    if predictor == "reformer":
-        _, sparse = sparsefinder_model("window")  # replaced below: reformer's rotations are its state
-        generator = torch.Generator().manual_seed(3)
-        projections = {
-            layer: HeadProjections(HEADS, HEAD_DIM, RANK, generator=generator) for layer in range(2)
-        }
-        states = {
-            layer: {"rotations": torch.randn(HEADS, RANK, 2, generator=generator)} for layer in range(2)
-        }
-        reformer_spec = spec("reformer", knobs, shapes={"rotations": [HEADS, RANK, 2]})
-        attach_sparsefinder(sparse, reformer_spec, projections, states)
-    else:
-        _, sparse = sparsefinder_model(predictor, knobs, **pattern)
+    _, sparse = sparsefinder_model(predictor, knobs, **pattern)
     inputs = batch()
     generate = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=12)
-    cached = sparse.generate(
-        **generate,
-        num_beams=1,
-        do_sample=False,
-        use_cache=True,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    uncached = sparse.generate(
-        **generate,
-        num_beams=1,
-        do_sample=False,
-        use_cache=False,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
+    greedy = dict(generate, num_beams=1, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    cached = sparse.generate(**greedy, use_cache=True)
+    uncached = sparse.generate(**greedy, use_cache=False)
     assert torch.equal(cached.sequences, uncached.sequences)
     for step_cached, step_uncached in zip(cached.scores, uncached.scores, strict=True):
         torch.testing.assert_close(step_cached, step_uncached, rtol=1e-5, atol=1e-5)
