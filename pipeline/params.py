@@ -278,6 +278,16 @@ def _even(value: int) -> int:
 EvenBuckets = Annotated[int, Field(ge=2), AfterValidator(_even)]
 
 
+class IndexerFits(Section):
+    """The τ-indexer states fitted next to the centroids: every rank × fitting (empty lists: none)."""
+
+    ranks: list[PositiveInt] = [2, 4, 8, 16]
+    fittings: list[Literal["pca", "distill"]] = ["pca", "distill"]
+    # distillation (Adam on the entmax Fenchel–Young loss, starting from the PCA maps)
+    epochs: PositiveInt = 3
+    lr: Annotated[float, Field(gt=0.0)] = 0.01
+
+
 class Cluster(Section):
     graphs: str = "artifacts/graphs/train"
     projections: str = "artifacts/predictors/projections.safetensors"
@@ -298,6 +308,7 @@ class Cluster(Section):
     # the fitted baselines, in the same state file: Routing's spherical centroids, Reformer's rotations
     routing_clusters: list[Annotated[int, Field(ge=2)]] = [2, 4, 8]
     reformer_buckets: list[EvenBuckets] = [2, 4, 8]
+    indexer: IndexerFits = IndexerFits()
     seed: Seed = 0
     out: str = "artifacts/predictors/centroids.safetensors"
     metrics: str = "artifacts/metrics/cluster.json"
@@ -338,6 +349,8 @@ class Quality(Section):
     # each method's Pareto points at sparsity >= the teacher's gold sparsity − sparsity_margin
     sparsity_margin: Fraction = 0.1
     points_per_method: NonNegativeInt = 2
+    # and each method's sparsest setting there with recall >= each of these (its operating point)
+    recall_targets: list[Annotated[float, Field(gt=0.0, le=1.0)]] = [0.99]
 
 
 class Evaluate(Section):
@@ -346,7 +359,8 @@ class Evaluate(Section):
     state: str = "artifacts/predictors/centroids.safetensors"
     teacher: str = "artifacts/models/teacher"
     data: str = "artifacts/data"
-    # per method, lists of knob values; fitted methods choose among the states in `state`
+    # per method, lists of knob values (and optionally its own window / global_tokens lists); fitted
+    # methods choose among the states in `state`
     methods: Annotated[dict[str, dict[str, list[Any]]], Field(min_length=1)] = {
         "window": {},
         "distance": {"threshold": [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5]},
@@ -356,6 +370,7 @@ class Evaluate(Section):
         "longformer": {"global_random": [4, 8, 12, 16, 20]},
         "reformer": {},
         "routing": {},
+        "indexer": {"margin": [0.0, 0.05, 0.1, 0.2, 0.4], "window": [0, 3], "global_tokens": [0]},
     }
     windows: Annotated[list[WindowSize], Field(min_length=1)] = PAPER_WINDOWS
     global_tokens: Annotated[list[NonNegativeInt], Field(min_length=1)] = [0, 1]

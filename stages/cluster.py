@@ -1,7 +1,9 @@
 """Stage ``cluster``: the fitted predictors, per layer and head in the projected space.
 
-k-means centroids for every bucket count, and the fitted baselines: Routing Transformer's spherical
-centroids and Reformer's random rotations. All go to one predictor state file.
+k-means centroids for every bucket count, the τ-indexer's low-rank maps for every rank and fitting, and the
+fitted baselines: Routing Transformer's spherical centroids and Reformer's random rotations. All go to one
+predictor state file. The indexer predicts the threshold of the teacher's own α (for a teacher with learned
+per-head α, of the α it started from).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pipeline.clustering import resolve_backend
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.graphs import GraphStore
 from pipeline.predictors.fitting import fit_predictors
+from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.kmeans import KMeansPredictor
 from pipeline.predictors.reformer import ReformerPredictor
 from pipeline.predictors.routing import RoutingPredictor
@@ -46,6 +49,14 @@ def main(argv: list[str] | None = None) -> None:
         for c in params.routing_clusters
     ]
     predictors += [ReformerPredictor(buckets=b, seed=params.seed) for b in params.reformer_buckets]
+    alpha = store.manifest["teacher"].get("entmax_alpha") or IndexerPredictor.alpha
+    predictors += [
+        IndexerPredictor(
+            rank=rank, alpha=alpha, fitting=fitting, epochs=params.indexer.epochs, lr=params.indexer.lr
+        )
+        for rank in params.indexer.ranks
+        for fitting in params.indexer.fittings
+    ]
     report = fit_predictors(store, extra["kind"], predictors, layers, split, seed=params.seed)
     save_states(params.out, predictors, {"graphs": store.manifest["teacher"], "kind": extra["kind"]})
     write_json(params.metrics, {"backend": backend, **report})

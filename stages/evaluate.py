@@ -1,13 +1,15 @@
 """Stage ``evaluate``: every predictor and baseline on the held-out graph store, then translation quality with
 predicted graphs at each method's best points.
 
-1. Graphs: every setting of ``evaluate.methods`` × ``windows`` × ``global_tokens`` is scored (sparsity,
-   recall, precision, exact-query fraction, per layer and head) on the test-split store, never on sentences
-   the projections or predictor states were fitted on; so is the teacher's own gold sparsity.
+1. Graphs: every setting of ``evaluate.methods`` × ``windows`` × ``global_tokens`` (or a method's own
+   lists) is scored (sparsity, recall, precision, exact-query fraction, per layer and head) on the
+   test-split store, never on sentences the projections or predictor states were fitted on; so is the
+   teacher's own gold sparsity.
 2. Quality: the teacher, each method's sparsity–recall Pareto points at sparsity ≥ gold − margin that a
-   decoder can run, and a window wider than any sentence (recall 1, which must reproduce the teacher) are
-   translated by beam search on the test split: BLEU, perplexity, the sparsity of the graphs actually used
-   while decoding, and wall times side by side.
+   decoder can run (and its sparsest setting there reaching each recall target), and a window wider than
+   any sentence (recall 1, which must reproduce the teacher) are translated by beam search on the test
+   split: BLEU, perplexity, the sparsity of the graphs actually used while decoding, and wall times side
+   by side.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import choose_points, quality_sweep
-from pipeline.evaluation.sweep import gold_sparsity, grid_predictors, grid_settings, sweep_graphs
+from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore
 from pipeline.params import Evaluate
@@ -62,13 +64,19 @@ def graph_rows(
     check_teacher("projections", params.projections, extra.get("graphs", {}), store)
     check_teacher("state", params.state, read_header(params.state)["extra"].get("graphs", {}), store)
     stored = load_states(params.state)
-    predictors = [
-        p
-        for method, grid in params.methods.items()
-        for p in grid_predictors(method, grid, stored, params.state)
-    ]
     settings = [
-        *grid_settings(predictors, params.windows, params.global_tokens),
+        *(
+            setting
+            for method, grid in params.methods.items()
+            for setting in method_settings(
+                method,
+                grid,
+                stored,
+                params.state,
+                windows=params.windows,
+                global_tokens=params.global_tokens,
+            )
+        ),
         Setting(WindowPredictor(), full_window),
     ]
     *rows, full = sweep_graphs(store, kind, settings, projections, indices, batch_size=params.batch_size)
@@ -104,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         kind,
         min_sparsity=gold["sparsity"] - quality.sparsity_margin,
         per_method=quality.points_per_method,
+        recall_targets=quality.recall_targets,
     )
     teacher_quality, point_rows = quality_sweep(
         model,

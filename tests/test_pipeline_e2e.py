@@ -142,6 +142,11 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     fitted = [[p["predictor"] for p in layer["predictors"]] for layer in cluster["layers"]]
     kmeans = [[name for name in names if name.startswith("kmeans(")] for names in fitted]
     assert len(kmeans) == 2 and all(len(names) == 2 and "buckets=4" in names[1] for names in kmeans), fitted
+    indexers = [
+        sorted(name.split("fitting=")[1][:3] for name in names if name.startswith("indexer("))
+        for names in fitted
+    ]
+    assert indexers == [["dis", "pca"]] * 2, fitted  # the τ-indexer's PCA and distilled maps per layer
     for layer in cluster["layers"]:
         for predictor in layer["predictors"]:
             held_out = predictor["held_out"]
@@ -155,6 +160,8 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     assert SPARSE < evaluation["gold_sparsity"] < 1.0
     for row in evaluation["graphs"]:
         assert 0.0 <= row["sparsity"] <= 1.0 and 0.0 <= row["recall"] <= 1.0, row
+    # the indexer's grid names its own window list: it is crossed with window 0 alone
+    assert {row["window"] for row in evaluation["graphs"] if row["method"] == "indexer"} == {0}
     teacher_quality = evaluation["quality"]["teacher"]
     points = {p["label"]: p for p in evaluation["quality"]["points"]}
     full = [p for label, p in points.items() if label.startswith("window() w=") and p["graph_recall"] == 1.0]
@@ -164,12 +171,20 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
         teacher_quality["perplexity"],
     )
     decoded = [p for p in points.values() if p is not full[0]]
-    assert {p["method"] for p in decoded} <= {"window", "distance", "kmeans", "reformer"} and decoded
+    assert {p["method"] for p in decoded} <= {
+        "window",
+        "distance",
+        "kmeans",
+        "reformer",
+        "indexer",
+    } and decoded
+    assert "indexer" in {p["method"] for p in decoded}  # a row-scope predictor runs in the decoder
     assert all(0.0 <= p["sparsity"] <= 1.0 and math.isfinite(p["perplexity"]) for p in decoded), decoded
 
     # report: the table has a row per method, the headline metrics are DVC metrics, the plots exist
     report = (project / "artifacts/report.md").read_text()
     assert all(f"| {method} |" in report for method in methods) and "| teacher" in report
+    assert "## τ-indexer: rank and fitting" in report
     headline = load(project, "artifacts/metrics/report.json")
     assert set(headline["methods"]) == set(methods) and headline["teacher_bleu"] == teacher_quality["bleu"]
     assert "report.json" in dvc(project, "metrics", "show").stdout

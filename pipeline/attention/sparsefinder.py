@@ -14,7 +14,8 @@ Bucket predictors run through :func:`kernels.bucketed_attention` (Triton on CUDA
 path on CPU) for whole sequences; mask predictors, decoding steps with a cache, a learned α and padded
 non-causal batches run the dense masked entmax of :mod:`pipeline.attention.entmax` on Ĝ. Both compute the
 same set. Keys' bucket ids are recomputed from the cached keys at each step: a key's ids depend on that key
-alone (predictors of scope "token"), so this costs O(m·B·r) next to the step's O(m·d) and is exact.
+alone (predictors of scope "token"), so this costs O(m·B·r) next to the step's O(m·d) and is exact. Row-scope
+predictors (the τ-indexer) see the same keys a full forward gives the query, so they too are exact.
 
 The configuration lives in ``config.sparsefinder`` (see :func:`attach_sparsefinder`); every attention module
 of the configured kind carries a :class:`SparsefinderHead` holding its layer's projections and fitted
@@ -45,8 +46,13 @@ from pipeline.predictors.base import HeadInputs, Prediction, Predictor, make_pre
 from pipeline.projection.model import HeadProjections
 
 SPARSEFINDER = "sparsefinder"
-# the predictor scopes a model can run in each kind: a decoder's queries arrive one step at a time
-MODEL_SCOPES = {"decoder_self": ("token",), "cross": ("token",), "encoder_self": ("token", "sentence")}
+# the predictor scopes a model can run in each kind: a decoder's queries arrive one step at a time, each
+# with every key it may attend (its row)
+MODEL_SCOPES = {
+    "decoder_self": ("token", "row"),
+    "cross": ("token", "row"),
+    "encoder_self": ("token", "row", "sentence"),
+}
 
 
 class SparsefinderHead(nn.Module):
@@ -87,14 +93,17 @@ class SparsefinderHead(nn.Module):
             f"global_tokens={self.global_tokens}"
         )
 
-    def predict(self, q: Tensor, k: Tensor, q_valid: Tensor, k_valid: Tensor) -> Prediction:
-        """The predictor's buckets or mask for queries (b, h, n, d) and keys (b, h, m, d)."""
+    def predict(
+        self, q: Tensor, k: Tensor, q_valid: Tensor, k_valid: Tensor, allowed: Tensor, scaling: float | None
+    ) -> Prediction:
+        """The predictor's buckets or mask for queries (b, h, n, d) and keys (b, h, m, d), within the pairs
+        the model allows (b, 1 | h, n, m) and with the model's scaling."""
         q_proj = k_proj = None
         if self.projections is not None:
             dtype = self.projections.q_weight.dtype
             q_proj, k_proj = self.projections(q.to(dtype), k.to(dtype))
         self.predictor.set_layer_state(self.layer, {n: getattr(self, f"state_{n}") for n in self.state_names})
-        inputs = HeadInputs(q, k, q_valid, k_valid, self.causal, q_proj, k_proj)
+        inputs = HeadInputs(q, k, q_valid, k_valid, self.causal, q_proj, k_proj, scaling, allowed)
         return self.predictor.predict(self.layer, inputs)
 
     def graph(self, prediction: Prediction, allowed: Tensor, q_offset: int) -> Tensor:
@@ -170,7 +179,7 @@ def sparsefinder_attention_forward(
         q_valid = k_valid[:, q_offset:]
     else:  # cross-attention: the decoder's padding is not in the encoder mask
         q_valid = torch.ones(b, n, dtype=torch.bool, device=query.device)
-    prediction = head.predict(query, keys, q_valid, k_valid)
+    prediction = head.predict(query, keys, q_valid, k_valid, allowed, scaling)
 
     alpha = attention_alpha(module)
     use_kernel = (

@@ -33,11 +33,14 @@ def choose_points(
     *,
     min_sparsity: float,
     per_method: int,
+    recall_targets: Sequence[float] = (),
 ) -> list[tuple[Setting, dict[str, Any]]]:
-    """Each method's sparsity–recall Pareto points at sparsity ≥ ``min_sparsity``, at most ``per_method``.
+    """Each method's sparsity–recall Pareto points at sparsity ≥ ``min_sparsity``, at most ``per_method``,
+    and, for each of ``recall_targets``, its sparsest setting there with recall ≥ the target.
 
     Methods a model cannot run in ``kind`` are skipped. When a front is longer than ``per_method`` the points
-    kept are spread evenly along it, the highest-recall point always among them.
+    kept are spread evenly along it, the highest-recall point always among them. The recall-target points
+    (on the front too) are those a report quotes as a method's operating point; each setting comes once.
     """
     chosen = []
     for method in dict.fromkeys(row["method"] for _, row in rows):
@@ -51,7 +54,11 @@ def choose_points(
         if len(front) > per_method:
             step = (len(front) - 1) / max(per_method - 1, 1)
             front = [front[round(i * step)] for i in range(per_method)]
-        chosen += front
+        for target in recall_targets:
+            reaching = [(s, r) for s, r in candidates if r["recall"] >= target]
+            if reaching:
+                front.append(max(reaching, key=lambda point: (point[1]["sparsity"], point[1]["recall"])))
+        chosen += list({id(s): (s, r) for s, r in front}.values())
     return chosen
 
 

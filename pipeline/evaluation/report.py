@@ -41,6 +41,8 @@ GRAPH_KEYS = ("method", "sparsity", "recall")
 QUALITY_KEYS = ("teacher", "points")
 POINT_KEYS = ("method", "sparsity", "bleu", "perplexity")
 DASH = "—"
+# The τ-indexer's goal: recall ≥ INDEXER_RECALL at sparsity ≥ gold − INDEXER_SLACK.
+INDEXER_RECALL, INDEXER_SLACK = 0.99, 0.03
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -234,6 +236,9 @@ def build_report(
         "## Findings",
         _findings(evaluation, sparsity_levels, recall_target),
     ]
+    indexer = _indexer_table(evaluation)
+    if indexer:
+        sections += ["## τ-indexer: rank and fitting", indexer]
     if figures:
         sections += ["## Figures", "\n\n".join(f"![{caption}]({path})" for caption, path in figures)]
     markdown = "\n\n".join(sections) + "\n"
@@ -368,6 +373,53 @@ def _signed(value: float | None, digits: int) -> str:
 def _ratio(value: Any, reference: Any) -> str:
     a, b = finite_number(value), finite_number(reference)
     return DASH if a is None or b is None or b <= 0 else f"{a / b:.2f}×"
+
+
+def _indexer_table(evaluation: dict) -> str:
+    """Per rank and fitting of the τ-indexer: recall at sparsity ≥ gold − slack and sparsity at recall ≥ the
+    goal, with BLEU / ppl where decoded, and which fitting wins each rank ("" without indexer rows)."""
+    rows = [row for row in evaluation["graphs"] if row["method"] == "indexer"]
+    gold = finite_number(evaluation["gold_sparsity"])
+    if not rows or gold is None:
+        return ""
+    level = gold - INDEXER_SLACK
+    variants: dict[tuple[Any, Any], list[dict]] = {}
+    for row in rows:
+        knobs = row.get("knobs") or {}
+        variants.setdefault((knobs.get("rank"), knobs.get("fitting")), []).append(row)
+    header = [
+        "rank",
+        "fitting",
+        f"recall @ sparsity ≥ {level:.3f}",
+        "BLEU / ppl",
+        f"sparsity @ recall ≥ {INDEXER_RECALL:g}",
+        "BLEU / ppl",
+    ]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    winners = {}
+    by_rank = sorted(variants.items(), key=lambda item: (finite_number(item[0][0]) or 0.0, str(item[0][1])))
+    for (rank, fitting), group in by_rank:
+        at_level = recall_at_sparsity(group, level)
+        at_goal = sparsity_at_recall(group, INDEXER_RECALL)
+        lines.append(
+            _table_row(
+                [
+                    str(rank),
+                    str(fitting),
+                    _setting_cell(at_level, "recall"),
+                    _quality_cell(quality_at(evaluation, at_level)),
+                    _setting_cell(at_goal, "sparsity"),
+                    _quality_cell(quality_at(evaluation, at_goal)),
+                ]
+            )
+        )
+        recall = _field(at_level, "recall")
+        if recall is not None and (rank not in winners or recall > winners[rank][1]):
+            winners[rank] = (fitting, recall)
+    verdict = ", ".join(f"rank {rank}: {fitting}" for rank, (fitting, _) in winners.items())
+    if verdict:
+        lines += ["", f"Higher recall at sparsity ≥ {level:.3f} (gold − {INDEXER_SLACK:g}): {verdict}."]
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------------------

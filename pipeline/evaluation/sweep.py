@@ -3,8 +3,9 @@
 A *grid* names, per method, lists of knob values; their product gives the predictors. Fitted methods
 (k-means, Routing, Reformer) come from the predictor state file: the grid's fit knobs choose among the
 stored states (every stored state when it names none), its other knobs (k-means top-k) multiply them. Each
-predictor is then crossed with every window size and global-token count, and all settings are scored
-layer by layer on the store's sentences (:func:`~pipeline.predictors.scoring.score_settings`).
+predictor is then crossed with every window size and global-token count (a method's grid may name its own
+``window`` and ``global_tokens`` lists instead), and all settings are scored layer by layer on the store's
+sentences (:func:`~pipeline.predictors.scoring.score_settings`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from kernels.attended import window_radius
 from pipeline.errors import UserError
 from pipeline.graphs.store import GraphStore
 from pipeline.predictors.base import PREDICTORS, Predictor, make_predictor
@@ -58,6 +60,34 @@ def grid_predictors(
         raise UserError(f"evaluate.methods.{method}: {state_path} holds no fitted {method} state")
     other = {k: v for k, v in grid.items() if k not in cls.fit_knobs}
     return [p.with_knobs(**knobs) for p in chosen for knobs in _products(other)]
+
+
+PATTERN_KEYS = ("window", "global_tokens")  # grid keys that set a method's pattern, not a predictor knob
+
+
+def method_settings(
+    method: str,
+    grid: Mapping[str, Sequence[Any]],
+    stored: Sequence[Predictor],
+    state_path: str,
+    *,
+    windows: Sequence[int],
+    global_tokens: Sequence[int],
+) -> list[Setting]:
+    """The settings of one method: its grid's predictors × its windows and global-token counts (the grid's
+    own ``window`` / ``global_tokens`` lists when it names them, else ``windows`` / ``global_tokens``)."""
+    windows = grid.get("window", windows)
+    global_tokens = grid.get("global_tokens", global_tokens)
+    for window in windows:
+        try:
+            window_radius(window)
+        except ValueError as err:
+            raise UserError(f"evaluate.methods.{method}.window: {err}") from None
+    for count in global_tokens:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UserError(f"evaluate.methods.{method}.global_tokens must list integers >= 0; got {count!r}")
+    knobs = {k: v for k, v in grid.items() if k not in PATTERN_KEYS}
+    return grid_settings(grid_predictors(method, knobs, stored, state_path), windows, global_tokens)
 
 
 def label(predictor: Predictor, keys: Sequence[str], window: int, global_tokens: int) -> str:

@@ -5,6 +5,8 @@
 - Sparsefinder: :mod:`~pipeline.predictors.distance` (‖q′ − k′‖ ≤ t, a mask),
   :mod:`~pipeline.predictors.quantization` (equal-size bins per projected dimension, buckets),
   :mod:`~pipeline.predictors.kmeans` (top-k of B offline centroids, buckets).
+- :mod:`~pipeline.predictors.indexer`: the τ-indexer (entmax's per-query threshold on low-rank scores,
+  a mask), fitted by :mod:`~pipeline.predictors.indexer_fit`.
 - :mod:`~pipeline.predictors.state`: fitted state as safetensors. :mod:`~pipeline.predictors.fitting` and
   :mod:`~pipeline.predictors.scoring`: fitting on a graph store's training split, scoring held out.
 - :mod:`~pipeline.predictors.metrics`: sparsity, recall, precision and exact-query fraction.
@@ -23,6 +25,7 @@ from pipeline.predictors.base import (
 )
 from pipeline.predictors.bigbird import BigBirdPredictor
 from pipeline.predictors.distance import DistancePredictor
+from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.kmeans import KMeansPredictor
 from pipeline.predictors.longformer import LongformerPredictor
 from pipeline.predictors.metrics import GraphScoreSums, graph_scores, summarize
@@ -37,6 +40,7 @@ __all__ = [
     "DistancePredictor",
     "GraphScoreSums",
     "HeadInputs",
+    "IndexerPredictor",
     "KMeansPredictor",
     "LongformerPredictor",
     "Prediction",

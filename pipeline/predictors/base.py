@@ -36,7 +36,9 @@ class HeadInputs:
     """What a predictor sees of one layer: every head of a batch of sentences, right-padded.
 
     ``q_proj`` / ``k_proj`` are the learned low-rank projections of the queries and keys (None when the
-    predictor needs none and no projections were given).
+    predictor needs none and no projections were given). ``scaling`` is the factor the model multiplies
+    q·kᵀ by (None: head_dim^−½). ``allowed`` restricts the pairs further, as a model's own mask does (a
+    cached decoding step's queries sit after the cached keys); None means the valid pairs.
     """
 
     q: Tensor  # (b, h, n, d) teacher queries, unscaled
@@ -46,6 +48,18 @@ class HeadInputs:
     causal: bool
     q_proj: Tensor | None = None  # (b, h, n, r)
     k_proj: Tensor | None = None  # (b, h, m, r)
+    scaling: float | None = None
+    allowed: Tensor | None = None  # (b, 1 | h, n, m) bool
+
+    def score_scale(self) -> float:
+        """The model's factor on q·kᵀ."""
+        return self.q.shape[-1] ** -0.5 if self.scaling is None else self.scaling
+
+    def pairs(self) -> Tensor:
+        """(b, 1 | h, n, m) bool: the pairs a query may attend, ``allowed`` or the valid pairs."""
+        if self.allowed is not None:
+            return self.allowed
+        return valid_pairs(self.q_valid, self.k_valid, causal=self.causal)[:, None]
 
     def projected(self) -> tuple[Tensor, Tensor]:
         """(q_proj, k_proj); a one-line error when the caller gave no projections."""
@@ -107,7 +121,8 @@ class Predictor(ABC):
     needs_projections: ClassVar[bool] = True
     # What one pair's prediction depends on: "token" (that query and that key only, so a decoder can run
     # it step by step with a cache), "sentence" (every token of the sentence, e.g. ranks) or "batch" (the
-    # batch's layout too, e.g. random draws by position in the batch).
+    # batch's layout too, e.g. random draws by position in the batch). "row" lies between "token" and
+    # "sentence": the query and every key it may attend, which a decoder has at each step.
     scope: ClassVar[str] = "token"
 
     def __post_init__(self) -> None:

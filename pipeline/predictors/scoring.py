@@ -62,6 +62,7 @@ def layer_inputs(
             causal=causal,
             q_proj=q_proj,
             k_proj=k_proj,
+            scaling=store.scaling,
         )
         yield inputs, batch["gold"]
 

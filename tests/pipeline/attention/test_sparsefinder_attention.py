@@ -19,6 +19,7 @@ from pipeline.projection.model import HeadProjections
 from tests.tiny import tiny_marian
 
 VOCAB, HEADS, HEAD_DIM, RANK, LAYERS = 40, 4, 8, 4, 2
+UNPROJECTED = ("window", "indexer")  # predictors that read the teacher's queries and keys directly
 
 
 def teacher(attn_implementation: str = ENTMAX) -> MarianMTModel:
@@ -41,7 +42,7 @@ def spec(predictor: str, knobs: dict | None = None, *, window: int = 0, global_t
         "knobs": knobs or {},
         "window": window,
         "global_tokens": global_tokens,
-        "projections": None if predictor == "window" else HeadProjections(HEADS, HEAD_DIM, RANK).config(),
+        "projections": None if predictor in UNPROJECTED else HeadProjections(HEADS, HEAD_DIM, RANK).config(),
         "state_shapes": shapes or {},
     }
 
@@ -55,10 +56,13 @@ def sparsefinder_model(predictor: str, knobs: dict | None = None, *, buckets: in
     projections = {
         layer: HeadProjections(HEADS, HEAD_DIM, RANK, generator=generator) for layer in range(LAYERS)
     }
-    # random fitted tensors of the fitted predictors: k-means centroids, Reformer rotations (r × β/2)
+    # random fitted tensors of the fitted predictors: k-means centroids, Reformer rotations (r × β/2),
+    # the indexer's rank-r maps of queries and keys
+    index_rank = (knobs or {}).get("rank", 8)
     shapes = {
         "kmeans": {"centroids": [HEADS, buckets, RANK]},
         "reformer": {"rotations": [HEADS, RANK, (knobs or {}).get("buckets", 4) // 2]},
+        "indexer": {"q_map": [HEADS, index_rank, HEAD_DIM], "k_map": [HEADS, index_rank, HEAD_DIM]},
     }.get(predictor)
     states = None
     if shapes is not None:
@@ -69,7 +73,7 @@ def sparsefinder_model(predictor: str, knobs: dict | None = None, *, buckets: in
     attach_sparsefinder(
         sparse,
         spec(predictor, knobs, shapes=shapes, **pattern),
-        None if predictor == "window" else projections,
+        None if predictor in UNPROJECTED else projections,
         states,
     )
     return model, sparse.eval()
@@ -104,6 +108,7 @@ def real_logits(model, inputs) -> torch.Tensor:
         ("kmeans", {"buckets": 1}, {}),  # one bucket holds every token: through the kernel
         ("window", {}, {"window": 25}),  # a window wider than the sentence: the mask path
         ("distance", {"threshold": 1e9}, {}),
+        ("indexer", {"rank": 2, "margin": 1e9}, {}),  # a margin wider than any score gap keeps every key
     ],
 )
 def test_recall_one_predictor_reproduces_the_teacher(predictor, knobs, pattern):
@@ -127,6 +132,7 @@ def test_a_sparse_predictor_changes_the_output_only_where_it_drops_gold_keys():
         ("kmeans", {"buckets": 4}, {"global_tokens": 2}),
         ("distance", {"threshold": 1.0}, {"window": 1}),
         ("reformer", {"buckets": 4}, {}),
+        ("indexer", {"rank": 2, "margin": 0.05}, {}),  # each step's threshold from its row of cached keys
     ],
 )
 def test_cached_decoding_equals_uncached(predictor, knobs, pattern):
@@ -155,7 +161,7 @@ def test_kernel_path_equals_dense_entmax_over_the_same_graph():
     out, probs = sparsefinder_attention_forward(module, q, k, v, causal, scaling=0.3)
     assert probs is None  # the kernel ran
     valid = torch.ones(2, 11, dtype=torch.bool)
-    graph = head.graph(head.predict(q, k, valid, valid), causal, 0)
+    graph = head.graph(head.predict(q, k, valid, valid, causal, 0.3), causal, 0)
     assert 0 < graph.float().mean() < causal.float().mean()  # really sparse, really attending
     expected, _ = entmax_attention_forward(module, q, k, v, graph, scaling=0.3)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)

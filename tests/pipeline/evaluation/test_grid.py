@@ -106,3 +106,13 @@ def test_a_knob_that_replaces_another_gives_each_predictor_once():
     grid = {"bins": [2, 4], "tokens_per_bin": [None, 8]}
     predictors = grid_predictors("quantization", grid, [], "state.safetensors")
     assert [(p.bins, p.tokens_per_bin) for p in predictors] == [(2, None), (None, 8), (4, None)]
+
+
+def test_a_recall_target_adds_each_methods_sparsest_setting_reaching_it():
+    d = [DistancePredictor(threshold=t / 10) for t in range(1, 6)]
+    rows = [row(p, 0.9 + i / 100, 0.999 - i / 200) for i, p in enumerate(d)]  # recall 0.999 … 0.979
+    chosen = choose_points(rows, "decoder_self", min_sparsity=0.5, per_method=1, recall_targets=[0.99, 0.5])
+    # the front's highest-recall point, the sparsest at recall ≥ 0.99, the sparsest of all (≥ 0.5)
+    assert [r["sparsity"] for _, r in chosen] == pytest.approx([0.90, 0.91, 0.94])
+    again = choose_points(rows, "decoder_self", min_sparsity=0.5, per_method=5, recall_targets=[0.99])
+    assert len(again) == 5  # a target point already on the front is decoded once

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.evaluation.report import build_report, load_evaluation, operating_point
-from tests.pipeline.evaluation.synthetic import synthetic_evaluation
+from tests.pipeline.evaluation.synthetic import graph, point, synthetic_evaluation
 
 
 def table_rows(markdown: str, section: str) -> dict[str, list[str]]:
@@ -227,3 +227,34 @@ def test_load_evaluation_missing_file_and_bad_json(tmp_path: Path):
         load_evaluation(write(tmp_path / "broken.json", '{"kind": '))
     with pytest.raises(UserError, match="top level must be a mapping, got list"):
         load_evaluation(write(tmp_path / "list.json", [1, 2]))
+
+
+def test_indexer_table_compares_the_fittings_per_rank():
+    evaluation = synthetic_evaluation()  # gold sparsity 0.87: the goal is recall ≥ 0.99 at sparsity ≥ 0.84
+    assert "τ-indexer" not in build_report(evaluation)[0]
+
+    def indexer(rank: int, fitting: str, margin: float, sparsity: float, recall: float) -> dict:
+        return graph("indexer", {"rank": rank, "fitting": fitting, "margin": margin}, 0, sparsity, recall)
+
+    rows = [
+        indexer(8, "pca", 0.0, 0.86, 0.985),
+        indexer(8, "pca", 0.1, 0.83, 0.995),  # sparser than the level allows
+        indexer(8, "distill", 0.0, 0.85, 0.993),
+        indexer(2, "distill", 0.0, 0.85, 0.96),
+        indexer(2, "pca", 0.0, 0.86, 0.93),
+    ]
+    evaluation["graphs"] += rows
+    evaluation["quality"]["points"].append(point(rows[2], 0.85, 19.95, 5.02, 1.0, 10.0))
+    markdown, _ = build_report(evaluation)
+    table = markdown.split("## τ-indexer: rank and fitting\n", 1)[1]
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert lines[0].startswith("| rank | fitting | recall @ sparsity ≥ 0.840 |")
+    assert [line.split(" | ")[:3] for line in lines[2:]] == [
+        ["| 2", "distill", "0.960 (indexer(rank=2, fitting=distill, margin=0.0) w=0)"],
+        ["| 2", "pca", "0.930 (indexer(rank=2, fitting=pca, margin=0.0) w=0)"],
+        ["| 8", "distill", "0.993 (indexer(rank=8, fitting=distill, margin=0.0) w=0)"],
+        ["| 8", "pca", "0.985 (indexer(rank=8, fitting=pca, margin=0.0) w=0)"],
+    ]
+    assert "19.95 / 5.02" in lines[4]  # the decoded distilled rank-8 point
+    assert lines[5].split(" | ")[4] == "0.830 (indexer(rank=8, fitting=pca, margin=0.1) w=0)"
+    assert "(gold − 0.03): rank 2: distill, rank 8: distill." in table

@@ -1,0 +1,116 @@
+"""τ-indexer: predict each query's α-entmax support by applying entmax's own rule to low-rank scores.
+
+α-entmax keeps key j of query i exactly when (α − 1) z_ij > τ_i, the threshold that makes the row sum to 1
+(entmax15's convention: p_j = [z_j/2 − τ]₊²). The indexer estimates the scores cheaply, at rank r ≪ d,
+
+    z′_ij = s · (A q_i)·(B k_j),      A, B ∈ ℝ^{r × d} per head,  s the model's scaling,
+
+and applies the same rule per query, with a safety margin δ ≥ 0:
+
+    τ′_i = the α-entmax threshold of the row z′_i over the keys query i may attend,
+    Ĝ_i  = {j may be attended : (α − 1) z′_ij ≥ τ′_i − δ}.
+
+Buckets force one cut shared by all queries; the entmax threshold is per query, and the number of keys it
+keeps adapts to each row. A and B come from a PCA of the training queries and keys (``fitting="pca"``,
+training-free, A = B) or are distilled from the teacher's attention (``fitting="distill"``); see
+:mod:`pipeline.predictors.indexer_fit`. In a model, entmax over Ĝ with exact scores recomputes τ on the
+selected keys, so whenever Ĝ_i holds the teacher's support the output is the teacher's (sparse-consistency).
+
+A row's prediction depends on the query and every key it may attend (scope "row"), which a decoder has at
+each step, so the indexer runs in every attention kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pipeline.attention.entmax import entmax_normalize
+from pipeline.errors import UserError
+from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
+from pipeline.predictors.indexer_fit import FITS, distill_maps, low_rank_scores, principal_basis
+
+
+def entmax_threshold(scores: Tensor, alpha: float) -> Tensor:
+    """(..., 1) τ of α-entmax over the last dim of ``scores`` (−inf marks excluded keys; −inf for a row
+    with none), so that p_j = [(α − 1) z_j − τ]₊^{1/(α−1)}.
+
+    The probabilities come from the exact normalizer (sort for α = 1.5 and 2, bisection otherwise); τ is
+    read off the row's top key, which is always in the support: τ = (α − 1) z_max − p_max^{α−1}.
+    """
+    probs = entmax_normalize(scores, alpha)
+    top_score, top = scores.max(dim=-1, keepdim=True)
+    tau = (alpha - 1.0) * top_score - probs.gather(-1, top).pow(alpha - 1.0)
+    return tau.masked_fill(torch.isneginf(top_score), float("-inf"))
+
+
+def indexed_set(scores: Tensor, pairs: Tensor, alpha: float, margin: float) -> Tensor:
+    """(b, h, n, m) bool Ĝ_i = {j ∈ pairs_i : (α − 1) z′_ij ≥ τ′_i − δ} (see the module docstring)."""
+    masked = scores.masked_fill(~pairs, float("-inf"))
+    tau = entmax_threshold(masked, alpha)  # (b, h, n, 1)
+    return ((alpha - 1.0) * scores >= tau - margin) & pairs
+
+
+@register
+@dataclass(frozen=True)
+class IndexerPredictor(Predictor):
+    """Per-query entmax threshold on rank-``rank`` scores, widened by ``margin`` (δ, in units of (α − 1) z).
+
+    Fit knobs: the rank, the ``fitting`` (``pca`` or ``distill``), the α whose threshold is predicted (the
+    teacher's), and the distillation's ``epochs`` and ``lr`` (unused by ``pca``).
+    """
+
+    name = "indexer"
+    fitted = True
+    needs_projections = False
+    scope = "row"
+    fit_knobs = ("rank", "fitting", "alpha", "epochs", "lr")
+    rank: int = 8
+    margin: float = 0.0
+    alpha: float = 1.5
+    fitting: str = "pca"
+    epochs: int = 3
+    lr: float = 0.01
+
+    def check(self) -> None:
+        positive_int(self.name, "rank", self.rank)
+        positive_int(self.name, "epochs", self.epochs)
+        for knob, least in (("margin", 0.0), ("lr", 0.0)):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < least:
+                raise UserError(f"{self.name}.{knob} must be a number >= {least}; got {value!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not self.alpha > 1:
+            raise UserError(
+                f"{self.name}.alpha must be a number > 1 (entmax with exact zeros); got {self.alpha!r}"
+            )
+        if self.fitting not in FITS:
+            raise UserError(f"{self.name}.fitting must be one of {', '.join(FITS)}; got {self.fitting!r}")
+
+    def fit_layer(self, layer: int, batches: Iterable[HeadInputs], seed: int) -> dict[str, Tensor]:
+        batches = list(batches)
+        if not batches:
+            raise UserError(f"{self.name}: no training batches for layer {layer}")
+        head_dim = batches[0].q.shape[-1]
+        if self.rank > head_dim:
+            raise UserError(f"{self.name}.rank = {self.rank} exceeds the head dimension {head_dim}")
+        basis = principal_basis(batches, self.rank)  # (h, r, d)
+        if self.fitting == "pca":
+            return {"q_map": basis, "k_map": basis.clone()}
+        q_map, k_map, _ = distill_maps(
+            batches, basis, basis, alpha=float(self.alpha), epochs=self.epochs, lr=self.lr, seed=seed
+        )
+        return {"q_map": q_map, "k_map": k_map}
+
+    def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
+        state = self.layer_state(layer)
+        q_map, k_map = state["q_map"], state["k_map"]
+        if q_map.shape[-1] != inputs.q.shape[-1]:
+            raise UserError(
+                f"{self.describe()}: layer {layer}'s maps expect head dimension {q_map.shape[-1]}, "
+                f"the queries have {inputs.q.shape[-1]}"
+            )
+        scores = low_rank_scores(inputs.q, inputs.k, q_map, k_map, inputs.score_scale())
+        return Prediction(mask=indexed_set(scores, inputs.pairs(), float(self.alpha), float(self.margin)))
