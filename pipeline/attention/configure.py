@@ -26,7 +26,7 @@ from pipeline.errors import UserError
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs.extract import attention_layers
 from pipeline.graphs.kinds import attention_kind
-from pipeline.predictors.base import make_predictor
+from pipeline.predictors.base import Predictor, make_predictor
 from pipeline.predictors.state import read_header, select_state
 from pipeline.projection.model import HeadProjections, load_projections
 
@@ -59,6 +59,18 @@ def _check_projections(
                 f"projections {path} layer {layer} are for {config['n_heads']} heads × {config['head_dim']} "
                 f"dims; the teacher's {kind} attention has {module.num_heads} × {module.head_dim}"
             )
+
+
+def _check_state(model: PreTrainedModel, kind: str, predictor: Predictor, path: str | os.PathLike) -> None:
+    """One-line error unless the fitted state covers every layer of ``kind`` with its number of heads
+    (every fitted tensor is per head: centroids, rotations, the indexer's maps)."""
+    for layer, module in enumerate(attention_layers(model, attention_kind(kind))):
+        for name, tensor in predictor.layer_state(layer).items():
+            if tensor.shape[0] != module.num_heads:
+                raise UserError(
+                    f"predictor state {path} layer {layer} holds {name} for {tensor.shape[0]} heads; "
+                    f"the teacher's {kind} attention has {module.num_heads}"
+                )
 
 
 def configure_sparsefinder(
@@ -96,6 +108,7 @@ def configure_sparsefinder(
             raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
         _check_fitted_on(teacher, "predictor state", state, read_header(state)["extra"].get("graphs", {}))
         predictor = select_state(state, predictor)
+        _check_state(model, kind, predictor, state)
     if predictor.needs_projections and layers is None:
         raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
     attach_predictor(

@@ -16,7 +16,7 @@ from pipeline.attention.sparsefinder import SPARSEFINDER, sparsefinder_heads
 from pipeline.checkpoint import read_manifest
 from pipeline.cli import main
 from pipeline.graphs.extract import teacher_fingerprint
-from pipeline.predictors import HeadInputs, KMeansPredictor
+from pipeline.predictors import HeadInputs, IndexerPredictor, KMeansPredictor
 from pipeline.predictors.state import load_state, save_states
 from pipeline.projection.model import HeadProjections, save_projections
 from tests.tiny import tiny_marian, word_tokenizer
@@ -42,7 +42,8 @@ def save_teacher(folder: Path, seed: int = 0) -> MarianMTModel:
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory) -> dict[str, Path]:
-    """A teacher folder, its decoder self-attention projections and k-means state for B ∈ {1, 4}."""
+    """A teacher folder, its decoder self-attention projections, k-means state for B ∈ {1, 4} and a rank-2
+    τ-indexer; and a state file fitted for a teacher with one head more."""
     root = tmp_path_factory.mktemp("configure")
     teacher = save_teacher(root / "teacher")
     fingerprint = teacher_fingerprint(teacher, root / "teacher")
@@ -52,18 +53,24 @@ def fitted(tmp_path_factory) -> dict[str, Path]:
         root / "projections.safetensors", layers, {"kind": "decoder_self", "graphs": fingerprint}
     )
     predictors = [KMeansPredictor(buckets=b, iterations=5, backend="sklearn") for b in (1, 4)]
+    predictors.append(IndexerPredictor(rank=2))
+    wide = IndexerPredictor(rank=2)
     for layer, module in layers.items():
         q = torch.randn(3, HEADS, 10, HEAD_DIM, generator=generator)
         valid = torch.ones(3, 10, dtype=torch.bool)
         batch = HeadInputs(q, q, valid, valid, True, *module(q, q))
         for predictor in predictors:
             predictor.fit(layer, [batch], seed=0)
-    save_states(root / "centroids.safetensors", predictors, {"graphs": fingerprint, "kind": "decoder_self"})
+        wide.fit(layer, [HeadInputs(q.repeat(1, 2, 1, 1), q.repeat(1, 2, 1, 1), valid, valid, True)], seed=0)
+    extra = {"graphs": fingerprint, "kind": "decoder_self"}
+    save_states(root / "centroids.safetensors", predictors, extra)
+    save_states(root / "four_heads.safetensors", [wide], extra)
     return {
         "root": root,
         "teacher": root / "teacher",
         "projections": root / "projections.safetensors",
         "state": root / "centroids.safetensors",
+        "four_heads": root / "four_heads.safetensors",
     }
 
 
@@ -115,6 +122,32 @@ def test_window_only_needs_no_projections(fitted, tmp_path):
     main(["configure", str(fitted["teacher"]), str(out), "--method", "window", "--window", "5"])
     heads = sparsefinder_heads(load_model(out, attn_implementation=SPARSEFINDER))
     assert len(heads) == LAYERS and heads[0].projections is None
+
+
+def test_indexer_needs_no_projections_and_a_wide_margin_equals_the_teacher(fitted, tmp_path):
+    teacher = logits(load_model(fitted["teacher"]))
+    for margin, equal in ((1e9, True), (0.0, False)):
+        out = tmp_path / f"indexer{margin}"
+        args = ["configure", str(fitted["teacher"]), str(out), "--state", str(fitted["state"])]
+        assert main([*args, "--method", "indexer", "--knob", "rank=2", "--knob", f"margin={margin}"]) == 0
+        spec = read_manifest(out)[SPARSEFINDER]
+        assert spec["projections"] is None and spec["state_shapes"]["q_map"] == [HEADS, 2, HEAD_DIM]
+        model = load_model(out, attn_implementation=SPARSEFINDER)
+        assert torch.allclose(logits(model), teacher, rtol=1e-5, atol=1e-5) == equal
+
+
+def test_a_state_for_another_head_count_is_refused(fitted, tmp_path):
+    out = tmp_path / "indexer"
+    args = ["configure", str(fitted["teacher"]), str(out), "--state", str(fitted["four_heads"])]
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args, "--method", "indexer", "--knob", "rank=2"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.strip().endswith(
+        "layer 0 holds k_map for 4 heads; the teacher's decoder_self attention has 2"
+    )
 
 
 @pytest.mark.parametrize(
