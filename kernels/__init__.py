@@ -13,6 +13,10 @@ then, so CPU use never needs Triton) and everything else runs the sub-quadratic 
 accepts float64. ``backend="triton"`` or ``"torch"`` forces one; the Triton kernel takes CPU tensors only
 under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests and debugging). Arguments are validated here
 once, for both backends.
+
+:func:`kernels.indexed_attention.indexed_attention` is α-entmax attention whose keys are chosen by a
+low-rank indexer, exact in its ``"certified"`` mode; import it from its module (the pipeline's stages do not
+need it, so importing this package does not load it).
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ import torch
 
 from kernels import torch_bucketed
 from kernels.attended import window_radius
+from kernels.checks import check_causal, check_qkv, check_scale
 
 __all__ = ["bucketed_attention"]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TRITON_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _ID_MAX = 2**31 - 1  # ids travel as int32
 BACKENDS = ("auto", "triton", "torch")
@@ -76,41 +80,17 @@ def _validate(
 ) -> tuple[float, bool, int, int, float | None, str]:
     """Raise ValueError naming the first bad argument; return the options the backends take (window as
     its radius w // 2, −1 for none)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be (batch, heads, tokens, d); got shape {tuple(x.shape)}")
-        if x.dtype not in _FLOATS:
-            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64; got {x.dtype}")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
-    batch, heads, n, d = q.shape
-    m = k.shape[2]
-    if min(batch, heads, n, d) < 1 or m < 1:
-        raise ValueError(f"q and k must be non-empty; got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if tuple(k.shape) != (batch, heads, m, d):
-        raise ValueError(f"k must be (batch, heads, m, d) = ({batch}, {heads}, m, {d}); got {tuple(k.shape)}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have k's shape {tuple(k.shape)}; got {tuple(v.shape)}")
+    batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=True)
     _check_buckets("q_buckets", q_buckets, (batch, heads, n), q.device)
     _check_buckets("k_buckets", k_buckets, (batch, heads, m), q.device)
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) or alpha < 1:
         raise ValueError(f"alpha must be a finite number ≥ 1 (1 = softmax, 1.5 = entmax15); got {alpha!r}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False; got {causal!r}")
-    if causal and n != m:
-        raise ValueError(f"causal attention needs as many queries as keys; got n = {n}, m = {m}")
+    causal = check_causal(causal, n, m)
     radius = window_radius(window)
     global_tokens = _check_count("global_tokens", global_tokens)
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0
-    ):
-        raise ValueError(f"scale must be None (1/√d) or a finite number > 0; got {scale!r}")
+    scale = check_scale(scale)
     backend = _check_backend(backend, q)
-    return float(alpha), causal, radius, global_tokens, None if scale is None else float(scale), backend
+    return float(alpha), causal, radius, global_tokens, scale, backend
 
 
 def _check_backend(backend: object, q: torch.Tensor) -> str:

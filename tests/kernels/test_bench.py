@@ -47,6 +47,31 @@ def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
     printed = capsys.readouterr().out
     assert "dense_entmax" in printed and "faster forward" in printed
+    indexed = report["indexed"]
+    assert indexed["settings"]["rank"] == bench.INDEX_RANK and indexed["settings"]["threads"] == 1
+    methods = ("sdpa", "dense_entmax", "indexed_certified", "indexed_approximate")
+    assert {(r["n"], r["causal"], r["method"]) for r in indexed["results"]} == {
+        (n, c, m) for n in sizes for c in (False, True) for m in methods
+    }
+    for row in indexed["results"]:
+        assert row["status"] == "ok", row
+        assert row["forward_ms"] > 0
+        if row["method"].startswith("indexed"):
+            assert row["forward_backward_ms"] > 0 and 0 <= row["blocks_skipped"] <= 1
+            assert min(row["indexer_ms"], row["sparse_ms"]) > 0 and row["bounds_ms"] >= 0
+            assert row["speedup_forward_vs_sdpa"] > 0 and row["speedup_forward_vs_dense_entmax"] > 0
+        if row["method"] == "indexed_certified":
+            assert row["max_abs_error"] < 1e-4  # exact up to float32 round-off
+    assert "indexed_certified" in printed
+
+
+def test_structured_inputs_have_small_local_support():
+    from entmax import entmax15
+
+    q, k, v, qi, ki = bench.structured_inputs(1, 2, 256, 64, 8, seed=0)
+    assert q.shape == k.shape == v.shape == (1, 2, 256, 64) and qi.shape == ki.shape == (1, 2, 256, 8)
+    support = (entmax15(q @ k.transpose(-1, -2) / 8, dim=-1) > 0).sum(-1)
+    assert support.min() >= 1 and support.max() <= 64
 
 
 def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys):

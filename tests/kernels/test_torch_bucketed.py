@@ -28,13 +28,7 @@ torch_bucketed_attention = functools.partial(bucketed_attention, backend="torch"
 ERROR_FACTOR = 4.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These shapes are tiny: intra-op threads only add synchronisation (badly so on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 ALPHAS = (1.0, 1.5, 2.0)

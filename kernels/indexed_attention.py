@@ -1,0 +1,639 @@
+"""Indexed α-entmax attention: a low-rank indexer predicts each query's support; certified pruning is exact.
+
+Math (entmax15's convention). For scores z_ij = scale · q_i·k_j over the valid keys of query i (key_valid, and
+j ≤ i when causal),
+
+    p_ij = [(α − 1) z_ij − τ_i]₊^{1/(α−1)},   τ_i such that Σ_j p_ij = 1,   o_i = Σ_j p_ij v_j
+
+(α = 1.5: p = [z/2 − τ]₊²; α = 2: sparsemax). Write τ(S) for the threshold of the scores of a key set S.
+For α > 1, adding keys only raises the threshold (Σ_j [(α − 1) z_j − τ]₊^{1/(α−1)} grows with the set, so its
+root moves right): τ(S) ≤ τ_i for every S, and any key with (α − 1) z_ij ≤ τ(S) has p_ij = 0 exactly.
+
+Indexer (pass 1). Low-rank projections q_index (…, n, r) and k_index (…, m, r), r ≪ d, give cheap scores
+z′_ij = scale · q_index_i·k_index_j. With τ′_i the threshold of the top-``candidates`` z′ of row i (the exact
+threshold of the whole low-rank row whenever its support fits in the candidates), the predicted set is
+
+    Ŝ_i = {j among the top-``candidates`` z′_i : (α − 1) z′_ij ≥ τ′_i − margin}.
+
+Equivalently (the form computed here), with τ′_i the exact threshold of the whole low-rank row, Ŝ_i is the
+top-``candidates`` by z′ of {j valid : (α − 1) z′_ij ≥ τ′_i − margin}: when the row's support fits in the
+candidates both thresholds agree, and when it does not, every candidate is in the support and both forms give
+all the candidates. Nothing n × m is built: per query block, the per-channel min/max of k_index over each key
+block bound z′ from above (Quest's bound Σ_c max(q_c · kmax_c, q_c · kmin_c)); the block holding the largest
+bound gives a lower bound L_i = (α − 1) max z′ − 1 ≤ τ′_i (a single key's threshold), and only key blocks
+whose bound reaches L_i − margin for some query of the block can hold members of Ŝ, so only those are scored.
+
+Modes.
+
+* ``"approximate"``: exact α-entmax with the exact scores z over Ŝ_i only.
+* ``"certified"``: τ_S = τ(Ŝ_i) from the exact scores, a lower bound of τ_i. Per (query block, key block)
+  the same min/max bound on q_i·k_j over the full head dim skips every key block with
+  (α − 1) · bound ≤ τ_S for all queries of the block; the kept blocks are computed exactly, so the output is
+  dense α-entmax attention for every input (recall 1 by construction). The indexer only decides how much is
+  skipped (when Ŝ_i holds the true support, τ_S = τ_i).
+
+Layout. Work runs per (batch·head, query block) "row group" of ``block`` queries facing a list of
+``block``-key blocks, gathered into rows of scores (groups, block, K · block) padded with an empty block;
+row groups are sorted by their block count and processed in chunks of about ``CHUNK_ENTRIES`` scores, so
+memory stays linear in what is computed and no (n × m) tensor exists beyond such chunks.
+
+The dense reference is :func:`dense_indexed_reference` (entmax of all masked scores, by
+:func:`kernels.reference.normalize`), for tests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from numbers import Integral, Real
+
+import torch
+
+from kernels.checks import check_causal, check_qkv, check_scale
+from kernels.reference import normalize
+
+__all__ = ["MODES", "dense_indexed_reference", "indexed_attention", "predicted_sets"]
+
+MODES = ("certified", "approximate")
+CHUNK_ENTRIES = 2**20
+"""Scores held per chunk of row groups: bounds the transient memory and keeps a chunk near the caches."""
+
+_MAX_NEWTON_STEPS = 100  # bisection alone halves the unit bracket each step; 100 exhaust float64
+_NEG_INF = float("-inf")
+
+
+# ----------------------------------------------------------------------------------------------- threshold
+
+
+def entmax_threshold(x: torch.Tensor, guess: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    """τ with Σ_j [x_j − τ]₊^{1/(α−1)} = 1 per row of x = (α − 1)·scores (…, L), −inf on masked entries.
+
+    ``guess`` (…) is a starting point (any value, e.g. the threshold of a similar row): a close one saves
+    Newton steps. x is shifted in place by its row maximum; returns τ (…) in those shifted units (add back
+    the returned row maxima (…) for τ itself) — +inf on rows with no finite entry.
+
+    With y = x − max, F(τ) = Σ_j [y_j − τ]₊^β (β = 1/(α − 1)) decreases and F(τ*) = 1 for τ* in [−1, 0):
+    Newton steps on F^{1/β} − 1 (a norm of (y − τ)₊, convex for α ≤ 2, so steps from below never overshoot
+    and a step from above lands below) safeguarded by bisection on that bracket. For α = 1.5 and α = 2 Newton
+    only has to find the support: a last step solves the quadratic or linear equation on it exactly, which
+    is the sort-based value.
+    """
+    beta = 1.0 / (alpha - 1.0)
+    top = x.amax(-1)  # (…)
+    empty = torch.isneginf(top)
+    top = top.masked_fill_(empty, 0.0)
+    y = x.sub_(top[..., None])  # (…, L) ≤ 0 or −inf
+    lo = torch.full_like(top, -1.0)  # F(−1) ≥ 1: the maximum alone contributes 1
+    hi = torch.zeros_like(top)  # F(0) = 0 < 1
+    tau = lo if guess is None else (guess - top).nan_to_num_(nan=-1.0).clamp_(-1.0, 0.0)
+    exact_step = beta in (1.0, 2.0)
+    # with an exact last step, Newton stops once it is close enough that its (quadratic) next step is
+    # far below any gap between scores; otherwise it runs to the dtype's resolution
+    tol = 1e-3 if exact_step else 4 * torch.finfo(x.dtype).eps
+    diff = torch.empty_like(y)
+    settled = empty.clone()
+    for _ in range(_MAX_NEWTON_STEPS):
+        mass, slope = _mass_and_slope(y, tau, beta, diff)
+        lo = torch.where(mass >= 1, tau, lo)
+        hi = torch.where(mass < 1, tau, hi)
+        newton = tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope
+        near = (newton - tau).abs() <= tol
+        inside = (newton > lo) & (newton < hi)  # a step onto the bracket's end could cycle: bisect instead
+        step = torch.where(inside | near, newton, 0.5 * (lo + hi))
+        done = near | (hi - lo <= tol)
+        tau = torch.where(settled, tau, step)
+        settled |= done
+        if bool(settled.all()):
+            break
+    if exact_step:
+        # Exact step on the support at τ: with u = y − τ > 0, solve Σ (u − δ) = 1 or Σ (u − δ)² = 1 (the
+        # smaller root, written so that the small δ has no cancellation).
+        torch.sub(y, tau[..., None], out=diff).clamp_min_(0)
+        count = torch.count_nonzero(diff, dim=-1).to(x.dtype).clamp_min_(1)
+        s1 = diff.sum(-1)
+        if beta == 1.0:
+            tau = tau + (s1 - 1.0) / count
+        else:
+            f = diff.square_().sum(-1) - 1.0
+            root = (s1 * s1 - count * f).clamp_min(0).sqrt()
+            tau = tau + f / (s1 + root).masked_fill(s1 + root == 0, 1.0)
+    return tau.masked_fill_(empty, float("inf")), top
+
+
+def _mass_and_slope(
+    y: torch.Tensor, tau: torch.Tensor, beta: float, diff: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """F(τ) = Σ [y − τ]₊^β and −F′(τ) per row; ``diff`` is a scratch buffer of y's shape."""
+    torch.sub(y, tau[..., None], out=diff).clamp_min_(0)
+    if beta == 1.0:
+        return diff.sum(-1), torch.count_nonzero(diff, dim=-1).to(y.dtype)
+    if beta == 2.0:
+        slope = 2.0 * diff.sum(-1)
+        return diff.square_().sum(-1), slope
+    active = diff > 0
+    mass = diff.pow(beta).sum(-1)
+    slope = beta * torch.where(active, diff, 1.0).pow(beta - 1.0).masked_fill(~active, 0).sum(-1)
+    return mass, slope
+
+
+class RowEntmax(torch.autograd.Function):
+    """α-entmax over the last dim of scores (…, L) (−inf = masked; all-masked rows give zeros), with a
+    lower-bound guess of the threshold (…) in (α − 1)·score units. Backward: the exact entmax Jacobian,
+    ds = g·(dp − Σ g·dp / Σ g) with g = p^{2−α}."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, lower: torch.Tensor | None, alpha: float) -> torch.Tensor:
+        x = scores * (alpha - 1.0)
+        tau, _ = entmax_threshold(x, lower, alpha)  # x shifted in place
+        probs = x.sub_(tau.masked_fill(torch.isinf(tau), 0.0)[..., None]).clamp_min_(0)  # −inf rows → 0
+        if alpha == 1.5:
+            probs.square_()
+        elif alpha != 2.0:
+            probs.pow_(1.0 / (alpha - 1.0))
+        total = probs.sum(-1, keepdim=True)
+        probs.div_(total.masked_fill(total == 0, 1.0))  # absorbs the threshold's last rounding
+        ctx.save_for_backward(probs)
+        ctx.alpha = alpha
+        return probs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (probs,) = ctx.saved_tensors
+        alpha = ctx.alpha
+        if alpha == 2.0:
+            weight = (probs > 0).to(probs.dtype)
+        elif alpha == 1.5:
+            weight = probs.sqrt()
+        else:
+            weight = torch.where(probs > 0, probs, 1.0).pow(2.0 - alpha).masked_fill(probs == 0, 0)
+        wg = weight * grad
+        den = weight.sum(-1, keepdim=True)
+        ratio = wg.sum(-1, keepdim=True) / den.masked_fill(den == 0, 1.0)
+        return wg.sub_(weight.mul_(ratio)), None, None
+
+
+# ----------------------------------------------------------------------------------------------- layout
+
+
+class _Layout:
+    """Flattened, block-padded views of one call's inputs, shared by every phase.
+
+    Groups g = batch·heads; queries padded to n_pad = nqb·B and cut into row groups (G·nqb, B, ·); keys
+    padded to m_pad = nkb·B and cut into blocks (G·nkb + 1, B, ·), the last an empty block that padding in
+    block lists points at. ``bias`` (G·nkb + 1, B) is 0 on valid keys and −inf elsewhere.
+    """
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_index: torch.Tensor,
+        k_index: torch.Tensor,
+        key_valid: torch.Tensor | None,
+        *,
+        block: int,
+        causal: bool,
+        scale: float,
+        compute: torch.dtype,
+    ) -> None:
+        b, h, n, d = q.shape
+        m = k.shape[2]
+        B = block
+        self.n, self.d, self.B, self.causal = n, d, B, causal
+        self.G, self.nqb, self.nkb = b * h, -(-n // B), -(-m // B)
+        self.n_pad, self.m_pad = self.nqb * B, self.nkb * B
+        G, dev = self.G, q.device
+
+        def blocks(x: torch.Tensor, length: int, nb: int, extra: int) -> torch.Tensor:
+            x = x.to(compute).reshape(G, length, x.shape[-1])
+            x = torch.nn.functional.pad(x, (0, 0, 0, nb * B - length)).reshape(G * nb, B, -1)
+            return torch.cat([x, x.new_zeros(extra, B, x.shape[-1])])
+
+        # the scale goes on the n × d queries, not on the scores
+        self.q = blocks(q * scale, n, self.nqb, 0)  # (G·nqb, B, d)
+        self.qi = blocks(q_index, n, self.nqb, 0) * scale  # (G·nqb, B, r)
+        self.k, self.v = blocks(k, m, self.nkb, 1), blocks(v, m, self.nkb, 1)  # (G·nkb + 1, B, d|d_v)
+        self.ki = blocks(k_index, m, self.nkb, 1)  # (G·nkb + 1, B, r)
+
+        valid = torch.ones(b, m, dtype=torch.bool, device=dev) if key_valid is None else key_valid
+        valid = torch.nn.functional.pad(valid[:, None].expand(b, h, m).reshape(G, m), (0, self.m_pad - m))
+        self.key_valid = valid.view(G * self.nkb, B)
+        bias = torch.zeros(G * self.nkb + 1, B, dtype=compute, device=dev)
+        bias[:-1].masked_fill_(~self.key_valid, _NEG_INF)
+        bias[-1] = _NEG_INF
+        self.bias = bias
+        # A query has a key if some valid key is allowed: any valid key, or one at j ≤ i when causal.
+        # (G, n_pad); when causal n == m, so n_pad == m_pad
+        has_key = valid.cumsum(1) > 0 if causal else valid.any(1, keepdim=True).expand(G, self.n_pad)
+        self.query_live = (has_key & (torch.arange(self.n_pad, device=dev) < n)).view(-1, B)  # (G·nqb, B)
+        self.block_live = self.key_valid.any(-1).view(G, self.nkb)  # (G, nkb) holds a valid key
+        self.allowed = self._allowed_blocks()
+        future = torch.ones(B, B, dtype=torch.bool, device=dev).triu(1)
+        self.future = torch.zeros(B, B, dtype=compute, device=dev).masked_fill_(future, _NEG_INF)
+
+    def _allowed_blocks(self) -> torch.Tensor:
+        """(G·nqb, B, nkb) bool: query i may have a valid key in key block b."""
+        live = self.block_live.repeat_interleave(self.nqb, 0)[:, None, :]  # (G·nqb, 1, nkb)
+        allowed = live & self.query_live[:, :, None]
+        if self.causal:  # key blocks after the query block hold only future keys
+            qb = torch.arange(self.G * self.nqb, device=live.device) % self.nqb
+            allowed = allowed & (torch.arange(self.nkb, device=live.device) <= qb[:, None])[:, None, :]
+        return allowed
+
+    def extrema(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel min and max over the valid keys of each key block: (G·nkb, c) each (0 when empty)."""
+        x, valid = keys[:-1], self.key_valid[..., None]  # (G·nkb, B, c), (G·nkb, B, 1)
+        low = x.masked_fill(~valid, float("inf")).amin(1)
+        high = x.masked_fill(~valid, _NEG_INF).amax(1)
+        live = self.block_live.view(-1, 1)
+        return low.where(live, 0.0), high.where(live, 0.0)
+
+    def flat_blocks(self, rows: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """Flat key-block ids (R, K) of block lists ``blocks`` (R, K) (−1 = empty) of row groups ``rows``."""
+        g = rows // self.nqb
+        return torch.where(blocks >= 0, g[:, None] * self.nkb + blocks, self.G * self.nkb)
+
+    def scores(
+        self, queries: torch.Tensor, keys: torch.Tensor, rows: torch.Tensor, flat: torch.Tensor
+    ) -> torch.Tensor:
+        """Masked scores (R, B, K·B) of row-group queries (R, B, c) against key blocks ``flat`` (R, K).
+
+        Invalid keys and padding are −inf through the bias added by ``baddbmm``; when causal, the future
+        half of the diagonal block too (the only block that holds both past and future keys).
+        """
+        R, K = flat.shape
+        kb = keys.index_select(0, flat.reshape(-1)).view(R, K * self.B, -1)
+        bias = self.bias.index_select(0, flat.reshape(-1)).view(R, 1, K * self.B)
+        out = torch.baddbmm(bias, queries, kb.transpose(1, 2))
+        if self.causal:
+            g, qb = rows // self.nqb, rows % self.nqb
+            r, at = (flat == (g * self.nkb + qb)[:, None]).nonzero(as_tuple=True)  # diagonal blocks
+            view = out.view(R, self.B, K, self.B)
+            view[r, :, at, :] = view[r, :, at, :] + self.future
+        return out
+
+
+def _bounds(queries: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Quest's upper bound on q·k over each key block: Σ_c max(q_c·high_c, q_c·low_c).
+
+    queries (R, B, c); low, high (R, nkb, c) → (R, B, nkb). Split by the sign of q_c: two matmuls.
+    """
+    return torch.baddbmm(
+        queries.clamp_max(0) @ low.transpose(1, 2), queries.clamp_min(0), high.transpose(1, 2)
+    )
+
+
+def _block_lists(chosen: torch.Tensor, width: int) -> torch.Tensor:
+    """(R, nkb) bool → (R, width) key-block ids of the True entries, ascending, −1 after them."""
+    order = torch.sort(chosen.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :width]
+    taken = torch.gather(chosen, 1, order)
+    return torch.where(taken, order, -1)
+
+
+def _chunks(counts: list[int], width_entries: int) -> list[tuple[int, int]]:
+    """Cut a list sorted by block count into runs of at most ~CHUNK_ENTRIES padded scores (zeros skipped)."""
+    runs, start = [], next((i for i, c in enumerate(counts) if c > 0), len(counts))
+    while start < len(counts):
+        stop = start + 1
+        while stop < len(counts) and (stop + 1 - start) * counts[stop] * width_entries <= CHUNK_ENTRIES:
+            stop += 1
+        runs.append((start, stop))
+        start = stop
+    return runs
+
+
+def _sorted_chunks(chosen: torch.Tensor, B: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Row groups sorted by their number of chosen key blocks and cut into chunks: (rows, block lists)."""
+    counts = chosen.sum(1)
+    order = torch.sort(counts, stable=True).indices
+    sorted_counts = counts[order].tolist()
+    return [
+        (order[a:z], _block_lists(chosen[order[a:z]], sorted_counts[z - 1]))
+        for a, z in _chunks(sorted_counts, B * B)
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- phases
+
+
+def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1's block step: which key blocks may hold members of Ŝ, and the lower bounds L_i ≤ τ′_i.
+
+    Returns need (G·nqb, nkb) bool and lower (G·nqb, B) = (α − 1) max z′ − 1 over the key block with the
+    largest bound (−inf for a query with no valid key there, which then needs every allowed block).
+    """
+    low, high = lay.extrema(lay.ki)  # (G·nkb, r)
+    rows = torch.arange(lay.G * lay.nqb, device=low.device)
+    group = rows // lay.nqb
+    low, high = low.view(lay.G, lay.nkb, -1)[group], high.view(lay.G, lay.nkb, -1)[group]
+    upper = _bounds(lay.qi, low, high).masked_fill_(~lay.allowed, _NEG_INF)  # (G·nqb, B, nkb) ≥ z′
+    best = upper.amax(1).argmax(1, keepdim=True)  # (G·nqb, 1) the most promising key block
+    tile = lay.scores(lay.qi, lay.ki, rows, lay.flat_blocks(rows, best))  # (G·nqb, B, B) z′
+    lower = tile.amax(-1) * (alpha - 1.0) - 1.0  # (G·nqb, B) the threshold of one key, ≤ τ′
+    need = ((alpha - 1.0) * upper >= (lower - margin)[..., None]) & lay.allowed
+    return need.any(1), lower
+
+
+def _predicted(
+    lay: _Layout,
+    rows: torch.Tensor,
+    flat: torch.Tensor,
+    lower: torch.Tensor,
+    alpha: float,
+    margin: float,
+    candidates: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ŝ over the key blocks ``flat`` (R, K) of row groups: (R, B, K·B) bool, the uncapped counts (R, B)
+    and the low-rank thresholds τ′ (R, B)."""
+    x = lay.scores(lay.qi[rows], lay.ki, rows, flat).mul_(alpha - 1.0)  # (R, B, K·B) (α − 1) z′
+    tau, top = entmax_threshold(x, lower, alpha)  # (R, B) τ′ − max, +inf on queries with no key; x − max
+    chosen = (x >= (tau - margin)[..., None]) & lay.query_live[rows][..., None]  # padding queries: none
+    count = chosen.sum(-1)  # (R, B)
+    over = (count > candidates).nonzero(as_tuple=True)
+    if over[0].numel():  # keep the top `candidates` by z′ (rare: a sign that `candidates` is small)
+        sub = x[over].masked_fill(~chosen[over], _NEG_INF)  # (rows over, K·B)
+        best = sub.topk(candidates, dim=-1).indices
+        chosen[over] = torch.zeros_like(sub, dtype=torch.bool).scatter_(1, best, True)
+    return chosen, count, tau + top
+
+
+def _attend(
+    lay: _Layout,
+    rows: torch.Tensor,
+    flat: torch.Tensor,
+    chosen: torch.Tensor | None,
+    lower: torch.Tensor | None,
+    alpha: float,
+) -> torch.Tensor:
+    """Exact α-entmax attention of row groups ``rows`` over key blocks ``flat`` (R, K), restricted to
+    ``chosen`` (R, B, K·B) when given: (R, B, d_v)."""
+    scores = lay.scores(lay.q[rows], lay.k, rows, flat)  # (R, B, K·B)
+    if chosen is not None:
+        scores = scores.masked_fill_(~chosen, _NEG_INF)  # baddbmm keeps its inputs, not its output
+    probs = RowEntmax.apply(scores, lower, alpha)
+    vb = lay.v.index_select(0, flat.reshape(-1)).view(len(rows), -1, lay.v.shape[-1])  # (R, K·B, d_v)
+    return torch.bmm(probs, vb)
+
+
+def _run(
+    lay: _Layout, *, alpha: float, margin: float, mode: str, candidates: int, stats: dict[str, float]
+) -> torch.Tensor:
+    """Both passes over all row groups; returns (G·nqb, B, d_v)."""
+    B = lay.B
+    out = lay.q.new_zeros(lay.G * lay.nqb, B, lay.v.shape[-1])
+    parts = []
+    clock = time.perf_counter()
+    with torch.no_grad():
+        need, lower = _indexer_blocks(lay, alpha, margin)
+        chunks = _sorted_chunks(need, B)
+        tau_s = torch.full_like(lower, float("inf"))  # (G·nqb, B)
+    stats["indexer_s"] += time.perf_counter() - clock
+    for rows, blocks in chunks:
+        clock = time.perf_counter()
+        with torch.no_grad():
+            flat = lay.flat_blocks(rows, blocks)  # (R, K)
+            chosen, count, tau_low = _predicted(lay, rows, flat, lower[rows], alpha, margin, candidates)
+            stats["predicted"] += float(chosen.sum())
+            stats["filled"] += float((count >= candidates).sum())
+        stats["indexer_s"] += time.perf_counter() - clock
+        clock = time.perf_counter()
+        if mode == "approximate":
+            parts.append((rows, _attend(lay, rows, flat, chosen, None, alpha)))
+            stats["kept_blocks"] += float(chosen.view(len(rows), B, -1, B).any(-1).any(1).sum())
+            stats["sparse_s"] += time.perf_counter() - clock
+            continue
+        with torch.no_grad():
+            x = lay.scores(lay.q[rows], lay.k, rows, flat)  # (R, B, K·B) exact z
+            x = x.masked_fill_(~chosen, _NEG_INF).mul_(alpha - 1.0)
+            tau, top = entmax_threshold(x, tau_low, alpha)  # τ′ ≈ τ(Ŝ): a close start
+            tau_s[rows] = tau + top  # τ(Ŝ) ≤ τ; +inf on queries with no key
+        stats["bounds_s"] += time.perf_counter() - clock
+    stats["queries"] = float(lay.query_live.sum())
+    if mode == "certified":
+        clock = time.perf_counter()
+        with torch.no_grad():
+            low, high = lay.extrema(lay.k)  # (G·nkb, d)
+            group = torch.arange(lay.G * lay.nqb, device=low.device) // lay.nqb
+            low, high = low.view(lay.G, lay.nkb, -1)[group], high.view(lay.G, lay.nkb, -1)[group]
+            upper = _bounds(lay.q, low, high).mul_(alpha - 1.0)  # (G·nqb, B, nkb) ≥ (α − 1) z
+            # slack: rounding in τ_S and in the bound must never drop a key whose p is representable
+            eps = torch.finfo(upper.dtype).eps
+            slack = 64 * eps * (1.0 + tau_s.abs().masked_fill(tau_s.isinf(), 0.0))
+            keep = ((upper > (tau_s - slack)[..., None]) & lay.allowed).any(1)  # (G·nqb, nkb)
+            stats["kept_blocks"] = float(keep.sum())
+            chunks = _sorted_chunks(keep, B)
+        stats["bounds_s"] += time.perf_counter() - clock
+        for rows, blocks in chunks:
+            clock = time.perf_counter()
+            with torch.no_grad():
+                flat = lay.flat_blocks(rows, blocks)
+            parts.append((rows, _attend(lay, rows, flat, None, tau_s[rows], alpha)))
+            stats["sparse_s"] += time.perf_counter() - clock
+    if not parts:
+        return out
+    rows = torch.cat([r for r, _ in parts])
+    return out.index_copy(0, rows, torch.cat([o for _, o in parts]))
+
+
+# ----------------------------------------------------------------------------------------------- entry
+
+
+def _validate(
+    q: object,
+    k: object,
+    v: object,
+    q_index: object,
+    k_index: object,
+    alpha: object,
+    causal: object,
+    key_valid: object,
+    scale: object,
+    margin: object,
+    mode: object,
+    candidates: object,
+    block: object,
+    return_stats: object,
+) -> None:
+    """Raise ValueError naming the first bad argument."""
+    batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=False, q_index=q_index, k_index=k_index)
+    assert isinstance(q_index, torch.Tensor) and isinstance(k_index, torch.Tensor)
+    r = q_index.shape[3]
+    if tuple(q_index.shape) != (batch, heads, n, r) or r < 1:
+        raise ValueError(
+            f"q_index must be (batch, heads, n, r ≥ 1) = ({batch}, {heads}, {n}, r); got "
+            f"{tuple(q_index.shape)}"
+        )
+    if tuple(k_index.shape) != (batch, heads, m, r):
+        raise ValueError(
+            f"k_index must be (batch, heads, m, r) = ({batch}, {heads}, {m}, {r}); got {tuple(k_index.shape)}"
+        )
+    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) or alpha <= 1:
+        raise ValueError(f"alpha must be a finite number > 1 (1.5 = entmax15, 2 = sparsemax); got {alpha!r}")
+    check_causal(causal, n, m)
+    if key_valid is not None and (
+        not isinstance(key_valid, torch.Tensor)
+        or key_valid.dtype != torch.bool
+        or tuple(key_valid.shape) != (batch, m)
+        or key_valid.device != q.device
+    ):
+        raise ValueError(f"key_valid must be None or a bool tensor (batch, m) = ({batch}, {m}) on q's device")
+    check_scale(scale)
+    if isinstance(margin, bool) or not isinstance(margin, Real) or not math.isfinite(margin) or margin < 0:
+        raise ValueError(f"margin must be a finite number ≥ 0; got {margin!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    for name, x in (("candidates", candidates), ("block", block)):
+        if isinstance(x, bool) or not isinstance(x, Integral) or x < 1:
+            raise ValueError(f"{name} must be an integer ≥ 1; got {x!r}")
+    if not isinstance(return_stats, bool):
+        raise ValueError(f"return_stats must be True or False; got {return_stats!r}")
+
+
+def indexed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_index: torch.Tensor,
+    k_index: torch.Tensor,
+    *,
+    alpha: float = 1.5,
+    causal: bool = False,
+    key_valid: torch.Tensor | None = None,
+    scale: float | None = None,
+    margin: float = 0.0,
+    mode: str = "certified",
+    candidates: int = 64,
+    block: int = 64,
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
+    """Indexed α-entmax attention (module docstring); returns (batch, heads, n, d_v) in q's dtype.
+
+    q (b, h, n, d); k (b, h, m, d); v (b, h, m, d_v); q_index (b, h, n, r), k_index (b, h, m, r): the
+    indexer's projections, constants (no gradient flows to them). key_valid (b, m) bool, True on real keys.
+    ``mode="certified"`` equals dense α-entmax attention for every input; ``"approximate"`` is α-entmax over
+    the predicted sets Ŝ only. Differentiable in q, k and v. With ``return_stats``, also a dict:
+    ``blocks_skipped`` (share of the allowed (query block, key block) pairs the exact pass did not compute),
+    ``predicted_mean`` (mean |Ŝ_i| over queries with a key), ``filled`` (share of those whose predicted set
+    reached ``candidates``: raise it), and seconds spent in ``indexer_s``, ``bounds_s`` and ``sparse_s``.
+    Bad arguments raise a one-line ValueError before any work.
+    """
+    _validate(
+        q,
+        k,
+        v,
+        q_index,
+        k_index,
+        alpha,
+        causal,
+        key_valid,
+        scale,
+        margin,
+        mode,
+        candidates,
+        block,
+        return_stats,
+    )
+    b, h, n, d = q.shape
+    scale = d**-0.5 if scale is None else float(scale)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
+    lay = _Layout(
+        q,
+        k,
+        v,
+        q_index.detach(),
+        k_index.detach(),
+        key_valid,
+        block=int(block),
+        causal=causal,
+        scale=scale,
+        compute=compute,
+    )
+    stats = dict.fromkeys(
+        ("indexer_s", "bounds_s", "sparse_s", "predicted", "filled", "queries", "kept_blocks"), 0.0
+    )
+    out = _run(
+        lay, alpha=float(alpha), margin=float(margin), mode=mode, candidates=int(candidates), stats=stats
+    )
+    out = out.view(lay.G, lay.n_pad, -1)[:, :n].reshape(b, h, n, -1).to(q.dtype)
+    if not return_stats:
+        return out
+    allowed = float(lay.allowed.any(1).sum())
+    queries = max(stats["queries"], 1.0)
+    report = {
+        "blocks_skipped": 1.0 - stats["kept_blocks"] / allowed if allowed else 0.0,
+        "predicted_mean": stats["predicted"] / queries,
+        "filled": stats["filled"] / queries,
+        "indexer_s": stats["indexer_s"],
+        "bounds_s": stats["bounds_s"],
+        "sparse_s": stats["sparse_s"],
+    }
+    return out, report
+
+
+def predicted_sets(
+    q_index: torch.Tensor,
+    k_index: torch.Tensor,
+    *,
+    alpha: float = 1.5,
+    causal: bool = False,
+    key_valid: torch.Tensor | None = None,
+    scale: float,
+    margin: float = 0.0,
+    candidates: int = 64,
+    block: int = 64,
+) -> torch.Tensor:
+    """The indexer's predicted sets Ŝ as a dense (b, h, n, m) bool tensor: for inspection and tests only.
+
+    ``scale`` is the attention's (1/√d of the full head dim, not of r).
+    """
+    b, h, n, _ = q_index.shape
+    m = k_index.shape[2]
+    q = q_index.new_zeros(b, h, n, 1)
+    k = k_index.new_zeros(b, h, m, 1)
+    compute = torch.float64 if q_index.dtype == torch.float64 else torch.float32
+    lay = _Layout(
+        q, k, k, q_index, k_index, key_valid, block=block, causal=causal, scale=scale, compute=compute
+    )
+    need, lower = _indexer_blocks(lay, alpha, margin)
+    rows = torch.arange(lay.G * lay.nqb, device=q_index.device)
+    blocks = _block_lists(need, lay.nkb)  # (G·nqb, nkb)
+    chosen, _, _ = _predicted(lay, rows, lay.flat_blocks(rows, blocks), lower, alpha, margin, candidates)
+    # key position within its group; padding blocks go to one extra block of columns, dropped below
+    pos = torch.where(blocks >= 0, blocks, lay.nkb)[..., None] * lay.B + torch.arange(lay.B)
+    out = torch.zeros(lay.G * lay.nqb, lay.B, lay.m_pad + lay.B, dtype=torch.bool, device=q_index.device)
+    out.scatter_(2, pos.view(len(rows), 1, -1).expand_as(chosen), chosen)  # real blocks never repeat
+    out = out.view(lay.G, lay.n_pad, -1)
+    return out[:, :n, :m].reshape(b, h, n, m)
+
+
+def dense_indexed_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    alpha: float = 1.5,
+    causal: bool = False,
+    key_valid: torch.Tensor | None = None,
+    scale: float | None = None,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dense α-entmax attention over all masked scores (tests only: O(n·m) memory).
+
+    ``allowed`` (b, h, n, m) bool further restricts the keys (the approximate mode's Ŝ).
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    n, m = q.shape[2], k.shape[2]
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) * scale  # (b, h, n, m)
+    mask = torch.ones(n, m, dtype=torch.bool, device=q.device)
+    if causal:
+        mask = mask.tril()
+    mask = mask.expand(*scores.shape)
+    if key_valid is not None:
+        mask = mask & key_valid[:, None, None, :]
+    if allowed is not None:
+        mask = mask & allowed
+    probs = normalize(scores.masked_fill(~mask, _NEG_INF), alpha)
+    return (probs @ v.to(compute)).to(q.dtype)

@@ -1,0 +1,260 @@
+"""Indexed α-entmax attention against dense α-entmax (``dense_indexed_reference``), in float64.
+
+Certified mode must equal dense attention on every input, skippable or not; approximate mode must compute
+α-entmax over exactly the predicted sets Ŝ_i = {j valid : (α − 1) z′_ij ≥ τ′_i − margin} (capped at the top
+``candidates``), which a dense helper below recomputes by bisection.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.bench import structured_inputs
+from kernels.indexed_attention import (
+    dense_indexed_reference,
+    entmax_threshold,
+    indexed_attention,
+    predicted_sets,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def random_inputs(n: int, *, seed: int, m: int | None = None, d: int = 16, r: int = 4, spread: float = 2.0):
+    """q, k, v (2, 2, n|m, d) in float64 and an unrelated (garbage) indexer (2, 2, n|m, r)."""
+    gen = torch.Generator().manual_seed(seed)
+    m = n if m is None else m
+    q = spread * torch.randn(2, 2, n, d, generator=gen, dtype=torch.float64)
+    k = spread * torch.randn(2, 2, m, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 2, m, d, generator=gen, dtype=torch.float64)
+    qi = torch.randn(2, 2, n, r, generator=gen, dtype=torch.float64)
+    ki = torch.randn(2, 2, m, r, generator=gen, dtype=torch.float64)
+    return q, k, v, qi, ki
+
+
+def padding(batch: int, m: int, *, seed: int) -> torch.Tensor:
+    """key_valid (batch, m) with some keys dropped and the second sequence shortened."""
+    valid = torch.rand(batch, m, generator=torch.Generator().manual_seed(seed)) > 0.25
+    valid[1, (m + 1) // 2 :] = False
+    return valid
+
+
+def check_matches_dense(q, k, v, qi, ki, *, grads: bool = True, **options) -> dict[str, float]:
+    """Certified output and q, k, v gradients equal dense entmax's; returns the call's stats."""
+    dense_opts = {key: options[key] for key in ("alpha", "causal", "key_valid", "scale") if key in options}
+    inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, stats = indexed_attention(*inputs, qi, ki, return_stats=True, **options)
+    ref_inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = dense_indexed_reference(*ref_inputs, **dense_opts)
+    torch.testing.assert_close(out, ref, atol=1e-9, rtol=1e-7)
+    if grads:
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=out.dtype)
+        grad = torch.autograd.grad((out * weight).sum(), inputs)
+        ref_grad = torch.autograd.grad((ref * weight).sum(), ref_inputs)
+        for name, g, rg in zip("qkv", grad, ref_grad, strict=True):
+            torch.testing.assert_close(g, rg, atol=1e-8, rtol=1e-6, msg=f"gradient of {name}")
+    return stats
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_certified_equals_dense_on_random_inputs(alpha, causal, padded):
+    for n, seed in ((1, 0), (17, 1), (97, 2)):
+        q, k, v, qi, ki = random_inputs(n, seed=seed)
+        valid = padding(2, n, seed=seed) if padded else None
+        check_matches_dense(q, k, v, qi, ki, alpha=alpha, causal=causal, key_valid=valid, block=16)
+
+
+def test_certified_cross_attention_and_other_value_width():
+    q, k, v, qi, ki = random_inputs(33, m=70, seed=4)
+    v = torch.randn(2, 2, 70, 5, dtype=torch.float64)
+    check_matches_dense(q, k, v, qi, ki, key_valid=padding(2, 70, seed=4), block=16, scale=0.3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+def test_certified_skips_most_blocks_on_structured_inputs(causal, alpha):
+    q, k, v, qi, ki = structured_inputs(1, 2, 520, 32, 8, seed=0, dtype=torch.float64)
+    stats = check_matches_dense(q, k, v, qi, ki, alpha=alpha, causal=causal, block=32)
+    assert stats["blocks_skipped"] > 0.6, stats
+    assert 0 < stats["predicted_mean"] < 40 and stats["filled"] == 0
+    assert {"indexer_s", "bounds_s", "sparse_s"} <= set(stats)
+
+
+def test_certified_stays_exact_when_nothing_can_be_skipped():
+    """Equal scores (q = 0): every key is in the support, so no block may be skipped."""
+    _, k, v, qi, ki = random_inputs(70, seed=5)
+    q = torch.zeros(2, 2, 70, 16, dtype=torch.float64)
+    stats = check_matches_dense(q, k, v, qi, ki, causal=True, block=16, candidates=8)
+    assert stats["blocks_skipped"] == 0 and stats["filled"] > 0.5
+
+
+def test_certified_is_exact_with_a_misleading_indexer():
+    """An indexer anti-correlated with the scores predicts the wrong keys; the bounds still keep the right
+    ones."""
+    q, k, v, qi, ki = structured_inputs(1, 2, 260, 32, 8, seed=1, dtype=torch.float64)
+    check_matches_dense(q, k, v, -qi, ki, causal=True, block=32)
+
+
+def test_float32_matches_dense_float32():
+    q, k, v, qi, ki = structured_inputs(1, 2, 200, 32, 8, seed=2)
+    out = indexed_attention(q, k, v, qi, ki, causal=True, block=32)
+    assert out.dtype == torch.float32
+    ref = dense_indexed_reference(q.double(), k.double(), v.double(), causal=True)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
+
+
+def test_rows_without_keys_give_zeros():
+    q, k, v, qi, ki = random_inputs(20, seed=6)
+    valid = torch.ones(2, 20, dtype=torch.bool)
+    valid[0] = False  # no key at all in the first sequence
+    valid[1, :5] = False  # causal: the first five queries of the second see no valid key
+    out = indexed_attention(q, k, v, qi, ki, causal=True, key_valid=valid, block=8)
+    assert out[0].abs().max() == 0 and out[1, :, :5].abs().max() == 0
+    check_matches_dense(q, k, v, qi, ki, causal=True, key_valid=valid, block=8)
+
+
+def test_indexer_tensors_get_no_gradient():
+    q, k, v, qi, ki = random_inputs(17, seed=7)
+    qi, ki = qi.clone().requires_grad_(), ki.clone().requires_grad_()
+    q = q.clone().requires_grad_()
+    indexed_attention(q, k, v, qi, ki, block=8).sum().backward()
+    assert q.grad is not None and qi.grad is None and ki.grad is None
+
+
+# ----------------------------------------------------------------------------------------------- indexer
+
+
+def dense_threshold(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """τ per row of x = (α − 1) z (−inf masked) by 200 bisection steps in float64 (+inf on empty rows)."""
+    top = x.amax(-1, keepdim=True)
+    lo, hi = top - 1.0, top.clone()
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        mass = (x - mid).clamp_min(0).pow(1 / (alpha - 1)).sum(-1, keepdim=True)
+        lo, hi = torch.where(mass >= 1, mid, lo), torch.where(mass >= 1, hi, mid)
+    return torch.where(torch.isneginf(top), float("inf"), lo)[..., 0]
+
+
+def dense_predicted(qi, ki, *, alpha, causal, key_valid, scale, margin) -> torch.Tensor:
+    """The definition: {j valid : (α − 1) z′_ij ≥ τ′_i − margin}, τ′ of the whole low-rank row."""
+    n, m = qi.shape[2], ki.shape[2]
+    mask = torch.ones(n, m, dtype=torch.bool)
+    if causal:
+        mask = mask.tril()
+    mask = mask.expand(qi.shape[0], qi.shape[1], n, m)
+    if key_valid is not None:
+        mask = mask & key_valid[:, None, None, :]
+    x = ((qi @ ki.transpose(-1, -2)) * scale * (alpha - 1)).masked_fill(~mask, float("-inf"))
+    return (x >= (dense_threshold(x, alpha) - margin)[..., None]) & mask
+
+
+def test_threshold_matches_bisection_from_any_guess():
+    x = 2 * torch.randn(300, 40, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    x[:, 25:] = float("-inf")
+    x[-1] = float("-inf")
+    for alpha in (1.5, 1.3, 2.0, 2.5):
+        truth = dense_threshold(x, alpha)
+        for shift in (None, 0.0, 0.3, -0.3):
+            guess = None if shift is None else truth.masked_fill(truth.isinf(), 0.0) + shift
+            tau, top = entmax_threshold(x.clone(), guess, alpha)
+            torch.testing.assert_close(tau + top, truth, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
+@pytest.mark.parametrize("margin", [0.0, 0.2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_predicted_sets_follow_the_definition(alpha, margin, causal):
+    _, _, _, qi, ki = random_inputs(45, seed=9, r=4)
+    valid = padding(2, 45, seed=9)
+    opts = dict(alpha=alpha, causal=causal, key_valid=valid, scale=0.7, margin=margin)
+    got = predicted_sets(qi, ki, candidates=45, block=16, **opts)
+    assert torch.equal(got, dense_predicted(qi, ki, **opts))
+
+
+def test_predicted_sets_keep_the_top_candidates():
+    _, _, _, qi, ki = random_inputs(40, seed=10, r=4)
+    got = predicted_sets(qi, ki, candidates=3, block=16, scale=0.2, margin=5.0)  # flat rows, wide margin
+    assert (got.sum(-1) == 3).all()
+    z = qi @ ki.transpose(-1, -2)
+    third = z.topk(3, dim=-1).values[..., -1:]
+    assert torch.equal(got, z >= third)
+
+
+def test_approximate_is_entmax_over_the_predicted_sets():
+    q, k, v, qi, ki = structured_inputs(1, 2, 150, 32, 4, seed=3, dtype=torch.float64)
+    qi = qi + 0.5 * torch.randn(qi.shape, generator=torch.Generator().manual_seed(0), dtype=qi.dtype)
+    scale = 32**-0.5
+    for causal in (False, True):
+        sets = predicted_sets(qi, ki, causal=causal, scale=scale, margin=0.05, block=32)
+        out, stats = indexed_attention(
+            q, k, v, qi, ki, causal=causal, margin=0.05, block=32, mode="approximate", return_stats=True
+        )
+        ref = dense_indexed_reference(q, k, v, causal=causal, allowed=sets)
+        torch.testing.assert_close(out, ref, atol=1e-9, rtol=1e-7)
+        assert stats["predicted_mean"] == pytest.approx(sets.sum(-1).double().mean().item())
+
+
+def test_approximate_with_a_huge_margin_is_dense():
+    q, k, v, qi, ki = random_inputs(37, seed=11)
+    valid = padding(2, 37, seed=11)
+    for causal in (False, True):
+        out = indexed_attention(
+            q,
+            k,
+            v,
+            qi,
+            ki,
+            causal=causal,
+            key_valid=valid,
+            margin=1e6,
+            candidates=37,
+            block=16,
+            mode="approximate",
+        )
+        ref = dense_indexed_reference(q, k, v, causal=causal, key_valid=valid)
+        torch.testing.assert_close(out, ref, atol=1e-9, rtol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def _args():
+    q, k, v, qi, ki = random_inputs(8, seed=12)
+    return q, k, v, qi, ki
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda a, o: (a.__setitem__(0, a[0][0]), o), "q must be"),
+        (lambda a, o: (a.__setitem__(2, a[2].float()), o), "share one dtype"),
+        (lambda a, o: (a.__setitem__(1, a[1][:, :, :, :3]), o), "k must be"),
+        (lambda a, o: (a.__setitem__(3, a[3][:, :, :5]), o), "q_index must be"),
+        (lambda a, o: (a.__setitem__(4, a[4][..., :2]), o), "k_index must be"),
+        (lambda a, o: (a, {**o, "alpha": 1.0}), "alpha must be"),
+        (lambda a, o: (a, {**o, "alpha": True}), "alpha must be"),
+        (lambda a, o: (a, {**o, "mode": "exact"}), "mode must be"),
+        (lambda a, o: (a, {**o, "candidates": 0}), "candidates must be"),
+        (lambda a, o: (a, {**o, "block": 2.0}), "block must be"),
+        (lambda a, o: (a, {**o, "margin": -0.1}), "margin must be"),
+        (lambda a, o: (a, {**o, "scale": 0}), "scale must be"),
+        (lambda a, o: (a, {**o, "causal": 1}), "causal must be"),
+        (lambda a, o: (a, {**o, "key_valid": torch.ones(2, 8)}), "key_valid must be"),
+    ],
+)
+def test_bad_arguments_raise_one_line(change, match):
+    args, opts = list(_args()), {}
+    result = change(args, opts)
+    opts = result[1]
+    with pytest.raises(ValueError, match=match) as err:
+        indexed_attention(*args, **opts)
+    assert "\n" not in str(err.value)
+
+
+def test_causal_needs_square_attention():
+    q, k, v, qi, ki = random_inputs(8, m=9, seed=13)
+    with pytest.raises(ValueError, match="causal"):
+        indexed_attention(q, k, v, qi, ki, causal=True)
