@@ -1,5 +1,5 @@
 """Benchmark of bucketed attention: ``python -m kernels.bench [--device auto|cpu|cuda] [--suite auto|cpu|gpu]
-[--out DIR] [--quick]``
+[--out DIR] [--quick] [--only indexed]``
 
 Workload. Balanced buckets: each of ``top`` independent assignments ranks the tokens by a random permutation
 and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 uses two assignments in the same
@@ -61,7 +61,7 @@ RESULT_PREFIX = "BENCH-RESULT "  # marks the worker's result line on stdout
 CPU_FULL = {"sizes": [512, 1024, 2048, 4096], "heads": 8, "dim": 64, "reps": 3}
 CPU_QUICK = {"sizes": [128, 256], "heads": 2, "dim": 32, "reps": 1}
 CPU_BUCKETS, CPU_TOP, ALPHA = 16, 1, 1.5
-INDEX_RANK, INDEX_BLOCK = 8, 64
+INDEX_RANK, INDEX_BLOCK = 8, 32
 STRUCTURE_PERIODS, STRUCTURE_STRENGTH, STRUCTURE_NOISE = (4096, 1024, 384, 192), 8.0, 0.3
 GPU_FULL = {
     "sizes": [1024, 2048, 4096, 8192, 16384, 32768],
@@ -334,18 +334,19 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def run_cpu(quick: bool) -> dict[str, Any]:
+def run_cpu(quick: bool, only_indexed: bool = False) -> dict[str, Any]:
     cfg = CPU_QUICK if quick else CPU_FULL
     specs = [
         {"method": method, "n": n, "heads": cfg["heads"], "dim": cfg["dim"], "reps": cfg["reps"]}
         for n in cfg["sizes"]
         for method in ("ours", "dense_entmax")
+        if not only_indexed
     ]
     rows = [_spawn_cpu_worker(spec) for spec in tqdm(specs, desc="cpu bench", unit="run")]
     indexed = run_indexed(cfg)
     by_key = {(r["n"], r["method"]): r for r in rows}
     summary = []
-    for n in cfg["sizes"]:
+    for n in [] if only_indexed else cfg["sizes"]:
         ours, dense = by_key[(n, "ours")], by_key[(n, "dense_entmax")]
         if ours["status"] == dense["status"] == "ok":
             summary.append(
@@ -411,6 +412,8 @@ def cpu_table(report: dict[str, Any]) -> str:
             f"{_fmt(s['memory_ratio_forward'], '.3f')} forward, "
             f"{_fmt(s['memory_ratio_forward_backward'], '.3f')} forward+backward"
         )
+    if not report["results"]:  # --only indexed
+        lines = []
     if "indexed" in report:
         lines += ["", "indexed attention (one thread; ms; skip = share of key blocks skipped)"]
         lines.append(indexed_table(report["indexed"]))
@@ -428,6 +431,10 @@ def _n_axis(ax, ns: list[int]) -> None:
 
 
 def cpu_plot(report: dict[str, Any], ax_time, ax_mem) -> None:
+    if not report["results"]:  # --only indexed: nothing to draw
+        for ax in (ax_time, ax_mem):
+            ax.set_title("no bucketed rows (--only indexed)")
+        return
     for method, color in (("ours", "C0"), ("dense_entmax", "C3")):
         rows = [r for r in report["results"] if r["method"] == method and r["status"] == "ok"]
         ns = [r["n"] for r in rows]
@@ -759,6 +766,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output folder")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test that runs in seconds")
+    parser.add_argument(
+        "--only",
+        choices=["indexed"],
+        help="CPU suite: run only the indexed-attention comparison (the bucketed table stays empty)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one CPU measurement, in its own process
     args = parser.parse_args(argv)
     if args.worker:
@@ -770,13 +782,15 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     suite = args.suite if args.suite != "auto" else ("gpu" if device == "cuda" else "cpu")
+    if args.only and suite != "cpu":
+        parser.error("--only indexed belongs to the CPU suite")
     if suite == "cpu" and device == "cuda":
         parser.error("--suite cpu measures the PyTorch path on CPU tensors: use --device cpu")
     if suite == "gpu":
         sizes = GPU_ON_CPU if device == "cpu" else GPU_QUICK if args.quick else GPU_FULL
         report = run_gpu(sizes, torch.device(device))
     else:
-        report = run_cpu(args.quick)
+        report = run_cpu(args.quick, only_indexed=args.only == "indexed")
     report["quick"] = args.quick
     print(gpu_table(report) if suite == "gpu" else cpu_table(report))
     write_outputs(report, args.out)

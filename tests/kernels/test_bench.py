@@ -65,6 +65,17 @@ def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
     assert "indexed_certified" in printed
 
 
+def test_only_indexed_runs_just_the_indexed_comparison(tmp_path, capsys):
+    assert bench.main(["--device", "cpu", "--quick", "--only", "indexed", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["results"] == [] and report["summary"] == []
+    assert {r["status"] for r in report["indexed"]["results"]} == {"ok"}
+    printed = capsys.readouterr().out
+    assert "indexed_certified" in printed and "faster forward" not in printed
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--suite", "gpu", "--only", "indexed", "--out", str(tmp_path)])
+
+
 def test_structured_inputs_have_small_local_support():
     from entmax import entmax15
 

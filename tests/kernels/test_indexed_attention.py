@@ -12,11 +12,14 @@ import torch
 
 from kernels.bench import structured_inputs
 from kernels.indexed_attention import (
+    RowEntmax,
+    _compact,
     dense_indexed_reference,
     entmax_threshold,
     indexed_attention,
     predicted_sets,
 )
+from kernels.reference import normalize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,6 +84,61 @@ def test_certified_skips_most_blocks_on_structured_inputs(causal, alpha):
     assert stats["blocks_skipped"] > 0.6, stats
     assert 0 < stats["predicted_mean"] < 40 and stats["filled"] == 0
     assert {"indexer_s", "bounds_s", "sparse_s"} <= set(stats)
+
+
+@pytest.mark.parametrize("block", [3, 7, 64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_certified_equals_dense_at_awkward_block_sizes(block, causal):
+    """Blocks that do not divide n, a block wider than the sequence, padding, low-rank keys (the rotated
+    bound's good case) and a noisy indexer."""
+    q, k, v, qi, ki = structured_inputs(1, 2, 45, 16, 4, seed=5, dtype=torch.float64)
+    qi = qi + 0.3 * torch.randn(qi.shape, generator=torch.Generator().manual_seed(1), dtype=qi.dtype)
+    valid = torch.ones(1, 45, dtype=torch.bool)
+    valid[0, 10:13] = False
+    for alpha in (1.5, 1.3):
+        check_matches_dense(q, k, v, qi, ki, alpha=alpha, causal=causal, key_valid=valid, block=block)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
+@pytest.mark.parametrize("shift", [0.0, -1e-9, -0.05, -3.0])
+def test_row_entmax_from_a_trusted_threshold(alpha, shift):
+    """A trusted threshold at, just below or far below the true τ (a subset that missed support keys) gives
+    exact entmax and its gradient: one Newton step absorbs round-off, and rows off by more are solved."""
+    gen = torch.Generator().manual_seed(4)
+    scores = 3 * torch.randn(6, 5, 30, generator=gen, dtype=torch.float64)
+    scores[0, 0] = float("-inf")  # a query with no key
+    scores[1, :, 20:] = float("-inf")
+    x = scores * (alpha - 1)
+    tau = (dense_threshold(x, alpha) + shift).masked_fill(torch.isneginf(x.amax(-1)), float("inf"))
+    inputs, ref_inputs = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    probs = RowEntmax.apply(inputs, tau, alpha, True)
+    ref = normalize(ref_inputs, alpha)
+    torch.testing.assert_close(probs, ref, atol=1e-12, rtol=0)
+    weight = torch.randn(probs.shape, generator=gen, dtype=probs.dtype)
+    (grad,) = torch.autograd.grad((probs * weight).sum(), inputs)
+    (ref_grad,) = torch.autograd.grad((ref * weight).sum(), ref_inputs)
+    torch.testing.assert_close(
+        grad.masked_fill(scores.isinf(), 0), ref_grad.nan_to_num(0), atol=1e-10, rtol=0
+    )
+
+
+def test_compact_packs_kept_entries_left_in_order():
+    values = torch.arange(24, dtype=torch.float64).view(2, 3, 4)
+    keep = torch.tensor(
+        [[[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], [[0, 0, 0, 1], [0, 1, 1, 0], [1, 0, 0, 0]]]
+    )
+    keep = keep.bool()
+    packed = _compact(values, keep, keep.sum(-1))
+    inf = float("-inf")
+    expected = [
+        [0, 2, inf, inf],
+        [inf] * 4,
+        [8, 9, 10, 11],
+        [15, inf, inf, inf],
+        [17, 18, inf, inf],
+        [20] + [inf] * 3,
+    ]
+    assert torch.equal(packed, torch.tensor(expected, dtype=torch.float64))
 
 
 def test_certified_stays_exact_when_nothing_can_be_skipped():
