@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         {
             "kind": kind,
             "store": {**store_facts, "layers": store.layers, "heads": store.heads},
+            "projector": projections[min(projections)].config(),
             "gold_sparsity": gold["sparsity"],
             "gold_sparsity_per_layer_head": gold["per_layer_head"],
             "graphs": [row for _, row in [*rows, full]],

@@ -1,4 +1,7 @@
-"""Stage ``project``: per-head low-rank query/key projections trained with the contrastive hinge loss."""
+"""Stage ``project``: per-head low-rank query/key projections trained with the contrastive hinge loss.
+
+Each head's projector is linear (``project.hidden: null``) or a tanh MLP with ``project.hidden`` units.
+"""
 
 from __future__ import annotations
 

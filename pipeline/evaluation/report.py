@@ -264,16 +264,26 @@ def _facts(evaluation: dict) -> str:
         else ""
     )
     signature = f" (`{teacher['signature']}`)" if teacher.get("signature") else ""
-    return "\n".join(
-        [
-            f"- attention: **{evaluation['kind']}**, graphs from `{store.get('path', DASH)}` "
-            f"({store.get('split', DASH)} split, {store.get('sentences', DASH)} sentences{shape})",
-            f"- gold sparsity of the teacher's α-entmax graphs: {_num(evaluation['gold_sparsity'], 3)}",
-            f"- teacher: BLEU {_num(teacher.get('bleu'), 2)}{signature}, "
-            f"perplexity {_num(teacher.get('perplexity'), 2)}, "
-            f"decoding sparsity {_num(teacher.get('sparsity'), 3)}",
-        ]
-    )
+    lines = [
+        f"- attention: **{evaluation['kind']}**, graphs from `{store.get('path', DASH)}` "
+        f"({store.get('split', DASH)} split, {store.get('sentences', DASH)} sentences{shape})",
+        f"- gold sparsity of the teacher's α-entmax graphs: {_num(evaluation['gold_sparsity'], 3)}",
+        f"- teacher: BLEU {_num(teacher.get('bleu'), 2)}{signature}, "
+        f"perplexity {_num(teacher.get('perplexity'), 2)}, "
+        f"decoding sparsity {_num(teacher.get('sparsity'), 3)}",
+    ]
+    if evaluation.get("projector"):
+        lines.append(f"- learned projections: {_projector(evaluation['projector'])}")
+    return "\n".join(lines)
+
+
+def _projector(config: dict) -> str:
+    """``rank 4, one tanh MLP (32 hidden) shared by queries and keys``."""
+    hidden = config.get("hidden")
+    kind = "linear map" if hidden is None else f"tanh MLP ({hidden} hidden)"
+    if config.get("shared"):
+        return f"rank {config.get('rank')}, one {kind} per head shared by queries and keys"
+    return f"rank {config.get('rank')}, a {kind} per head for queries and another for keys"
 
 
 def _method_table(evaluation: dict, levels: Sequence[float], target: float) -> str:

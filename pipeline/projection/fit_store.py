@@ -32,7 +32,8 @@ def split_sentences(count: int, valid_fraction: float, seed: int) -> tuple[list[
 def fit_store_projections(
     store: GraphStore, params: Project
 ) -> tuple[dict[int, HeadProjections], dict[str, Any], list[dict[str, float]]]:
-    """Train one :class:`HeadProjections` per layer of ``params.kind``.
+    """Train one :class:`HeadProjections` per layer of ``params.kind`` (linear, or a tanh MLP when
+    ``params.hidden`` is set).
 
     Returns (modules by layer, a JSON-ready report with the split, held-out loss and per-head scores,
     loss curve rows ``{layer, step, loss}``).
@@ -58,6 +59,7 @@ def fit_store_projections(
             causal=causal,
             rank=params.rank,
             shared=params.shared,
+            hidden=params.hidden,
             epochs=params.epochs,
             lr=params.lr,
             batch_size=params.batch_size,
@@ -92,6 +94,7 @@ def fit_store_projections(
         )
     report = {
         "kind": params.kind,
+        "projector": {"rank": params.rank, "shared": params.shared, "hidden": params.hidden},
         "train_sentences": len(train),
         "valid_sentences": len(valid),
         "valid_loss": float(np.mean([row["valid_loss"] for row in per_layer])),

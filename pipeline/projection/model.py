@@ -1,12 +1,19 @@
 """Per-head low-rank projections of queries and keys, and their safetensors file.
 
-For each head h of a layer, g_h(x) = W_h x + b_h maps a d-dimensional query or key to r dimensions
-(r = 4 by default). Queries and keys have their own maps, or one shared map when ``shared=True``. All heads
-are applied at once: x′[b, h, n] = W[h] x[b, h, n] + b[h].
+For each head h of a layer, a map g_h sends a d-dimensional query or key to r dimensions (r = 4 by default):
 
-File format (one file for every layer): tensors ``layer{L}.q_weight`` (H, r, d), ``layer{L}.q_bias`` (H, r)
-and, unless shared, ``layer{L}.k_weight`` / ``layer{L}.k_bias``; the safetensors header holds one JSON
-string under ``"projections"``: ``{"layers": {"L": {n_heads, head_dim, rank, shared}}, "extra": {...}}``.
+- linear (``hidden=None``): g_h(x) = W_h x + b_h, with W_h (r, d), b_h (r,);
+- tanh MLP (``hidden=e``): g_h(x) = W_h tanh(V_h x + c_h) + b_h, with V_h (e, d), c_h (e,), W_h (r, e),
+  b_h (r,), the projector Sparsefinder's reference code trains.
+
+Queries and keys have their own maps, or one shared map when ``shared=True``. All heads are applied at once:
+x′[b, h, n] = g_h(x[b, h, n]).
+
+File format (one file for every layer): tensors ``layer{L}.q_weight`` (H, r, d or e), ``layer{L}.q_bias``
+(H, r), with an MLP also ``layer{L}.q_hidden_weight`` (H, e, d) and ``layer{L}.q_hidden_bias`` (H, e); unless
+shared, the same under ``k_``. The safetensors header holds one JSON string under ``"projections"``:
+``{"layers": {"L": {n_heads, head_dim, rank, shared[, hidden]}}, "extra": {...}}``; a layer config without
+``hidden`` is linear.
 """
 
 from __future__ import annotations
@@ -29,10 +36,12 @@ METADATA_KEY = "projections"
 
 
 class HeadProjections(nn.Module):
-    """Query and key projections d → r for the H heads of one layer.
+    """Query and key projections d → r for the H heads of one layer, linear or through a tanh hidden layer.
 
-    Parameters: ``q_weight`` (H, r, d), ``q_bias`` (H, r) and, unless ``shared``, ``k_weight``, ``k_bias``.
-    Initialised like :class:`torch.nn.Linear` (uniform in ±1/√d), from ``generator`` when given.
+    Parameters, per side s ∈ {q, k} (only q when ``shared``): ``s_weight`` (H, r, d) and ``s_bias`` (H, r)
+    when linear; with ``hidden = e``, ``s_hidden_weight`` (H, e, d), ``s_hidden_bias`` (H, e), then
+    ``s_weight`` (H, r, e) and ``s_bias`` (H, r). Each map is initialised like :class:`torch.nn.Linear`
+    (weight and bias uniform in ±1/√fan_in), from ``generator`` when given, in that parameter order.
     """
 
     def __init__(
@@ -42,33 +51,57 @@ class HeadProjections(nn.Module):
         rank: int = 4,
         *,
         shared: bool = False,
+        hidden: int | None = None,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        self.n_heads, self.head_dim, self.rank, self.shared = n_heads, head_dim, rank, shared
-        self.q_weight = nn.Parameter(torch.empty(n_heads, rank, head_dim))
-        self.q_bias = nn.Parameter(torch.empty(n_heads, rank))
-        if not shared:
-            self.k_weight = nn.Parameter(torch.empty(n_heads, rank, head_dim))
-            self.k_bias = nn.Parameter(torch.empty(n_heads, rank))
-        bound = 1 / math.sqrt(head_dim)
+        if hidden is not None and hidden < 1:
+            raise ValueError(f"hidden must be None (linear) or a positive int, got {hidden}")
+        self.n_heads, self.head_dim, self.rank = n_heads, head_dim, rank
+        self.shared, self.hidden = shared, hidden
+        fan_ins: list[int] = []
+        for side in ("q",) if shared else ("q", "k"):
+            if hidden is not None:
+                fan_ins += self._add_map(f"{side}_hidden", hidden, head_dim)
+            fan_ins += self._add_map(side, rank, head_dim if hidden is None else hidden)
         with torch.no_grad():
-            for p in self.parameters():
+            for p, fan_in in zip(self.parameters(), fan_ins, strict=True):
+                bound = 1 / math.sqrt(fan_in)
                 p.uniform_(-bound, bound, generator=generator)
 
+    def _add_map(self, prefix: str, out_dim: int, in_dim: int) -> list[int]:
+        """Register ``prefix_weight`` (H, out, in) and ``prefix_bias`` (H, out); their fan-ins."""
+        setattr(self, f"{prefix}_weight", nn.Parameter(torch.empty(self.n_heads, out_dim, in_dim)))
+        setattr(self, f"{prefix}_bias", nn.Parameter(torch.empty(self.n_heads, out_dim)))
+        return [in_dim, in_dim]
+
     def config(self) -> dict[str, Any]:
-        """Constructor arguments, JSON-ready."""
-        return {"n_heads": self.n_heads, "head_dim": self.head_dim, "rank": self.rank, "shared": self.shared}
+        """Constructor arguments, JSON-ready; ``hidden`` only for an MLP, so linear configs stay as before."""
+        config = {
+            "n_heads": self.n_heads,
+            "head_dim": self.head_dim,
+            "rank": self.rank,
+            "shared": self.shared,
+        }
+        if self.hidden is not None:
+            config["hidden"] = self.hidden
+        return config
+
+    def _project(self, x: torch.Tensor, side: str) -> torch.Tensor:
+        """(batch, H, n, d) → (batch, H, n, r) through side ``side``'s maps."""
+        if self.hidden is not None:
+            weight, bias = getattr(self, f"{side}_hidden_weight"), getattr(self, f"{side}_hidden_bias")
+            x = torch.tanh(torch.einsum("bhnd,hed->bhne", x, weight) + bias[:, None, :])  # (b, H, n, e)
+        weight, bias = getattr(self, f"{side}_weight"), getattr(self, f"{side}_bias")
+        return torch.einsum("bhnd,hrd->bhnr", x, weight) + bias[:, None, :]
 
     def project_queries(self, q: torch.Tensor) -> torch.Tensor:
         """(batch, H, n, d) → (batch, H, n, r)."""
-        return torch.einsum("bhnd,hrd->bhnr", q, self.q_weight) + self.q_bias[:, None, :]
+        return self._project(q, "q")
 
     def project_keys(self, k: torch.Tensor) -> torch.Tensor:
         """(batch, H, m, d) → (batch, H, m, r), through the query map when shared."""
-        if self.shared:
-            return self.project_queries(k)
-        return torch.einsum("bhnd,hrd->bhnr", k, self.k_weight) + self.k_bias[:, None, :]
+        return self._project(k, "q" if self.shared else "k")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Projected (queries, keys): (batch, H, n, r) and (batch, H, m, r)."""

@@ -57,6 +57,7 @@ def train_layer_projections(
     causal: bool,
     rank: int = 4,
     shared: bool = False,
+    hidden: int | None = None,
     epochs: int = 1,
     lr: float = 1e-3,
     batch_size: int = 16,
@@ -68,6 +69,9 @@ def train_layer_projections(
 ) -> tuple[HeadProjections, list[float]]:
     """Fit one layer's projections with Adam on the hinge loss; returns (module, loss of every step).
 
+    ``rank``, ``shared`` and ``hidden`` (None: linear, else the tanh MLP's hidden size) shape the
+    :class:`HeadProjections`.
+
     Initialisation, batch order and negative sampling each draw from their own generator seeded by
     ``seed``, so the same inputs and seed give identical weights. Gradients are clipped to norm
     ``grad_clip`` before every step.
@@ -75,7 +79,8 @@ def train_layer_projections(
     init_gen = torch.Generator().manual_seed(seed)
     shuffle_gen = torch.Generator().manual_seed(seed + 1)
     negatives_gen = torch.Generator(device=device).manual_seed(seed + 2)
-    module = HeadProjections(n_heads, head_dim, rank, shared=shared, generator=init_gen).to(device)
+    module = HeadProjections(n_heads, head_dim, rank, shared=shared, hidden=hidden, generator=init_gen)
+    module = module.to(device)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
     losses: list[float] = []
     module.train()

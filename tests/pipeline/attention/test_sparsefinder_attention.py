@@ -35,26 +35,41 @@ def teacher(attn_implementation: str = ENTMAX) -> MarianMTModel:
     )
 
 
-def spec(predictor: str, knobs: dict | None = None, *, window: int = 0, global_tokens: int = 0, shapes=None):
+def spec(
+    predictor: str,
+    knobs: dict | None = None,
+    *,
+    window: int = 0,
+    global_tokens: int = 0,
+    shapes=None,
+    projector: dict | None = None,
+):
+    projector = projector or {}
     return {
         "kind": "decoder_self",
         "predictor": predictor,
         "knobs": knobs or {},
         "window": window,
         "global_tokens": global_tokens,
-        "projections": None if predictor in UNPROJECTED else HeadProjections(HEADS, HEAD_DIM, RANK).config(),
+        "projections": (
+            None if predictor in UNPROJECTED else HeadProjections(HEADS, HEAD_DIM, RANK, **projector).config()
+        ),
         "state_shapes": shapes or {},
     }
 
 
-def sparsefinder_model(predictor: str, knobs: dict | None = None, *, buckets: int = 4, **pattern):
-    """The teacher's weights with a sparsefinder head in decoder self-attention (random projections)."""
+def sparsefinder_model(
+    predictor: str, knobs: dict | None = None, *, buckets: int = 4, projector: dict | None = None, **pattern
+):
+    """The teacher's weights with a sparsefinder head in decoder self-attention (random projections, linear
+    unless ``projector`` names other HeadProjections options)."""
     model = teacher()
     sparse = teacher(SPARSEFINDER)
     sparse.load_state_dict(model.state_dict())
     generator = torch.Generator().manual_seed(1)
     projections = {
-        layer: HeadProjections(HEADS, HEAD_DIM, RANK, generator=generator) for layer in range(LAYERS)
+        layer: HeadProjections(HEADS, HEAD_DIM, RANK, generator=generator, **(projector or {}))
+        for layer in range(LAYERS)
     }
     # random fitted tensors of the fitted predictors: k-means centroids, Reformer rotations (r × β/2),
     # the indexer's rank-r maps of queries and keys
@@ -72,7 +87,7 @@ def sparsefinder_model(predictor: str, knobs: dict | None = None, *, buckets: in
         }
     attach_sparsefinder(
         sparse,
-        spec(predictor, knobs, shapes=shapes, **pattern),
+        spec(predictor, knobs, shapes=shapes, projector=projector, **pattern),
         None if predictor in UNPROJECTED else projections,
         states,
     )
@@ -179,8 +194,9 @@ def test_measured_sparsity_counts_the_graphs_used():
     assert all(not head.measuring for head in sparsefinder_heads(sparse))
 
 
-def test_save_and_reload_keeps_every_head(tmp_path):
-    _, sparse = sparsefinder_model("kmeans", {"buckets": 4, "top_k": 2}, window=3)
+@pytest.mark.parametrize("projector", [{}, {"shared": True, "hidden": 6}], ids=["linear", "shared-mlp"])
+def test_save_and_reload_keeps_every_head(tmp_path, projector):
+    _, sparse = sparsefinder_model("kmeans", {"buckets": 4, "top_k": 2}, window=3, projector=projector)
     sparse.save_pretrained(tmp_path)
     reloaded = load_model(tmp_path, attn_implementation=SPARSEFINDER)
     heads = sparsefinder_heads(reloaded)
@@ -188,7 +204,9 @@ def test_save_and_reload_keeps_every_head(tmp_path):
     assert heads[0].predictor.describe() == sparsefinder_heads(sparse)[0].predictor.describe()
     for before, after in zip(sparsefinder_heads(sparse), heads, strict=True):
         assert torch.equal(before.state_centroids, after.state_centroids)
-        assert torch.equal(before.projections.q_weight, after.projections.q_weight)
+        assert before.projections.config() == after.projections.config()
+        for name, tensor in before.projections.state_dict().items():
+            assert torch.equal(tensor, after.projections.state_dict()[name])
     inputs = batch()
     torch.testing.assert_close(real_logits(reloaded, inputs), real_logits(sparse, inputs))
 

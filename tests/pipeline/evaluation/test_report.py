@@ -30,6 +30,14 @@ def test_facts_name_the_store_and_the_teacher():
     assert "gold sparsity of the teacher's α-entmax graphs: 0.870" in markdown
     assert "BLEU 20.00 (`nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0`)" in markdown
     assert "perplexity 5.00" in markdown
+    assert "learned projections" not in markdown  # an evaluation without projector facts
+    evaluation = synthetic_evaluation()
+    evaluation["projector"] = {"n_heads": 3, "head_dim": 8, "rank": 4, "shared": True, "hidden": 32}
+    markdown, _ = build_report(evaluation)
+    assert (
+        "- learned projections: rank 4, one tanh MLP (32 hidden) per head shared by queries and keys"
+        in markdown
+    )
 
 
 def test_method_table_holds_the_values_at_each_threshold():

@@ -1,4 +1,4 @@
-"""HeadProjections: per-head linear maps, shared option, safetensors round trip."""
+"""HeadProjections: per-head linear maps or tanh MLPs, shared option, safetensors round trip."""
 
 import json
 
@@ -62,3 +62,106 @@ def test_loading_a_foreign_file_fails_clearly(tmp_path):
     save_file({"x": torch.zeros(1)}, str(path))
     with pytest.raises(UserError, match="not a projections file"):
         load_projections(path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tanh MLP projector: x → W tanh(V x + c) + b per head
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_mlp_forward_is_one_tanh_mlp_per_head(shared):
+    module = HeadProjections(3, 8, 4, shared=shared, hidden=5, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 3, 5, 8, generator=gen), torch.randn(2, 3, 6, 8, generator=gen)
+    q_proj, k_proj = module(q, k)
+    assert q_proj.shape == (2, 3, 5, 4) and k_proj.shape == (2, 3, 6, 4)
+    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    q_shapes = {
+        "q_hidden_weight": (3, 5, 8), "q_hidden_bias": (3, 5), "q_weight": (3, 4, 5), "q_bias": (3, 4),
+    }  # fmt: skip
+    k_shapes = {name.replace("q_", "k_", 1): shape for name, shape in q_shapes.items()}
+    assert shapes == (q_shapes if shared else {**q_shapes, **k_shapes})
+    k_side = "q" if shared else "k"
+    for h in range(3):
+        for x, out, side in [(q, q_proj, "q"), (k, k_proj, k_side)]:
+            p = {name: getattr(module, f"{side}_{name}")[h] for name in ("hidden_weight", "hidden_bias")}
+            p |= {name: getattr(module, f"{side}_{name}")[h] for name in ("weight", "bias")}
+            expected = (
+                torch.tanh(x[:, h] @ p["hidden_weight"].T + p["hidden_bias"]) @ p["weight"].T + p["bias"]
+            )
+            assert torch.allclose(out[:, h], expected, atol=1e-6)
+
+
+def test_shared_mlp_maps_queries_and_keys_alike():
+    module = HeadProjections(2, 8, 3, shared=True, hidden=6, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(3))
+    q_proj, k_proj = module(x, x)
+    assert torch.equal(q_proj, k_proj)
+    assert len(list(module.parameters())) == 4
+    separate = HeadProjections(2, 8, 3, hidden=6, generator=torch.Generator().manual_seed(2))
+    assert len(list(separate.parameters())) == 8
+    assert not torch.equal(*separate(x, x))
+
+
+def test_mlp_initialisation_is_per_map_fan_in_and_seeded():
+    a = HeadProjections(2, 64, 4, hidden=16, generator=torch.Generator().manual_seed(5))
+    b = HeadProjections(2, 64, 4, hidden=16, generator=torch.Generator().manual_seed(5))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert a.q_hidden_weight.abs().max() <= 1 / 64**0.5 < a.q_weight.abs().max() <= 1 / 16**0.5
+
+
+def test_linear_config_has_no_hidden_key_and_mlp_config_has_one():
+    assert "hidden" not in HeadProjections(2, 8).config()
+    assert HeadProjections(2, 8, hidden=None).config() == HeadProjections(2, 8).config()
+    config = HeadProjections(2, 8, 3, shared=True, hidden=12).config()
+    assert config == {"n_heads": 2, "head_dim": 8, "rank": 3, "shared": True, "hidden": 12}
+    assert HeadProjections(**config).config() == config  # how a saved sparsefinder model rebuilds it
+    with pytest.raises(ValueError, match="hidden"):
+        HeadProjections(2, 8, hidden=0)
+
+
+def test_mlp_save_load_round_trip(tmp_path):
+    layers = {
+        0: HeadProjections(2, 8, 4, hidden=16, generator=torch.Generator().manual_seed(0)),
+        1: HeadProjections(2, 8, 4, shared=True, hidden=5, generator=torch.Generator().manual_seed(1)),
+        2: HeadProjections(2, 8, 4, generator=torch.Generator().manual_seed(2)),  # a linear layer beside
+    }
+    path = tmp_path / "projections.safetensors"
+    save_projections(path, layers, {"kind": "decoder_self"})
+    with safe_open(str(path), framework="pt") as f:
+        names = f.keys()
+        assert sorted(k for k in names if k.startswith("layer1.")) == [
+            "layer1.q_bias", "layer1.q_hidden_bias", "layer1.q_hidden_weight", "layer1.q_weight",
+        ]  # fmt: skip
+        assert f.get_tensor("layer0.k_hidden_weight").shape == (2, 16, 8)
+        header = json.loads(f.metadata()["projections"])
+    assert header["layers"]["0"]["hidden"] == 16 and "hidden" not in header["layers"]["2"]
+    loaded, extra = load_projections(path)
+    assert extra == {"kind": "decoder_self"}
+    x = torch.randn(3, 2, 6, 8, generator=torch.Generator().manual_seed(9))
+    for idx, module in layers.items():
+        assert loaded[idx].config() == module.config()
+        assert loaded[idx].hidden == module.hidden
+        for (name, p), (name2, p2) in zip(
+            module.named_parameters(), loaded[idx].named_parameters(), strict=True
+        ):
+            assert name == name2 and torch.equal(p, p2), name
+        assert all(torch.equal(a, b) for a, b in zip(module(x, x), loaded[idx](x, x), strict=True))
+
+
+def test_a_file_without_hidden_loads_as_linear(tmp_path):
+    """Files written before the MLP option: the header has no ``hidden`` key and only the linear tensors."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(4)
+    tensors = {"layer0.q_weight": torch.randn(2, 3, 8, generator=gen), "layer0.q_bias": torch.randn(2, 3)}
+    header = {"layers": {"0": {"n_heads": 2, "head_dim": 8, "rank": 3, "shared": True}}, "extra": {}}
+    path = tmp_path / "old.safetensors"
+    save_file(tensors, str(path), metadata={"projections": json.dumps(header)})
+    module = load_projections(path)[0][0]
+    assert module.hidden is None and module.config() == header["layers"]["0"]
+    x = torch.randn(1, 2, 5, 8, generator=gen)
+    expected = (
+        torch.einsum("bhnd,hrd->bhnr", x, tensors["layer0.q_weight"]) + tensors["layer0.q_bias"][:, None]
+    )
+    assert torch.equal(module.project_queries(x), expected)

@@ -34,9 +34,9 @@ def synthetic(n_sentences, seed, radius=0.5):
     }
 
 
-def train(data, seed, epochs=2):
+def train(data, seed, epochs=2, hidden=None):
     return train_layer_projections(
-        in_memory_batches(data), n_heads=HEADS, head_dim=DIM, causal=True,
+        in_memory_batches(data), n_heads=HEADS, head_dim=DIM, causal=True, hidden=hidden,
         epochs=epochs, lr=1e-2, batch_size=16, seed=seed, progress=False,
     )  # fmt: skip
 
@@ -54,6 +54,21 @@ def test_training_reduces_the_loss_and_reaches_high_recall():
     assert (distance["recall"] >= 0.95).all(), distance
     assert (distance["sparsity"] >= 0.6).all(), distance  # gold sparsity ≈ 0.9
     assert (held_out_scores(module, held_out, QuantizationPredictor(bins=4))["recall"] >= 0.8).all()
+
+
+def test_mlp_training_separates_held_out_pairs():
+    """The tanh MLP learns the same problem: held-out loss well below ω (what collapsing to a point gives)."""
+    module, _ = train(synthetic(256, seed=0), seed=0, epochs=4, hidden=16)
+    assert module.hidden == 16
+    held_out = synthetic(64, seed=1)
+    untrained = HeadProjections(HEADS, DIM, hidden=16, generator=torch.Generator().manual_seed(0))
+    before, after = (
+        held_out_loss(untrained, [held_out], causal=True),
+        held_out_loss(module, [held_out], causal=True),
+    )
+    assert after < 0.3 * before and after < 0.3, (before, after)
+    distance = held_out_scores(module, held_out, DistancePredictor(threshold=2.0))
+    assert (distance["recall"] >= 0.9).all() and (distance["sparsity"] >= 0.45).all(), distance
 
 
 def held_out_scores(module, data, predictor):
