@@ -27,13 +27,17 @@ scored.
 Modes.
 
 * ``"approximate"``: exact α-entmax with the exact scores z over Ŝ_i only.
-* ``"certified"``: τ_S = τ(Ŝ_i) from the exact scores of Ŝ_i (packed to |Ŝ_i| entries per query), a lower
-  bound of τ_i. Per (query block, key block) the same min/max bound on q_i·k_j over the full head dim, taken
-  in the keys' principal axes (any orthonormal basis keeps q·k; in that one the ranges are narrow), skips
-  every key block with (α − 1) · bound ≤ τ_S for all queries of the block; the kept blocks are computed
-  exactly, so the output is dense α-entmax attention for every input (recall 1 by construction). The
-  indexer only decides how much is skipped. When Ŝ_i holds the true support, τ_S = τ_i, so the exact pass
-  takes τ_S as the threshold (one Newton step absorbs round-off) and solves only rows whose mass is off.
+* ``"certified"``: exact for every input (recall 1 by construction); the indexer only decides how much is
+  skipped. (1) Exact scores over the key blocks pass 1 found needed (those that may hold members of Ŝ)
+  and τ_S, their exact threshold: a subset of the row, so τ_S ≤ τ_i (only entries within 1 of the row's
+  maximum can be in a support, so the solve runs on those, packed); entmax attention over those blocks.
+  (2) Per (query block, key block) an upper bound on q_i·k_j over the full head dim, in the keys'
+  principal axes (any orthonormal basis keeps q·k; in that one the ranges are narrow): Quest's
+  per-channel bound on the leading axes and Cauchy–Schwarz on the rest. A key block whose
+  (α − 1) · bound ≤ τ_S for all queries of the block has p = 0 exactly. Where every kept block is a
+  needed one, no key outside the needed blocks has weight, so τ_S = τ_i and step 1's output is the
+  answer. (3) The other row groups are computed again over their kept blocks, from τ_S (one Newton step
+  absorbs round-off; rows whose mass is off are solved).
 
 Layout. Work runs per (batch·head, query block) "row group" of ``block`` queries facing a list of
 ``block``-key blocks, gathered into rows of scores (groups, block, K · block) padded with an empty block;
@@ -61,6 +65,8 @@ MODES = ("certified", "approximate")
 CHUNK_ENTRIES = 2**20
 """Scores held per chunk of row groups: bounds the transient memory and keeps a chunk near the caches."""
 
+_QUEST_AXES = 16
+"""Leading principal axes the exact-score bound takes per channel; the rest is bounded by one norm."""
 _MAX_NEWTON_STEPS = 100  # bisection alone halves the unit bracket each step; 100 exhaust float64
 _NEG_INF = float("-inf")
 
@@ -146,24 +152,31 @@ def _count_positive(diff: torch.Tensor) -> torch.Tensor:
 
 
 class RowEntmax(torch.autograd.Function):
-    """α-entmax over the last dim of scores (…, L) (−inf = masked; all-masked rows give zeros), with a guess
-    of the threshold (…) in (α − 1)·score units. Backward: the exact entmax Jacobian,
+    """α-entmax over the last dim of scores (…, L) (−inf = masked; all-masked rows give zeros), with a
+    threshold (…) in (α − 1)·score units used as ``how`` says. Backward: the exact entmax Jacobian,
     ds = g·(dp − Σ g·dp / Σ g) with g = p^{2−α}.
 
-    With ``trusted`` the guess is taken as the threshold up to round-off (:func:`_trusted_probs`): one
-    Newton step instead of a solve, and a solve only on rows whose mass is clearly off. A certified τ_S ≤ τ
-    is the exact τ whenever its subset held the support; a missed support key raises the mass above 1.
+    * ``"guess"``: a starting point of the solve (or None).
+    * ``"trusted"``: the threshold up to round-off (:func:`_trusted_probs`): one Newton step instead of a
+      solve, and a solve only on rows whose mass is clearly off. A certified τ_S ≤ τ is the exact τ
+      whenever its subset held the support; a missed support key raises the mass above 1.
+    * ``"exact"``: the threshold of these very scores (:func:`_exact_threshold`); only the normalisation
+      absorbs its last rounding.
     """
 
     @staticmethod
     def forward(
-        ctx, scores: torch.Tensor, guess: torch.Tensor | None, alpha: float, trusted: bool = False
+        ctx, scores: torch.Tensor, tau: torch.Tensor | None, alpha: float, how: str = "guess"
     ) -> torch.Tensor:
-        x = scores * (alpha - 1.0)
-        if trusted and guess is not None:
-            probs = _trusted_probs(x, scores, guess, alpha).view_as(scores)
+        if how == "exact" and tau is not None:
+            x = torch.add(-tau[..., None], scores, alpha=alpha - 1.0)  # (…, L) one pass
+            probs = _powered(x, alpha)  # −inf on masked entries and on rows with no key (τ = +inf)
+        elif how == "trusted" and tau is not None:
+            x = scores * (alpha - 1.0)
+            probs = _trusted_probs(x, scores, tau, alpha).view_as(scores)
         else:
-            tau, _ = entmax_threshold(x, guess, alpha)  # x shifted in place
+            x = scores * (alpha - 1.0)
+            tau, _ = entmax_threshold(x, tau, alpha)  # x shifted in place
             probs = _powered(x.sub_(tau.masked_fill(torch.isinf(tau), 0.0)[..., None]), alpha)
         total = probs.sum(-1, keepdim=True)
         probs.div_(total.masked_fill(total == 0, 1.0))  # absorbs the threshold's last rounding
@@ -259,13 +272,14 @@ class _Layout:
         G, dev = self.G, q.device
 
         def blocks(x: torch.Tensor, length: int, nb: int, extra: int) -> torch.Tensor:
-            x = x.to(compute).reshape(G, length, x.shape[-1])
-            x = torch.nn.functional.pad(x, (0, 0, 0, nb * B - length)).reshape(G * nb, B, -1)
-            return torch.cat([x, x.new_zeros(extra, B, x.shape[-1])])
+            """x (b, h, length, c) → (G·nb + extra, B, c) in ``compute``, zero-padded: one copy."""
+            out = x.new_zeros(G * nb + extra, B, x.shape[-1], dtype=compute)
+            out[: G * nb].view(G, nb * B, -1)[:, :length] = x.reshape(G, length, -1)
+            return out
 
         # the scale goes on the n × d queries, not on the scores
-        self.q = blocks(q * scale, n, self.nqb, 0)  # (G·nqb, B, d)
-        self.qi = blocks(q_index, n, self.nqb, 0) * scale  # (G·nqb, B, r)
+        self.q = blocks(q, n, self.nqb, 0).mul_(scale)  # (G·nqb, B, d)
+        self.qi = blocks(q_index, n, self.nqb, 0).mul_(scale)  # (G·nqb, B, r)
         self.k, self.v = blocks(k, m, self.nkb, 1), blocks(v, m, self.nkb, 1)  # (G·nkb + 1, B, d|d_v)
         self.ki = blocks(k_index, m, self.nkb, 1)  # (G·nkb + 1, B, r)
 
@@ -308,8 +322,9 @@ class _Layout:
         ]
 
     def extrema(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-channel min and max over the valid keys of each key block: (G·nkb, c) each (0 when empty)."""
-        x, valid = keys[:-1], self.key_valid[..., None]  # (G·nkb, B, c), (G·nkb, B, 1)
+        """Per-channel min and max over the valid keys of each key block of keys (G·nkb, B, c): (G·nkb, c)
+        each (0 when empty)."""
+        x, valid = keys, self.key_valid[..., None]  # (G·nkb, B, c), (G·nkb, B, 1)
         low = x.masked_fill(~valid, float("inf")).amin(1)
         high = x.masked_fill(~valid, _NEG_INF).amax(1)
         live = self.block_live.view(-1, 1)
@@ -392,7 +407,7 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Te
     largest bound alone (a subset of the row, so L_i ≤ τ′_i), −inf for a query with no valid key there
     (it then needs every allowed block) and +inf for padding queries (they need none).
     """
-    low, high = (x.view(lay.G, lay.nkb, -1) for x in lay.extrema(lay.ki))  # (G, nkb, r)
+    low, high = (x.view(lay.G, lay.nkb, -1) for x in lay.extrema(lay.ki[:-1]))  # (G, nkb, r)
     need, lower = [], []
     for rows in lay.slabs(lay.nkb):
         g = int(rows[0]) // lay.nqb
@@ -413,39 +428,94 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Te
 def _principal_basis(lay: _Layout) -> torch.Tensor:
     """(G, d, d) orthonormal: per group, the eigenvectors of Σ_j k_j k_jᵀ over the valid keys.
 
-    q·k = (Uᵀq)·(Uᵀk) for any orthonormal U, so Quest's bound holds in any basis; in the keys' principal
+    q·k = (Uᵀq)·(Uᵀk) for any orthonormal U, so the bounds hold in any basis; in the keys' principal
     axes the per-channel ranges of a block are narrow on all but a few channels (keys are close to
-    low-rank), which tightens the bound several-fold at the price of two n × d × d products.
+    low-rank), which tightens the bound several-fold at the price of two n × d × d products. Eigenvalues
+    ascend: the leading axes are the last columns.
     """
     keys = lay.k[:-1].view(lay.G, lay.m_pad, -1)
     keys = keys * lay.key_valid.view(lay.G, lay.m_pad, 1)
     return torch.linalg.eigh(keys.transpose(1, 2) @ keys).eigenvectors  # (G, d, d)
 
 
-def _kept_blocks(lay: _Layout, tau_s: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Certified pruning: (G·nqb, nkb) bool, the key blocks whose exact-score bound exceeds τ_S (G·nqb, B)
-    for some query of the row group (+inf τ_S: a query with no key or padding, which keeps nothing).
+def _bound_factors(lay: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Factors of an upper bound on the exact scores of each (query, key block), in the keys' principal
+    basis (:func:`_principal_basis`): queries (G, n_pad, c + 1) and key-block lows and highs
+    (G, c + 1, nkb) with
 
-    The bound is Quest's in the keys' principal basis (:func:`_principal_basis`). Slack for round-off:
-    64 ulps of τ_S, and (8 d ulps)·|q_i|·max_j |k_j| for the rotation and the bound's own products.
+        z_ij ≤ Σ_c min(q_ic, 0)·low_cb + Σ_c max(q_ic, 0)·high_cb      for every key j of block b:
+
+    Quest's per-channel bound on the c = ``_QUEST_AXES`` leading axes, and Cauchy–Schwarz on the rest,
+    |q_rest|·max_j |k_j,rest|, as one more channel (q ≥ 0 there, low = high). On the trailing axes the
+    keys are close to isotropic noise, where one norm bound is tighter than a sum of per-channel ones.
     """
-    G, d = lay.G, lay.d
-    basis = _principal_basis(lay)
-    keys = torch.bmm(lay.k[:-1].view(G, lay.m_pad, d), basis)  # (G, m_pad, d)
-    keys = torch.cat([keys.view(G * lay.nkb, lay.B, d), keys.new_zeros(1, lay.B, d)])
-    low, high = (x.view(G, lay.nkb, -1) for x in lay.extrema(keys))  # (G, nkb, d)
-    queries = torch.bmm(lay.q.view(G, lay.n_pad, d), basis).view(G * lay.nqb, lay.B, d)
+    G, d, B = lay.G, lay.d, lay.B
+    c = min(_QUEST_AXES, d)
+    basis = _principal_basis(lay)  # eigenvalues ascending: the leading axes come last
+    keys = torch.bmm(lay.k[:-1].view(G, lay.m_pad, d), basis).view(-1, B, d)  # (G·nkb, B, d)
+    rest = keys[..., : d - c].norm(dim=-1).masked_fill_(~lay.key_valid, 0.0).amax(1, keepdim=True)
+    low, high = lay.extrema(keys[..., d - c :])  # (G·nkb, c)
+    low, high = (torch.cat([x, rest], 1).view(G, lay.nkb, c + 1).transpose(1, 2) for x in (low, high))
+    queries = torch.bmm(lay.q.view(G, lay.n_pad, d), basis)  # (G, n_pad, d)
+    queries = torch.cat([queries[..., d - c :], queries[..., : d - c].norm(dim=-1, keepdim=True)], -1)
+    return queries, low.contiguous(), high.contiguous()
+
+
+def _kept_blocks(lay: _Layout, tau_s: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Certified pruning: (G·nqb, nkb) bool, the key blocks whose exact-score bound (:func:`_bound_factors`)
+    exceeds τ_S (G·nqb, B) for some query of the row group (+inf τ_S: a query with no key or padding,
+    which keeps nothing).
+
+    Bounds are taken for spans of query blocks of every group at once; when causal, only up to the span's
+    last diagonal block. Slack for round-off: 64 ulps of τ_S, and (8 d ulps)·|q_i|·max_j |k_j| for the
+    rotation and the bound's products and norms.
+    """
+    G, d, B, nkb = lay.G, lay.d, lay.B, lay.nkb
+    queries, low, high = _bound_factors(lay)
     eps = torch.finfo(tau_s.dtype).eps
     key_norm = (lay.k[:-1].view(G, -1, d).norm(dim=-1) * lay.key_valid.view(G, -1)).amax(1)  # (G,)
-    rotation = 8 * d * eps * lay.q.norm(dim=-1) * key_norm.repeat_interleave(lay.nqb)[:, None]  # (G·nqb, B)
+    rotation = 8 * d * eps * lay.q.norm(dim=-1).view(G, -1) * key_norm[:, None]  # (G, n_pad)
     slack = 64 * eps * (1.0 + tau_s.abs().masked_fill(tau_s.isinf(), 0.0))
-    limit = (tau_s - slack) / (alpha - 1.0) - rotation  # (G·nqb, B) in score units
-    keep = []
-    for rows in lay.slabs(lay.nkb):
-        g = int(rows[0]) // lay.nqb
-        upper = _bounds(queries[rows], low[g], high[g])  # (R, B, nkb) ≥ z
-        keep.append((upper > limit[rows][..., None]).any(1) & lay.allowed[rows])
-    return torch.cat(keep)
+    limit = ((tau_s - slack) / (alpha - 1.0)).view(G, -1) - rotation  # (G, n_pad) in score units
+    keep = torch.zeros(G, lay.nqb, nkb, dtype=torch.bool, device=tau_s.device)
+    for a, b in _query_spans(lay):
+        cut = b if lay.causal else nkb  # causal: key blocks after the span hold only future keys
+        part = queries[:, a * B : b * B]  # (G, (b − a)·B, c + 1)
+        upper = torch.baddbmm(
+            torch.bmm(part.clamp_max(0), low[..., :cut]), part.clamp_min(0), high[..., :cut]
+        )  # (G, (b − a)·B, cut) ≥ z
+        above = upper.view(G, b - a, B, cut) > limit[:, a * B : b * B].view(G, b - a, B, 1)
+        keep[:, a:b, :cut] = above.any(2)
+    return keep.view(G * lay.nqb, nkb) & lay.allowed
+
+
+def _query_spans(lay: _Layout) -> list[tuple[int, int]]:
+    """Query-block spans [a, b) whose bounds against every allowed key block of every group hold at most
+    ~CHUNK_ENTRIES entries (at least one block each)."""
+    spans, a = [], 0
+    while a < lay.nqb:
+        b = a + 1
+        while (
+            b < lay.nqb and (b + 1 - a) * lay.G * lay.B * (b + 1 if lay.causal else lay.nkb) <= CHUNK_ENTRIES
+        ):
+            b += 1
+        spans.append((a, b))
+        a = b
+    return spans
+
+
+def _exact_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
+    """τ (N,) of each row of scores (N, L) (−inf masked) in (α − 1)·score units; +inf on empty rows.
+
+    τ ≥ max − 1 (the maximum alone has mass 1), so only entries x = (α − 1)·z ≥ max − 1 can be in the
+    support: the rows are packed to those (:func:`_compact`) and solved there.
+    """
+    x = scores * (alpha - 1.0)  # (N, L)
+    top = x.amax(-1, keepdim=True)
+    near = x >= top.masked_fill(top.isneginf(), float("inf")) - 1.0  # empty rows keep nothing
+    count = near.view(torch.uint8).sum(-1, dtype=torch.int32)
+    tau, shift = entmax_threshold(_compact(x, near, count), None, alpha)
+    return tau + shift
 
 
 def _predicted(
@@ -485,75 +555,94 @@ def _compact(values: torch.Tensor, keep: torch.Tensor, count: torch.Tensor) -> t
     return packed
 
 
-def _attend(
-    lay: _Layout,
-    rows: torch.Tensor,
-    flat: torch.Tensor,
-    chosen: torch.Tensor | None,
-    lower: torch.Tensor | None,
-    alpha: float,
+def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str, float]) -> torch.Tensor:
+    """Certified mode over all row groups; returns (G·nqb, B, d_v).
+
+    1. Exact scores over the needed key blocks (pass 1's), τ_S their exact threshold — a subset of the row,
+       so τ_S ≤ τ — and entmax attention over those blocks.
+    2. The bound on every key block against τ_S. Where the kept blocks all lie among the needed ones, no
+       key outside has weight: τ_S = τ and step 1's output is the answer.
+    3. The other row groups are recomputed over their kept blocks, from τ_S.
+    """
+    clock = time.perf_counter()
+    with torch.no_grad():
+        need, _ = _indexer_blocks(lay, alpha, margin)  # (G·nqb, nkb)
+        chunks = _sorted_chunks(need, lay.B)
+    stats["indexer_s"] += time.perf_counter() - clock
+    out = lay.q.new_zeros(lay.G * lay.nqb, lay.B, lay.v.shape[-1])
+    tau_s = torch.full(lay.query_live.shape, float("inf"), dtype=lay.q.dtype, device=lay.q.device)
+    for rows, blocks in chunks:
+        clock = time.perf_counter()
+        flat = lay.flat_blocks(rows, blocks)  # (R, K)
+        scores = lay.scores(lay.q[rows], lay.k, rows, flat)  # (R, B, K·B) exact z
+        with torch.no_grad():
+            tau = _exact_threshold(scores.detach().view(-1, scores.shape[-1]), alpha).view(len(rows), -1)
+        tau_s[rows] = tau
+        out.index_copy_(0, rows, _weighted_values(lay, scores, flat, tau, alpha, "exact"))
+        stats["sparse_s"] += time.perf_counter() - clock
+    clock = time.perf_counter()
+    with torch.no_grad():
+        keep = _kept_blocks(lay, tau_s, alpha)  # (G·nqb, nkb)
+        redo = (keep & ~need).any(1).nonzero().squeeze(1)  # weight may lie outside the needed blocks
+        chunks = _sorted_chunks(keep[redo], lay.B)
+    stats["bounds_s"] += time.perf_counter() - clock
+    stats["queries"] = float(lay.query_live.sum())
+    stats["kept_blocks"] = float(need.sum()) + float(keep[redo].sum())
+    stats["recomputed"] = float(len(redo))
+    stats["predicted"] = _needed_keys(lay, need)
+    for order, blocks in chunks:
+        clock = time.perf_counter()
+        rows = redo[order]
+        flat = lay.flat_blocks(rows, blocks)
+        scores = lay.scores(lay.q[rows], lay.k, rows, flat)
+        out.index_copy_(0, rows, _weighted_values(lay, scores, flat, tau_s[rows], alpha, "trusted"))
+        stats["sparse_s"] += time.perf_counter() - clock
+    return out
+
+
+def _needed_keys(lay: _Layout, need: torch.Tensor) -> float:
+    """Σ over live queries of the valid keys in their row group's needed blocks need (G·nqb, nkb)."""
+    per_block = lay.key_valid.view(lay.G, 1, lay.nkb, lay.B).sum(-1)  # (G, 1, nkb)
+    per_group = (need.view(lay.G, lay.nqb, lay.nkb) * per_block).sum(-1)  # (G, nqb)
+    return float((per_group * lay.query_live.view(lay.G, lay.nqb, lay.B).sum(-1)).sum())
+
+
+def _weighted_values(
+    lay: _Layout, scores: torch.Tensor, flat: torch.Tensor, tau: torch.Tensor | None, alpha: float, how: str
 ) -> torch.Tensor:
-    """Exact α-entmax attention of row groups ``rows`` over key blocks ``flat`` (R, K), restricted to
-    ``chosen`` (R, B, K·B) when given: (R, B, d_v)."""
-    scores = lay.scores(lay.q[rows], lay.k, rows, flat)  # (R, B, K·B)
-    if chosen is not None:
-        scores = scores.masked_fill_(~chosen, _NEG_INF)  # baddbmm keeps its inputs, not its output
-    probs = RowEntmax.apply(scores, lower, alpha, chosen is None)  # certified: τ_S is trusted
-    vb = lay.v.index_select(0, flat.reshape(-1)).view(len(rows), -1, lay.v.shape[-1])  # (R, K·B, d_v)
+    """Σ_j p_ij v_j (R, B, d_v) for α-entmax p of scores (R, B, K·B) over key blocks ``flat`` (R, K), with
+    the threshold ``tau`` (R, B) taken as ``how`` says (:class:`RowEntmax`)."""
+    probs = RowEntmax.apply(scores, tau, alpha, how)
+    vb = lay.v.index_select(0, flat.reshape(-1)).view(len(flat), -1, lay.v.shape[-1])  # (R, K·B, d_v)
     return torch.bmm(probs, vb)
 
 
-def _run(
-    lay: _Layout, *, alpha: float, margin: float, mode: str, candidates: int, stats: dict[str, float]
+def _run_approximate(
+    lay: _Layout, *, alpha: float, margin: float, candidates: int, stats: dict[str, float]
 ) -> torch.Tensor:
-    """Both passes over all row groups; returns (G·nqb, B, d_v)."""
+    """Approximate mode over all row groups: α-entmax over the predicted sets Ŝ; returns (G·nqb, B, d_v)."""
     B = lay.B
     out = lay.q.new_zeros(lay.G * lay.nqb, B, lay.v.shape[-1])
-    parts = []
     clock = time.perf_counter()
     with torch.no_grad():
         need, lower = _indexer_blocks(lay, alpha, margin)
         chunks = _sorted_chunks(need, B)
-        tau_s = torch.full_like(lower, float("inf"))  # (G·nqb, B)
     stats["indexer_s"] += time.perf_counter() - clock
     for rows, blocks in chunks:
         clock = time.perf_counter()
         with torch.no_grad():
             flat = lay.flat_blocks(rows, blocks)  # (R, K)
-            chosen, count, tau_low = _predicted(lay, rows, flat, lower[rows], alpha, margin, candidates)
+            chosen, count, _ = _predicted(lay, rows, flat, lower[rows], alpha, margin, candidates)
             stats["predicted"] += float(count.clamp_max(candidates).sum())
             stats["filled"] += float((count >= candidates).sum())
         stats["indexer_s"] += time.perf_counter() - clock
         clock = time.perf_counter()
-        if mode == "approximate":
-            parts.append((rows, _attend(lay, rows, flat, chosen, None, alpha)))
-            stats["kept_blocks"] += float(chosen.view(len(rows), B, -1, B).any(-1).any(1).sum())
-            stats["sparse_s"] += time.perf_counter() - clock
-            continue
-        with torch.no_grad():
-            z = lay.scores(lay.q[rows], lay.k, rows, flat)  # (R, B, K·B) exact z
-            x = _compact(z, chosen, count.clamp_max(candidates)).mul_(alpha - 1.0)  # (R·B, |Ŝ| max)
-            tau, top = entmax_threshold(x, tau_low.reshape(-1), alpha)  # τ′ ≈ τ(Ŝ): a close start
-            tau_s[rows] = (tau + top).view_as(tau_low)  # τ(Ŝ) ≤ τ; +inf on queries with no key
-        stats["bounds_s"] += time.perf_counter() - clock
+        scores = lay.scores(lay.q[rows], lay.k, rows, flat).masked_fill_(~chosen, _NEG_INF)  # (R, B, K·B)
+        out.index_copy_(0, rows, _weighted_values(lay, scores, flat, None, alpha, "guess"))
+        stats["kept_blocks"] += float(chosen.view(len(rows), B, -1, B).any(-1).any(1).sum())
+        stats["sparse_s"] += time.perf_counter() - clock
     stats["queries"] = float(lay.query_live.sum())
-    if mode == "certified":
-        clock = time.perf_counter()
-        with torch.no_grad():
-            keep = _kept_blocks(lay, tau_s, alpha)  # (G·nqb, nkb)
-            stats["kept_blocks"] = float(keep.sum())
-            chunks = _sorted_chunks(keep, B)
-        stats["bounds_s"] += time.perf_counter() - clock
-        for rows, blocks in chunks:
-            clock = time.perf_counter()
-            with torch.no_grad():
-                flat = lay.flat_blocks(rows, blocks)
-            parts.append((rows, _attend(lay, rows, flat, None, tau_s[rows], alpha)))
-            stats["sparse_s"] += time.perf_counter() - clock
-    if not parts:
-        return out
-    rows = torch.cat([r for r, _ in parts])
-    return out.index_copy(0, rows, torch.cat([o for _, o in parts]))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- entry
@@ -633,9 +722,12 @@ def indexed_attention(
     indexer's projections, constants (no gradient flows to them). key_valid (b, m) bool, True on real keys.
     ``mode="certified"`` equals dense α-entmax attention for every input; ``"approximate"`` is α-entmax over
     the predicted sets Ŝ only. Differentiable in q, k and v. With ``return_stats``, also a dict:
-    ``blocks_skipped`` (share of the allowed (query block, key block) pairs the exact pass did not compute),
-    ``predicted_mean`` (mean |Ŝ_i| over queries with a key), ``filled`` (share of those whose predicted set
-    reached ``candidates``: raise it), and seconds spent in ``indexer_s``, ``bounds_s`` and ``sparse_s``.
+    ``blocks_skipped`` (share of the allowed (query block, key block) pairs whose exact scores were never
+    computed), ``predicted_mean`` (approximate: mean |Ŝ_i| over queries with a key; certified: mean number
+    of keys in the needed blocks, the set τ_S is taken over), ``filled`` (approximate: share of those whose
+    predicted set reached ``candidates``, raise it; certified: 0, nothing is capped), ``recomputed``
+    (certified: share of row groups done again over their kept blocks), and seconds spent in
+    ``indexer_s``, ``bounds_s`` and ``sparse_s``.
     Bad arguments raise a one-line ValueError before any work.
     """
     _validate(
@@ -670,11 +762,15 @@ def indexed_attention(
         compute=compute,
     )
     stats = dict.fromkeys(
-        ("indexer_s", "bounds_s", "sparse_s", "predicted", "filled", "queries", "kept_blocks"), 0.0
+        ("indexer_s", "bounds_s", "sparse_s", "predicted", "filled", "queries", "kept_blocks", "recomputed"),
+        0.0,
     )
-    out = _run(
-        lay, alpha=float(alpha), margin=float(margin), mode=mode, candidates=int(candidates), stats=stats
-    )
+    if mode == "certified":
+        out = _run_certified(lay, alpha=float(alpha), margin=float(margin), stats=stats)
+    else:
+        out = _run_approximate(
+            lay, alpha=float(alpha), margin=float(margin), candidates=int(candidates), stats=stats
+        )
     out = out.view(lay.G, lay.n_pad, -1)[:, :n].reshape(b, h, n, -1).to(q.dtype)
     if not return_stats:
         return out
@@ -682,6 +778,7 @@ def indexed_attention(
     queries = max(stats["queries"], 1.0)
     report = {
         "blocks_skipped": 1.0 - stats["kept_blocks"] / allowed if allowed else 0.0,
+        "recomputed": stats["recomputed"] / (lay.G * lay.nqb),
         "predicted_mean": stats["predicted"] / queries,
         "filled": stats["filled"] / queries,
         "indexer_s": stats["indexer_s"],

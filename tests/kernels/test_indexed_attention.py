@@ -13,7 +13,10 @@ import torch
 from kernels.bench import structured_inputs
 from kernels.indexed_attention import (
     RowEntmax,
+    _bound_factors,
     _compact,
+    _exact_threshold,
+    _Layout,
     dense_indexed_reference,
     entmax_threshold,
     indexed_attention,
@@ -82,7 +85,8 @@ def test_certified_skips_most_blocks_on_structured_inputs(causal, alpha):
     q, k, v, qi, ki = structured_inputs(1, 2, 520, 32, 8, seed=0, dtype=torch.float64)
     stats = check_matches_dense(q, k, v, qi, ki, alpha=alpha, causal=causal, block=32)
     assert stats["blocks_skipped"] > 0.6, stats
-    assert 0 < stats["predicted_mean"] < 40 and stats["filled"] == 0
+    assert 0 < stats["predicted_mean"] < 6 * 32 and stats["filled"] == 0  # keys of the needed blocks
+    assert stats["recomputed"] < 0.5
     assert {"indexer_s", "bounds_s", "sparse_s"} <= set(stats)
 
 
@@ -111,7 +115,7 @@ def test_row_entmax_from_a_trusted_threshold(alpha, shift):
     x = scores * (alpha - 1)
     tau = (dense_threshold(x, alpha) + shift).masked_fill(torch.isneginf(x.amax(-1)), float("inf"))
     inputs, ref_inputs = scores.clone().requires_grad_(), scores.clone().requires_grad_()
-    probs = RowEntmax.apply(inputs, tau, alpha, True)
+    probs = RowEntmax.apply(inputs, tau, alpha, "trusted")
     ref = normalize(ref_inputs, alpha)
     torch.testing.assert_close(probs, ref, atol=1e-12, rtol=0)
     weight = torch.randn(probs.shape, generator=gen, dtype=probs.dtype)
@@ -146,14 +150,76 @@ def test_certified_stays_exact_when_nothing_can_be_skipped():
     _, k, v, qi, ki = random_inputs(70, seed=5)
     q = torch.zeros(2, 2, 70, 16, dtype=torch.float64)
     stats = check_matches_dense(q, k, v, qi, ki, causal=True, block=16, candidates=8)
-    assert stats["blocks_skipped"] == 0 and stats["filled"] > 0.5
+    assert stats["blocks_skipped"] == 0
 
 
 def test_certified_is_exact_with_a_misleading_indexer():
     """An indexer anti-correlated with the scores predicts the wrong keys; the bounds still keep the right
-    ones."""
+    ones, and the row groups whose kept blocks leave the needed ones are recomputed."""
     q, k, v, qi, ki = structured_inputs(1, 2, 260, 32, 8, seed=1, dtype=torch.float64)
-    check_matches_dense(q, k, v, -qi, ki, causal=True, block=32)
+    for alpha in (1.5, 1.3, 2.0):
+        stats = check_matches_dense(q, k, v, -qi, ki, alpha=alpha, causal=True, block=32)
+        assert stats["recomputed"] > 0.2, stats
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_certified_equals_dense_with_wide_heads(alpha, causal):
+    """Head dim above the bound's per-channel axes (the norm channel is live), padding, blocks that do not
+    divide n, and both a good and a noisy indexer (no recomputation, then some)."""
+    q, k, v, qi, ki = structured_inputs(2, 2, 75, 40, 8, seed=6, dtype=torch.float64)
+    valid = padding(2, 75, seed=6)
+    noisy = qi + 0.5 * torch.randn(qi.shape, generator=torch.Generator().manual_seed(2), dtype=qi.dtype)
+    for index in (qi, noisy):
+        check_matches_dense(q, k, v, index, ki, alpha=alpha, causal=causal, key_valid=valid, block=11)
+
+
+@pytest.mark.parametrize("d", [5, 16, 40])
+def test_bound_factors_bound_every_score(d):
+    """Σ_c min(q_c, 0)·low_cb + max(q_c, 0)·high_cb ≥ q·k for every valid key of block b, in float64."""
+    q, k, _, qi, ki = random_inputs(45, seed=14, d=d)
+    valid = padding(2, 45, seed=14)
+    lay = _Layout(q, k, k, qi, ki, valid, block=7, causal=False, scale=0.5, compute=torch.float64)
+    queries, low, high = _bound_factors(lay)  # (G, n_pad, c + 1), (G, c + 1, nkb)
+    upper = queries.clamp_max(0) @ low + queries.clamp_min(0) @ high  # (G, n_pad, nkb)
+    scores = lay.q.view(lay.G, lay.n_pad, d) @ lay.k[:-1].view(lay.G, lay.m_pad, d).transpose(1, 2)
+    block_max = scores.masked_fill(~lay.key_valid.view(lay.G, 1, -1), float("-inf"))
+    block_max = block_max.view(lay.G, lay.n_pad, lay.nkb, lay.B).amax(-1)
+    assert (upper >= block_max - 1e-12).all()
+    assert torch.isfinite(upper).all()
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
+def test_exact_threshold_matches_bisection(alpha):
+    """Packed to the entries within 1 of the row maximum, the solve still gives every row's τ (rows with
+    no entry: +inf; flat rows: everything packed)."""
+    gen = torch.Generator().manual_seed(15)
+    scores = 4 * torch.randn(50, 37, generator=gen, dtype=torch.float64)
+    scores[3] = float("-inf")
+    scores[4, 1:] = float("-inf")
+    scores[5] = 0.25
+    scores[6, ::2] = float("-inf")
+    truth = dense_threshold(scores * (alpha - 1), alpha)
+    torch.testing.assert_close(_exact_threshold(scores, alpha), truth, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
+def test_row_entmax_from_an_exact_threshold(alpha):
+    gen = torch.Generator().manual_seed(16)
+    scores = 3 * torch.randn(4, 6, 25, generator=gen, dtype=torch.float64)
+    scores[0, 0] = float("-inf")
+    scores[1, :, 9:] = float("-inf")
+    tau = _exact_threshold(scores.view(-1, 25), alpha).view(4, 6)
+    inputs, ref_inputs = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    probs = RowEntmax.apply(inputs, tau, alpha, "exact")
+    ref = normalize(ref_inputs, alpha)
+    torch.testing.assert_close(probs, ref, atol=1e-12, rtol=0)
+    weight = torch.randn(probs.shape, generator=gen, dtype=probs.dtype)
+    (grad,) = torch.autograd.grad((probs * weight).sum(), inputs)
+    (ref_grad,) = torch.autograd.grad((ref * weight).sum(), ref_inputs)
+    torch.testing.assert_close(
+        grad.masked_fill(scores.isinf(), 0), ref_grad.nan_to_num(0), atol=1e-10, rtol=0
+    )
 
 
 def test_float32_matches_dense_float32():
