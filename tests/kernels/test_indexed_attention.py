@@ -103,6 +103,20 @@ def test_certified_equals_dense_at_awkward_block_sizes(block, causal):
         check_matches_dense(q, k, v, qi, ki, alpha=alpha, causal=causal, key_valid=valid, block=block)
 
 
+def assert_row_entmax_is_dense(scores, tau, alpha: float, mode: str, gen: torch.Generator) -> None:
+    """RowEntmax from threshold ``tau`` equals dense entmax of ``scores``: values and gradients."""
+    inputs, ref_inputs = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    probs = RowEntmax.apply(inputs, tau, alpha, mode)
+    ref = normalize(ref_inputs, alpha)
+    torch.testing.assert_close(probs, ref, atol=1e-12, rtol=0)
+    weight = torch.randn(probs.shape, generator=gen, dtype=probs.dtype)
+    (grad,) = torch.autograd.grad((probs * weight).sum(), inputs)
+    (ref_grad,) = torch.autograd.grad((ref * weight).sum(), ref_inputs)
+    torch.testing.assert_close(
+        grad.masked_fill(scores.isinf(), 0), ref_grad.nan_to_num(0), atol=1e-10, rtol=0
+    )
+
+
 @pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
 @pytest.mark.parametrize("shift", [0.0, -1e-9, -0.05, -3.0])
 def test_row_entmax_from_a_trusted_threshold(alpha, shift):
@@ -114,16 +128,7 @@ def test_row_entmax_from_a_trusted_threshold(alpha, shift):
     scores[1, :, 20:] = float("-inf")
     x = scores * (alpha - 1)
     tau = (dense_threshold(x, alpha) + shift).masked_fill(torch.isneginf(x.amax(-1)), float("inf"))
-    inputs, ref_inputs = scores.clone().requires_grad_(), scores.clone().requires_grad_()
-    probs = RowEntmax.apply(inputs, tau, alpha, "trusted")
-    ref = normalize(ref_inputs, alpha)
-    torch.testing.assert_close(probs, ref, atol=1e-12, rtol=0)
-    weight = torch.randn(probs.shape, generator=gen, dtype=probs.dtype)
-    (grad,) = torch.autograd.grad((probs * weight).sum(), inputs)
-    (ref_grad,) = torch.autograd.grad((ref * weight).sum(), ref_inputs)
-    torch.testing.assert_close(
-        grad.masked_fill(scores.isinf(), 0), ref_grad.nan_to_num(0), atol=1e-10, rtol=0
-    )
+    assert_row_entmax_is_dense(scores, tau, alpha, "trusted", gen)
 
 
 def test_compact_packs_kept_entries_left_in_order():
@@ -210,16 +215,7 @@ def test_row_entmax_from_an_exact_threshold(alpha):
     scores[0, 0] = float("-inf")
     scores[1, :, 9:] = float("-inf")
     tau = _exact_threshold(scores.view(-1, 25), alpha).view(4, 6)
-    inputs, ref_inputs = scores.clone().requires_grad_(), scores.clone().requires_grad_()
-    probs = RowEntmax.apply(inputs, tau, alpha, "exact")
-    ref = normalize(ref_inputs, alpha)
-    torch.testing.assert_close(probs, ref, atol=1e-12, rtol=0)
-    weight = torch.randn(probs.shape, generator=gen, dtype=probs.dtype)
-    (grad,) = torch.autograd.grad((probs * weight).sum(), inputs)
-    (ref_grad,) = torch.autograd.grad((ref * weight).sum(), ref_inputs)
-    torch.testing.assert_close(
-        grad.masked_fill(scores.isinf(), 0), ref_grad.nan_to_num(0), atol=1e-10, rtol=0
-    )
+    assert_row_entmax_is_dense(scores, tau, alpha, "exact", gen)
 
 
 def test_float32_matches_dense_float32():
