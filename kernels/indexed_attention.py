@@ -44,6 +44,13 @@ Layout. Work runs per (batch·head, query block) "row group" of ``block`` querie
 row groups are sorted by their block count and processed in chunks of about ``CHUNK_ENTRIES`` scores, so
 memory stays linear in what is computed and no (n × m) tensor exists beyond such chunks.
 
+Backends. ``backend="auto"`` runs certified mode on CUDA tensors in fp16, bf16 or fp32 through the Triton
+forward of :mod:`kernels.triton_indexed` (imported only then) when no gradient is needed, and everything else
+(approximate mode, float64, CPU tensors, or gradients required) through the PyTorch code here.
+``backend="triton"`` forces the Triton forward (certified mode only; CPU tensors only under
+``TRITON_INTERPRET=1``) and refuses, with a ValueError, a call that needs gradients: it is forward-only, for
+inference (use ``"auto"`` or ``"torch"`` to train). ``backend="torch"`` forces this module's path.
+
 The dense reference is :func:`dense_indexed_reference` (entmax of all masked scores, by
 :func:`kernels.reference.normalize`), for tests.
 """
@@ -56,6 +63,7 @@ from numbers import Integral, Real
 
 import torch
 
+from kernels import _check_backend
 from kernels.checks import check_causal, check_qkv, check_scale
 from kernels.reference import normalize
 
@@ -699,6 +707,23 @@ def _validate(
         raise ValueError(f"return_stats must be True or False; got {return_stats!r}")
 
 
+def _resolve_backend(backend: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str) -> str:
+    """The backend that will run ("triton" or "torch"); a one-line ValueError for a bad or impossible one."""
+    chosen = _check_backend(backend, q)
+    grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if backend == "triton":
+        if mode != "certified":
+            raise ValueError(f"backend 'triton' runs mode 'certified' only; got mode {mode!r}")
+        if grads:
+            raise ValueError(
+                "backend 'triton' is forward-only (inference): call it under torch.no_grad() or use "
+                "backend 'auto' or 'torch' when gradients are needed"
+            )
+    elif chosen == "triton" and (mode != "certified" or grads):
+        chosen = "torch"
+    return chosen
+
+
 def indexed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -715,6 +740,7 @@ def indexed_attention(
     candidates: int = 64,
     block: int = 32,
     return_stats: bool = False,
+    backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
     """Indexed α-entmax attention (module docstring); returns (batch, heads, n, d_v) in q's dtype.
 
@@ -727,7 +753,9 @@ def indexed_attention(
     of keys in the needed blocks, the set τ_S is taken over), ``filled`` (approximate: share of those whose
     predicted set reached ``candidates``, raise it; certified: 0, nothing is capped), ``recomputed``
     (certified: share of row groups done again over their kept blocks), and seconds spent in
-    ``indexer_s``, ``bounds_s`` and ``sparse_s``.
+    ``indexer_s``, ``bounds_s`` and ``sparse_s``. ``backend``: "auto", "triton" or "torch" (module
+    docstring); the Triton forward rounds ``block`` to its tile size (a power of two in [16, 128]), its
+    output equals this path's to fp32 round-off.
     Bad arguments raise a one-line ValueError before any work.
     """
     _validate(
@@ -746,6 +774,23 @@ def indexed_attention(
         block,
         return_stats,
     )
+    if _resolve_backend(backend, q, k, v, mode) == "triton":
+        from kernels.triton_indexed import triton_indexed_attention
+
+        return triton_indexed_attention(
+            q,
+            k,
+            v,
+            q_index,
+            k_index,
+            alpha=float(alpha),
+            causal=causal,
+            key_valid=key_valid,
+            scale=scale,
+            margin=float(margin),
+            block=int(block),
+            return_stats=return_stats,
+        )
     b, h, n, d = q.shape
     scale = d**-0.5 if scale is None else float(scale)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
