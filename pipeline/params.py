@@ -348,13 +348,13 @@ PAPER_WINDOWS = [0, 1, 3, 5, 7, 9, 11, 15, 19, 23, 27]
 class Quality(Section):
     """Which grid points are translated, and how: the same beam search and sentences for every point."""
 
-    examples: PositiveInt | None = 200
+    examples: PositiveInt | None = 100
     beams: PositiveInt = 4
     max_new_tokens: PositiveInt = 80
     batch_size: PositiveInt = 32
     # each method's Pareto points at sparsity >= the teacher's gold sparsity − sparsity_margin
     sparsity_margin: Fraction = 0.1
-    points_per_method: NonNegativeInt = 2
+    points_per_method: NonNegativeInt = 1
     # and each method's sparsest setting there with recall >= each of these (its operating point)
     recall_targets: list[Annotated[float, Field(gt=0.0, le=1.0)]] = [0.99]
 
