@@ -356,7 +356,7 @@ class Quality(Section):
     sparsity_margin: Fraction = 0.1
     points_per_method: NonNegativeInt = 1
     # and each method's sparsest setting there with recall >= each of these (its operating point)
-    recall_targets: list[Annotated[float, Field(gt=0.0, le=1.0)]] = [0.99]
+    recall_targets: list[Annotated[float, Field(gt=0.0, le=1.0)]] = [0.95, 0.99]
 
 
 class Evaluate(Section):
