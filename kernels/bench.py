@@ -291,21 +291,22 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def indexed_table(section: dict[str, Any]) -> str:
-    lines = [
-        f"{'n':>6} {'causal':>6} {'method':<20} {'fwd ms':>9} {'f+b ms':>9} {'pass1':>7} {'bounds':>7} "
-        f"{'sparse':>7} {'skip':>6} {'|S|':>5} {'x sdpa':>7} {'x entmax':>8} {'err':>8}  status"
+    columns = [
+        _text("n", "n", ">6"),
+        _text("causal", "causal", ">6"),
+        _text("method", "method", "<20"),
+        _number("fwd ms", "forward_ms", "9.1f"),
+        _number("f+b ms", "forward_backward_ms", "9.1f"),
+        _number("pass1", "indexer_ms", "7.1f"),
+        _number("bounds", "bounds_ms", "7.1f"),
+        _number("sparse", "sparse_ms", "7.1f"),
+        _number("skip", "blocks_skipped", "6.3f"),
+        _number("|S|", "predicted_mean", "5.1f"),
+        _number("x sdpa", "speedup_forward_vs_sdpa", "7.2f"),
+        _number("x entmax", "speedup_forward_vs_dense_entmax", "8.1f"),
+        _number("err", "max_abs_error", "8.1e"),
     ]
-    for r in section["results"]:
-        lines.append(
-            f"{r['n']:>6} {r['causal']!s:>6} {r['method']:<20} {_fmt(r.get('forward_ms'), '9.1f')} "
-            f"{_fmt(r.get('forward_backward_ms'), '9.1f')} {_fmt(r.get('indexer_ms'), '7.1f')} "
-            f"{_fmt(r.get('bounds_ms'), '7.1f')} {_fmt(r.get('sparse_ms'), '7.1f')} "
-            f"{_fmt(r.get('blocks_skipped'), '6.3f')} {_fmt(r.get('predicted_mean'), '5.1f')} "
-            f"{_fmt(r.get('speedup_forward_vs_sdpa'), '7.2f')} "
-            f"{_fmt(r.get('speedup_forward_vs_dense_entmax'), '8.1f')} {_fmt(r.get('max_abs_error'), '8.1e')}"
-            f"  {r['status']}"
-        )
-    return "\n".join(lines)
+    return "\n".join(_table(section["results"], columns))
 
 
 def _spawn_cpu_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -393,18 +394,37 @@ def _fmt(x: Any, spec: str) -> str:
     return "-".rjust(int(width) if width.isdigit() else 1)
 
 
+Column = tuple[str, str, Callable[[dict[str, Any]], str]]  # title, its alignment, the cell of a row
+
+
+def _text(title: str, key: str, align: str) -> Column:
+    return title, align, lambda row: format(str(row[key]), align)
+
+
+def _number(title: str, key: str, spec: str) -> Column:
+    """A number column formatted by ``spec``, its title right-aligned to the same width."""
+    return title, ">" + spec.split(".")[0].rstrip("def"), lambda row: _fmt(row.get(key), spec)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[Column]) -> list[str]:
+    """A header line and one line per row, each ending in the row's status."""
+    header = " ".join(format(title, align) for title, align, _ in columns) + "  status"
+    return [header] + [" ".join(cell(row) for _, _, cell in columns) + f"  {row['status']}" for row in rows]
+
+
 def cpu_table(report: dict[str, Any]) -> str:
-    lines = [
-        f"{'n':>6} {'method':<13} {'density':>8} {'fwd ms':>10} {'fwd+bwd ms':>11} "
-        f"{'fwd MiB':>9} {'fwd+bwd MiB':>12}  status"
-    ]
-    for r in report["results"]:
-        lines.append(
-            f"{r['n']:>6} {r['method']:<13} {_fmt(r.get('density'), '8.4f')} "
-            f"{_fmt(r.get('forward_ms'), '10.1f')} "
-            f"{_fmt(r.get('forward_backward_ms'), '11.1f')} {_fmt(r.get('extra_mb_forward'), '9.1f')} "
-            f"{_fmt(r.get('extra_mb_forward_backward'), '12.1f')}  {r['status']}"
-        )
+    lines = _table(
+        report["results"],
+        [
+            _text("n", "n", ">6"),
+            _text("method", "method", "<13"),
+            _number("density", "density", "8.4f"),
+            _number("fwd ms", "forward_ms", "10.1f"),
+            _number("fwd+bwd ms", "forward_backward_ms", "11.1f"),
+            _number("fwd MiB", "extra_mb_forward", "9.1f"),
+            _number("fwd+bwd MiB", "extra_mb_forward_backward", "12.1f"),
+        ],
+    )
     for s in report["summary"]:
         lines.append(
             f"n={s['n']}: ours is {_fmt(s['speedup_forward'], '.1f')}x faster forward, "
@@ -689,19 +709,23 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def gpu_table(report: dict[str, Any]) -> str:
-    lines = [
-        f"{'n':>6} {'causal':>6} {'B':>3} {'top':>3} {'method':<13} {'density':>8} {'fwd ms':>9} "
-        f"{'fwd+bwd ms':>10} {'x sdpa':>7} {'eff fwd':>8} {'eff f+b':>8} {'ent/sm':>7}  status"
-    ]
-    for r in report["results"]:
-        lines.append(
-            f"{r['n']:>6} {r['causal']!s:>6} {_fmt(r['buckets'], '3d')} {_fmt(r['top'], '3d')} "
-            f"{r['method']:<13} {_fmt(r.get('density'), '8.4f')} {_fmt(r.get('forward_ms'), '9.2f')} "
-            f"{_fmt(r.get('forward_backward_ms'), '10.2f')} {_fmt(r.get('speedup_forward'), '7.2f')} "
-            f"{_fmt(r.get('efficiency_forward'), '8.2f')} "
-            f"{_fmt(r.get('efficiency_forward_backward'), '8.2f')} "
-            f"{_fmt(r.get('entmax_over_softmax_forward'), '7.2f')}  {r['status']}"
-        )
+    lines = _table(
+        report["results"],
+        [
+            _text("n", "n", ">6"),
+            _text("causal", "causal", ">6"),
+            _number("B", "buckets", "3d"),
+            _number("top", "top", "3d"),
+            _text("method", "method", "<13"),
+            _number("density", "density", "8.4f"),
+            _number("fwd ms", "forward_ms", "9.2f"),
+            _number("fwd+bwd ms", "forward_backward_ms", "10.2f"),
+            _number("x sdpa", "speedup_forward", "7.2f"),
+            _number("eff fwd", "efficiency_forward", "8.2f"),
+            _number("eff f+b", "efficiency_forward_backward", "8.2f"),
+            _number("ent/sm", "entmax_over_softmax_forward", "7.2f"),
+        ],
+    )
     return "\n".join(lines)
 
 
