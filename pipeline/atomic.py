@@ -1,11 +1,14 @@
 """Atomic writes: write beside the target under a temporary name, then rename.
 
-A crash therefore never leaves a half-written file or folder that looks whole.
+A crash therefore never leaves a half-written file or folder that looks whole. What a killed run leaves
+behind (``.NAME.tmp-PID-*``, ``.NAME.old-PID``) is swept the next time the same target is written, once
+process PID is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -13,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from pipeline.errors import UserError
 
 
 @contextlib.contextmanager
@@ -23,14 +28,20 @@ def atomic_path(target: str | os.PathLike, *, directory: bool = False) -> Iterat
     replaced. On error the temporary path is removed and ``target`` is left as it was.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{target.name}.tmp-"
-    if directory:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
-    else:
-        fd, name = tempfile.mkstemp(prefix=prefix, dir=target.parent)
-        os.close(fd)
-        tmp = Path(name)
+    if not directory and target.is_dir():
+        raise UserError(f"cannot write the file {target}: a folder of that name is in the way")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_stale(target)
+        prefix = f".{target.name}.tmp-{os.getpid()}-"
+        if directory:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as err:
+        raise UserError(f"cannot write {target}: {_reason(err, target)}") from None
     try:
         yield tmp
         # mkstemp/mkdtemp create private (0600/0700) paths; give the result the usual permissions.
@@ -48,6 +59,39 @@ def atomic_path(target: str | os.PathLike, *, directory: bool = False) -> Iterat
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def _reason(err: OSError, target: Path) -> str:
+    """Why ``target`` cannot be written, naming the ancestor that is in the way when there is one."""
+    for parent in target.parents:
+        if parent.exists():
+            return f"{parent} is not a folder" if not parent.is_dir() else err.strerror or str(err)
+    return err.strerror or str(err)
+
+
+def _sweep_stale(target: Path) -> None:
+    """Remove temporary and replaced copies of ``target`` left by runs that were killed."""
+    for kind in ("tmp", "old"):
+        for leftover in target.parent.glob(f".{glob.escape(target.name)}.{kind}-*"):
+            pid = leftover.name.rpartition(f".{kind}-")[2].split("-")[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's live process
+        return True
+    return True
 
 
 def _umask() -> int:

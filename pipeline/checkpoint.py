@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.atomic import atomic_path
@@ -32,7 +34,11 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     manifest: dict[str, Any],
 ) -> None:
-    """Save model + tokenizer + manifest as one atomic folder (safetensors only)."""
+    """Save model + tokenizer + manifest as one atomic folder (safetensors only); non-finite weights (a
+    diverged run) are refused."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise UserError(f"refusing to save {folder}: the weight {name} holds non-finite values")
     with atomic_path(folder, directory=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -42,6 +48,8 @@ def save_checkpoint(
             "attn_implementation": config._attn_implementation,
             "entmax_alpha": getattr(config, "entmax_alpha", None),
             "model_sha256": file_sha256(Path(tmp) / "model.safetensors"),
+            # CPU results are bit-identical for a given machine and thread count, so record the count
+            "torch_threads": torch.get_num_threads(),
             **manifest,
         }
         (Path(tmp) / MANIFEST).write_text(json.dumps(described, indent=2) + "\n")
@@ -50,7 +58,31 @@ def save_checkpoint(
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     """The manifest of a checkpoint folder, or ``{}`` for a plain Hugging Face folder or hub id."""
     path = Path(folder) / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, OSError) as err:
+        raise UserError(f"{path}: not a readable JSON manifest ({err})") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path}: a checkpoint manifest must be a JSON object")
+    return manifest
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> None:
+    """Check a local checkpoint's weights against the sha256 its manifest recorded when it was saved.
+
+    A plain Hugging Face folder (no manifest) has nothing to check against and passes.
+    """
+    manifest = read_manifest(folder)
+    weights = Path(folder) / WEIGHTS[0]
+    if "model_sha256" not in manifest or not weights.is_file():
+        return
+    if file_sha256(weights) != manifest["model_sha256"]:
+        raise UserError(
+            f"{weights} does not match the sha256 in {Path(folder) / MANIFEST} (corrupt or changed since "
+            "it was saved); re-run the stage that wrote it"
+        )
 
 
 def describe_parent(source: str) -> dict[str, Any]:
@@ -62,12 +94,14 @@ def describe_parent(source: str) -> dict[str, Any]:
 def resolve_checkpoint(source: str, key: str, *, local: bool = False) -> str:
     """Check that ``source`` names a local model folder or looks like a hub id (``org/name``).
 
-    With ``local``, only a folder holding config.json and safetensors weights will do.
+    With ``local``, only a folder holding config.json and safetensors weights will do. A local folder's
+    weights are checked against its manifest (:func:`verify_checkpoint`).
     """
     path = Path(source)
     if (path / "config.json").is_file():
         if local and not any((path / name).is_file() for name in WEIGHTS):
             raise UserError(f"{key} = {source!r}: no {WEIGHTS[0]} in that model folder")
+        verify_checkpoint(path)
         return source
     if local:
         raise UserError(f"{key} = {source!r}: not a local model folder (need config.json and {WEIGHTS[0]})")
@@ -80,9 +114,10 @@ def resolve_checkpoint(source: str, key: str, *, local: bool = False) -> str:
 
 @contextmanager
 def loading(source: str, key: str) -> Iterator[None]:
-    """Turn an ``OSError`` loading ``source`` (unknown hub id, no network, missing file) into a UserError."""
+    """Turn an error loading ``source`` (unknown hub id, no network, missing or unreadable file) into a
+    one-line UserError."""
     try:
         yield
-    except OSError as err:
+    except (OSError, SafetensorError) as err:
         reason = " ".join(str(err).split())
         raise UserError(f"{key} = {source!r}: cannot load it ({reason})") from None

@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import torch
 
 _CHUNK = 1 << 20
 
@@ -32,3 +35,17 @@ def folder_sha256(folder: str | os.PathLike) -> str:
 def value_sha256(value: Any) -> str:
     """Hash of a JSON-serialisable value (canonical key order)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """Hash of named tensors: every name, dtype, shape and the raw bytes, in sorted name order.
+
+    Stored in the header of the safetensors files this project writes and checked when they are read, so a
+    flipped byte in a tensor is caught where the file is used.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -3,6 +3,18 @@
 Each stage reads only its own section (``load_section("teacher")``), so DVC's per-key params tracking and the
 validation agree on what a stage depends on. A wrong key, type or value raises :class:`UserError` with one
 line: ``params.yaml: teacher.train.lr = -1: Input should be greater than 0``.
+
+The rules:
+
+- Types are strict: a YAML ``true`` or ``"4"`` is not an int, a bool or a string is not a float (an int is:
+  ``lr: 1``), and an int is not a string. ``1e-3`` is a float, as YAML 1.2 (and DVC, which reads the same
+  file) has it, though PyYAML's YAML 1.1 would read a string. Unknown keys are errors.
+- A key given twice in one mapping, at any depth, is an error naming the key and both lines (PyYAML would
+  keep the last silently). Otherwise the file is read exactly like ``yaml.safe_load`` reads it, ``<<``
+  merge keys included.
+- Every section must be present: a missing one is an error rather than silently all defaults, so a
+  truncated or misspelt file never runs a stage on settings nobody wrote. A section given but empty
+  (``prepare: {}`` or a bare ``prepare:``) is written on purpose and means all defaults.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from yaml.constructor import ConstructorError
 
 from pipeline.errors import UserError
 
@@ -26,9 +39,13 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class Section(BaseModel):
-    """Every section rejects unknown keys so a typo never passes silently."""
+    """Every section rejects unknown keys so a typo never passes silently, and converts no types.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Strict mode holds for nested sections given as mappings, list items and dict values too; only an int
+    is taken for a float.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -259,8 +276,7 @@ class Project(Section):
     rank: PositiveInt = 4
     # the reference code's recipe, which measured best on the default profile: a shared tanh MLP
     shared: bool = True
-    # strict: a YAML `true` or `16.0` is an error, not 1 or 16
-    hidden: Annotated[int, Field(gt=0, strict=True)] | None = 32
+    hidden: PositiveInt | None = 32
     epochs: PositiveInt = 3
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-3
     batch_size: PositiveInt = 32
@@ -384,10 +400,13 @@ class Evaluate(Section):
     batch_size: PositiveInt = 64
     quality: Quality = Quality()
     out: str = "artifacts/evaluation/evaluate.json"
+    # its wall times (forward and decode, per point), kept apart so that evaluate.json is reproducible
+    timings: str = "artifacts/evaluation/evaluate.timings.json"
 
 
 class Report(Section):
     evaluation: str = "artifacts/evaluation/evaluate.json"
+    timings: str = "artifacts/evaluation/evaluate.timings.json"
     sparsity_levels: Annotated[list[OpenFraction], Field(min_length=1)] = [0.8, 0.9]
     recall_target: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
     out: str = "artifacts/report.md"
@@ -416,17 +435,103 @@ SECTIONS: dict[str, type[Section]] = {
 # ----------------------------------------------------------------------------------------------------------
 # loading
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+MICRO_PROFILE = "configs/micro.yaml"
+
+
+def _dotted(where: str, part: object) -> str:
+    return f"{where}.{part}" if where else str(part)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, except that a key given twice in one mapping is an error and that
+    floats are YAML 1.2's (``1e-3`` too)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        # checked on the composed nodes, before construction: PyYAML expands `<<` merges by rewriting the
+        # merged mapping nodes in place, after which a legitimate override looks like a duplicate
+        stack: list[tuple[yaml.Node, str]] = [(node, "")]
+        seen: set[yaml.Node] = set()
+        while stack:
+            current, where = stack.pop()
+            if current in seen:  # an alias shares its anchor's node (and may even contain itself)
+                continue
+            seen.add(current)
+            if isinstance(current, yaml.MappingNode):
+                stack.extend(self._unique_children(current, where))
+            elif isinstance(current, yaml.SequenceNode):
+                stack.extend((item, _dotted(where, i)) for i, item in enumerate(current.value))
+        return super().construct_document(node)
+
+    def _unique_children(self, mapping: yaml.MappingNode, where: str) -> list[tuple[yaml.Node, str]]:
+        """The values of ``mapping`` with their dotted keys; raise if one key is given twice."""
+        first_line: dict[Any, int] = {}
+        children = []
+        for key_node, value_node in mapping.value:
+            if key_node.tag == MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                # merges may override; a non-scalar key cannot be hashed, and construction says so
+                children.append((value_node, where))
+                continue
+            key = self.construct_object(key_node)
+            dotted = _dotted(where, key)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise ConstructorError(
+                    problem=f"line {line}: key {dotted} is given twice, first on line {first_line[key]}; "
+                    "allowed: each key once per mapping"
+                )
+            first_line[key] = line
+            children.append((value_node, dotted))
+        return children
+
+
+# YAML 1.2 floats: an exponent needs neither a dot nor a sign (PyYAML's YAML 1.1 rule reads `1e-3` as text)
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: params file not found (pass --params FILE or create params.yaml)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as err:
         raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _missing(path: Path, name: str) -> UserError:
+    return UserError(
+        f"{path}: no {name!r} section (every stage reads its own section; see {MICRO_PROFILE} for a "
+        "complete example)"
+    )
+
+
+# YAML's names for what it gave, so `'4'` or `true` in a number's place reads as what it is
+YAML_KINDS: dict[type, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a float",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+    type(None): "null",
+}
+# a number that YAML gave as text, because it was quoted
+NUMBER_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _got(error_type: str, value: Any) -> str:
+    """What YAML gave instead of the expected type, in YAML's words, and how to write a number as one."""
+    got = f"got {YAML_KINDS.get(type(value), type(value).__name__)}"
+    if error_type in {"int_type", "float_type"} and isinstance(value, str) and NUMBER_TEXT.fullmatch(value):
+        return f"{got} (write numbers unquoted)"
+    return got
 
 
 def _one_line(path: Path, section: str, err: ValidationError) -> str:
@@ -437,13 +542,16 @@ def _one_line(path: Path, section: str, err: ValidationError) -> str:
         hint = f"unknown key (allowed: {allowed})" if allowed else "unknown key"
         return f"{path}: {key}: {hint}"
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"].endswith("_type"):
+        msg = f"{msg}, {_got(first['type'], first['input'])}"
     if first["type"] in {"missing"} or first["loc"] == ():
         return f"{path}: {key}: {msg}"
     return f"{path}: {key} = {first['input']!r}: {msg}"
 
 
 def validate_section(name: str, raw: Any, path: Path = Path("params.yaml")) -> Section:
-    """Validate the mapping ``raw`` as section ``name``; raise :class:`UserError` (one line) if bad."""
+    """Validate the mapping ``raw`` as section ``name`` (``None``: all defaults); raise :class:`UserError`
+    (one line) if bad."""
     if name not in SECTIONS:
         raise UserError(f"{path}: unknown section {name!r} (allowed: {', '.join(SECTIONS)})")
     try:
@@ -453,16 +561,24 @@ def validate_section(name: str, raw: Any, path: Path = Path("params.yaml")) -> S
 
 
 def load_section(name: str, path: str | os.PathLike = "params.yaml") -> Any:
-    """Read ``path`` and return its validated section ``name`` (defaults fill absent keys)."""
+    """Read ``path`` and return its validated section ``name``, which must be present (defaults fill absent
+    keys)."""
     path = Path(path)
-    return validate_section(name, _read_yaml(path).get(name), path)
+    data = _read_yaml(path)
+    if name in SECTIONS and name not in data:
+        raise _missing(path, name)
+    return validate_section(name, data.get(name), path)
 
 
 def load_all(path: str | os.PathLike = "params.yaml") -> dict[str, Section]:
-    """Validate every known section of ``path`` (unknown top-level sections are an error too)."""
+    """Validate every section of ``path``: an unknown or a missing section is an error, reported before any
+    value."""
     path = Path(path)
     data = _read_yaml(path)
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise UserError(f"{path}: unknown section {unknown[0]!r} (allowed: {', '.join(SECTIONS)})")
-    return {name: validate_section(name, data.get(name), path) for name in SECTIONS}
+    missing = [name for name in SECTIONS if name not in data]
+    if missing:
+        raise _missing(path, missing[0])
+    return {name: validate_section(name, data[name], path) for name in SECTIONS}

@@ -1,16 +1,56 @@
-"""What every DVC stage script shares: its command line and its params section."""
+"""What every DVC stage script shares: its command line, its params section, and a check of its outputs."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from pipeline.errors import UserError
 from pipeline.params import load_section
+
+# params keys that name what a stage writes (files or folders), at any depth of its section
+OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir")
 
 
 def stage_params(name: str, argv: list[str] | None = None) -> Any:
-    """Parse ``--params FILE`` (default params.yaml) and return the validated section ``name``."""
+    """Parse ``--params FILE`` (default params.yaml) and return the validated section ``name``, after
+    checking that every output it names can be written (:func:`check_outputs`)."""
     parser = argparse.ArgumentParser(prog=f"python -m stages.{name}", description=f"DVC stage '{name}'.")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
-    return load_section(name, args.params)
+    section = load_section(name, args.params)
+    check_outputs(name, section)
+    return section
+
+
+def output_paths(key: str, section: BaseModel) -> Iterator[tuple[str, str]]:
+    """(dotted params key, path) of every output ``section`` names, nested sections and maps included."""
+    for field, value in section:
+        dotted = f"{key}.{field}"
+        if field in OUTPUT_KEYS and isinstance(value, str):
+            yield dotted, value
+        elif isinstance(value, BaseModel):
+            yield from output_paths(dotted, value)
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                if isinstance(item, BaseModel):
+                    yield from output_paths(f"{dotted}.{name}", item)
+
+
+def check_outputs(name: str, section: BaseModel) -> None:
+    """One-line error, before any work, when an output's folder cannot be made: an existing ancestor of
+    the path is a file, or the first existing one is not writable."""
+    for key, value in output_paths(name, section):
+        for parent in Path(value).absolute().parents:
+            if not parent.exists():
+                continue
+            if not parent.is_dir():
+                raise UserError(f"{key} = {value!r}: {parent} is a file; allowed: a path below folders only")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise UserError(f"{key} = {value!r}: {parent} is not writable")
+            break

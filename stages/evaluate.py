@@ -14,37 +14,24 @@ predicted graphs at each method's best points.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from transformers import AutoTokenizer
 
-from pipeline.atomic import write_json
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import choose_points, quality_sweep
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
-from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore
+from pipeline.origin import Origin
 from pipeline.params import Evaluate
 from pipeline.predictors.scoring import Setting
-from pipeline.predictors.state import load_states, read_header
+from pipeline.predictors.state import load_states
 from pipeline.predictors.window import WindowPredictor
 from pipeline.projection.model import load_projections
 from pipeline.stage import stage_params
+from pipeline.timings import write_metrics
 from pipeline.training.run import encode_with, load_corpus
-
-
-def check_teacher(key: str, path: str, fingerprint: Mapping[str, Any], store: GraphStore) -> None:
-    """One-line error unless ``fingerprint`` (what ``path`` was made from) names the store's teacher."""
-    expected = store.manifest["teacher"].get("model_sha256")
-    if fingerprint.get("model_sha256") != expected:
-        raise UserError(
-            f"evaluate.{key} = {path!r} was made from another teacher's graphs than evaluate.graphs "
-            f"({store.folder}); re-run the stages before evaluate"
-        )
 
 
 def graph_rows(
@@ -57,13 +44,12 @@ def graph_rows(
             f"evaluate.graphs = {params.graphs!r} was extracted from the train split, which the predictors "
             "were fitted on; allowed: a store of the valid or test split"
         )
-    projections, extra = load_projections(params.projections)
+    origin = Origin.of_store(store)
+    projections, extra = load_projections(params.projections, origin=origin)
     kind = extra["kind"]
     if kind not in store.kinds:
         raise UserError(f"evaluate.graphs = {params.graphs!r} holds no {kind} graphs (the projections' kind)")
-    check_teacher("projections", params.projections, extra.get("graphs", {}), store)
-    check_teacher("state", params.state, read_header(params.state)["extra"].get("graphs", {}), store)
-    stored = load_states(params.state)
+    stored = load_states(params.state, origin)
     settings = [
         *(
             setting
@@ -88,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     params: Evaluate = stage_params("evaluate", argv)
     store = GraphStore(params.graphs)
     teacher = resolve_checkpoint(params.teacher, "evaluate.teacher", local=True)
-    if file_sha256(f"{teacher}/model.safetensors") != store.manifest["teacher"].get("model_sha256"):
+    weights = Origin.of_teacher(teacher, store.layers, store.heads, store.head_dim).teacher_sha256
+    if weights != store.manifest["teacher"].get("model_sha256"):
         raise UserError(
             f"evaluate.teacher = {params.teacher!r} is not the teacher evaluate.graphs was extracted from"
         )
@@ -125,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     teacher_quality["sparsity"] = gold["sparsity"]
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
-    write_json(
+    write_metrics(
         params.out,
         {
             "kind": kind,
@@ -136,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             "graphs": [row for _, row in [*rows, full]],
             "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
         },
+        params.timings,
     )
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedModel
 
-from pipeline.atomic import write_json
 from pipeline.attention import load_model
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.errors import UserError, exits_cleanly
@@ -20,6 +19,7 @@ from pipeline.graphs.extract import extract_graphs, kind_shapes, query_lengths, 
 from pipeline.graphs.summary import summarize
 from pipeline.params import Extract
 from pipeline.stage import stage_params
+from pipeline.timings import write_metrics
 from pipeline.training.run import encode_with, load_corpus
 
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         summary["seconds"] = round(seconds, 1)
         summary["sentences_per_second"] = round(summary["sentences"] / seconds, 1)
         summaries[name] = summary
-    write_json(params.metrics, summaries)
+    write_metrics(params.metrics, summaries)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ Each head's projector is linear (``project.hidden: null``) or a tanh MLP with ``
 
 from __future__ import annotations
 
-from pipeline.atomic import write_json, write_text
+from pipeline.atomic import write_text
 from pipeline.errors import exits_cleanly
 from pipeline.graphs import GraphStore
 from pipeline.projection.fit_store import fit_store_projections
 from pipeline.projection.model import save_projections
 from pipeline.stage import stage_params
+from pipeline.timings import write_metrics
 
 
 @exits_cleanly
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     save_projections(
         params.out, layers, {"kind": params.kind, "split": split, "graphs": store.manifest["teacher"]}
     )
-    write_json(params.metrics, report)
+    write_metrics(params.metrics, report)
     write_text(
         params.plot,
         "layer,step,loss\n" + "".join(f"{r['layer']},{r['step']},{r['loss']:.6f}\n" for r in curve),

@@ -15,7 +15,7 @@ from pipeline.stage import stage_params
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("report", argv)
-    evaluation = load_evaluation(params.evaluation)
+    evaluation = load_evaluation(params.evaluation, params.timings)
     files = write_report_plots(evaluation, params.plots, recall_target=params.recall_target)
     # the report links its figures relative to where it lies, so it renders wherever the folder is opened
     here = Path(params.out).parent

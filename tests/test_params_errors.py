@@ -84,15 +84,23 @@ def teacher(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+# a value in ``changes`` that deletes its key instead of setting it
+REMOVE = object()
+
+
 def params_file(folder: Path, changes: dict[str, Any]) -> Path:
-    """The micro profile with ``changes`` (dotted keys like ``extract.min_length``) written to ``folder``."""
+    """The micro profile with ``changes`` (dotted keys like ``extract.min_length``; a value of
+    :data:`REMOVE` deletes the key) written to ``folder``."""
     params = yaml.safe_load(MICRO.read_text())
     for dotted, value in changes.items():
         *parents, key = dotted.split(".")
         section = params
         for name in parents:
             section = section.setdefault(name, {})
-        section[key] = value
+        if value is REMOVE:
+            del section[key]
+        else:
+            section[key] = value
     path = folder / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedModel
@@ -23,54 +22,18 @@ from pipeline.attention.loading import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_predictor
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint, save_checkpoint
 from pipeline.errors import UserError
-from pipeline.fingerprint import file_sha256
 from pipeline.graphs.extract import attention_layers
 from pipeline.graphs.kinds import attention_kind
-from pipeline.predictors.base import Predictor, make_predictor
-from pipeline.predictors.state import read_header, select_state
-from pipeline.projection.model import HeadProjections, load_projections
+from pipeline.origin import Origin
+from pipeline.predictors.base import make_predictor
+from pipeline.predictors.state import select_state
+from pipeline.projection.model import load_projections
 
 
-def _check_fitted_on(teacher: str, what: str, path: str | os.PathLike, graphs: Mapping[str, Any]) -> None:
-    """One-line error unless ``graphs`` (a store's teacher fingerprint) names the teacher's weights."""
-    weights = Path(teacher) / "model.safetensors"
-    stored = graphs.get("model_sha256")
-    if weights.is_file() and stored is not None and stored != file_sha256(weights):
-        raise UserError(
-            f"{what} {path} was fitted on the graphs of another teacher ({graphs.get('checkpoint')}); "
-            f"re-run project and cluster on {teacher}'s graphs"
-        )
-
-
-def _check_projections(
-    model: PreTrainedModel, kind: str, layers: Mapping[int, HeadProjections], path: str | os.PathLike
-) -> None:
-    """One-line error unless the projections cover every layer of ``kind`` with its heads and head size."""
+def _origin(teacher: str, model: PreTrainedModel, kind: str) -> Origin:
+    """What projections and states used with ``teacher``'s ``kind`` attention must have been fitted on."""
     modules = attention_layers(model, attention_kind(kind))
-    if sorted(layers) != list(range(len(modules))):
-        raise UserError(
-            f"projections {path} cover layers {sorted(layers)} but the teacher's {kind} attention has "
-            f"{len(modules)} layers"
-        )
-    for layer, module in enumerate(modules):
-        config = layers[layer].config()
-        if (config["n_heads"], config["head_dim"]) != (module.num_heads, module.head_dim):
-            raise UserError(
-                f"projections {path} layer {layer} are for {config['n_heads']} heads × {config['head_dim']} "
-                f"dims; the teacher's {kind} attention has {module.num_heads} × {module.head_dim}"
-            )
-
-
-def _check_state(model: PreTrainedModel, kind: str, predictor: Predictor, path: str | os.PathLike) -> None:
-    """One-line error unless the fitted state covers every layer of ``kind`` with its number of heads
-    (every fitted tensor is per head: centroids, rotations, the indexer's maps)."""
-    for layer, module in enumerate(attention_layers(model, attention_kind(kind))):
-        for name, tensor in predictor.layer_state(layer).items():
-            if tensor.shape[0] != module.num_heads:
-                raise UserError(
-                    f"predictor state {path} layer {layer} holds {name} for {tensor.shape[0]} heads; "
-                    f"the teacher's {kind} attention has {module.num_heads}"
-                )
+    return Origin.of_teacher(teacher, len(modules), modules[0].num_heads, modules[0].head_dim)
 
 
 def configure_sparsefinder(
@@ -98,17 +61,14 @@ def configure_sparsefinder(
         tokenizer = AutoTokenizer.from_pretrained(teacher)
     layers = None
     if projections is not None:
-        layers, extra = load_projections(projections)
-        kind = extra["kind"]
-        _check_projections(model, kind, layers, projections)
-        _check_fitted_on(teacher, "projections", projections, extra.get("graphs", {}))
+        # the projections name the attention kind they were fitted for; read them again knowing its shape
+        kind = load_projections(projections)[1]["kind"]
+        layers, _ = load_projections(projections, origin=_origin(teacher, model, kind))
     predictor = make_predictor(method, **(knobs or {}))
     if predictor.fitted:
         if state is None:
             raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
-        _check_fitted_on(teacher, "predictor state", state, read_header(state)["extra"].get("graphs", {}))
-        predictor = select_state(state, predictor)
-        _check_state(model, kind, predictor, state)
+        predictor = select_state(state, predictor, _origin(teacher, model, kind))
     if predictor.needs_projections and layers is None:
         raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
     attach_predictor(

@@ -13,6 +13,8 @@ from transformers import AutoConfig, PreTrainedModel
 
 from pipeline.attention.entmax import ENTMAX
 from pipeline.attention.interface import attach_state
+from pipeline.checkpoint import verify_checkpoint
+from pipeline.errors import UserError
 
 
 def _load_state_dict(folder: Path) -> dict[str, Tensor]:
@@ -39,9 +41,11 @@ def load_model(
     config asks for (every registered state attacher runs: learned α, predictors), and then loads
     model.safetensors (or its shards). Every stored tensor must find a parameter, and every parameter must
     be stored except those ``save_pretrained`` leaves out on purpose (tied weights, keys ignored on save).
-    Returns the model in eval mode.
+    The weights are first checked against the folder's manifest
+    (:func:`~pipeline.checkpoint.verify_checkpoint`). Returns the model in eval mode.
     """
     folder = Path(folder)
+    verify_checkpoint(folder)
     if model_cls is None:
         config = AutoConfig.from_pretrained(folder)
         model_cls = getattr(transformers, config.architectures[0])
@@ -54,7 +58,7 @@ def load_model(
     left_out = set(model.all_tied_weights_keys) | set(model._keys_to_ignore_on_save)
     missing = sorted(set(missing) - left_out)
     if missing or unexpected:
-        raise ValueError(
+        raise UserError(
             f"checkpoint {folder} does not match {model_cls.__name__}: "
             f"missing {missing}, unexpected {sorted(unexpected)}"
         )

@@ -1,7 +1,7 @@
 """``sparsefinder inspect``: summarise, verify or draw a graph store.
 
 sparsefinder inspect FOLDER                      print counts and the sparsity table
-sparsefinder inspect FOLDER --check              verify every shard's sha256 (exit 1 naming bad shards)
+sparsefinder inspect FOLDER --check              verify every shard (exit 2 naming every bad one)
 sparsefinder inspect FOLDER --sentence S --layer L --head H --png FILE [--kind K]
                             [--method NAME [--knob KEY=VALUE ...] --window W --global G
                              --projections FILE --state FILE]
@@ -14,7 +14,6 @@ pairs: exactly what evaluation scores) are shaded under the gold edges. Predicto
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from kernels.attended import window_radius
@@ -38,7 +37,9 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("folder", help="graph store folder (holding manifest.json)")
-    parser.add_argument("--check", action="store_true", help="verify every shard against its sha256")
+    parser.add_argument(
+        "--check", action="store_true", help="verify every shard (size, sha256, header) and the counts"
+    )
     picture = parser.add_argument_group("drawing one head")
     picture.add_argument("--sentence", type=int, help="sentence index in the store")
     picture.add_argument("--layer", type=int, help="layer index")
@@ -51,14 +52,16 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """Run ``inspect``; returns the exit status (1 when ``--check`` finds a bad shard)."""
+    """Run ``inspect``; returns 0, or raises a one-line :class:`UserError` (exit 2) for a bad flag or store.
+
+    A store whose manifest is bad refuses to open; ``--check`` names every bad shard on that one line.
+    """
+    _check_numbers(args)
     store = GraphStore(args.folder)
     if args.check:
         problems = store.verify()
-        for problem in problems:
-            print(f"corrupt shard {problem}", file=sys.stderr)
         if problems:
-            return 1
+            raise UserError(f"corrupt graph store {args.folder}: {'; '.join(problems)}")
         print(f"{args.folder}: {len(store.manifest['shards'])} shard(s) verified, sha256 ok")
         return 0
     drawing = [args.sentence, args.layer, args.head, args.png]
@@ -110,8 +113,21 @@ def _projections(store: GraphStore, args: argparse.Namespace) -> HeadProjections
     return module
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """One-line errors for numeric flags outside what any store allows, whether or not they are used."""
+    for flag, value in (("--sentence", args.sentence), ("--layer", args.layer), ("--head", args.head)):
+        if value is not None and value < 0:
+            raise UserError(f"{flag} {value} is out of range; allowed >= 0")
+    try:
+        window_radius(args.window)
+    except ValueError as err:
+        raise UserError(f"--{err}") from None
+    if args.global_tokens < 0:
+        raise UserError(f"--global {args.global_tokens} is negative; allowed >= 0")
+
+
 def _check_drawing_args(store: GraphStore, args: argparse.Namespace) -> None:
-    """One-line errors naming the allowed range for every out-of-range drawing argument."""
+    """One-line errors naming the allowed range for a drawing argument this store does not have."""
     if args.kind not in store.kinds:
         raise UserError(f"--kind {args.kind} is not in this store; stored: {', '.join(store.kinds)}")
     for flag, value, limit in (
@@ -119,11 +135,5 @@ def _check_drawing_args(store: GraphStore, args: argparse.Namespace) -> None:
         ("--layer", args.layer, store.layers),
         ("--head", args.head, store.heads),
     ):
-        if not 0 <= value < limit:
+        if value >= limit:
             raise UserError(f"{flag} {value} is out of range; allowed 0..{limit - 1}")
-    try:
-        window_radius(args.window)
-    except ValueError as err:
-        raise UserError(f"--{err}") from None
-    if args.global_tokens < 0:
-        raise UserError(f"--global {args.global_tokens} is negative; allowed >= 0")

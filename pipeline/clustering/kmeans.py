@@ -22,6 +22,8 @@ import numpy as np
 from pipeline.errors import UserError
 
 Backend = Literal["auto", "faiss", "sklearn"]
+# fewer points per centroid fit noise (faiss warns below 39), and far more centroids than that run for long
+MIN_POINTS_PER_CENTROID = 39
 
 
 def resolve_backend(backend: Backend) -> Literal["faiss", "sklearn"]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeline.errors import UserError
 from pipeline.evaluation.pareto import best_at_least, finite_number, front_dominates
+from pipeline.timings import merge_timings, timings_path
 
 # Sparsefinder's predictors on the learned projections; every other method is a baseline.
 LEARNED = ("distance", "quantization", "kmeans", "indexer")
@@ -49,8 +50,10 @@ INDEXER_RECALL, INDEXER_SLACK = 0.99, 0.03
 # reading
 
 
-def load_evaluation(path: str | os.PathLike) -> dict:
-    """Read the evaluate stage's JSON; raise :class:`UserError`, one line naming file and key, if unusable."""
+def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None = None) -> dict:
+    """Read the evaluate stage's JSON, with the wall times of its ``timings`` file (by default
+    :func:`~pipeline.timings.timings_path`) put back in; raise :class:`UserError`, one line naming file and
+    key, if unusable. Without a timings file the speed columns show a dash."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: evaluation file not found (run the evaluate stage first)")
@@ -70,7 +73,13 @@ def load_evaluation(path: str | os.PathLike) -> dict:
         raise UserError(f"{path}: 'quality.points' must be a list")
     for i, row in enumerate(quality["points"]):
         _check_row(path, row, f"quality.points[{i}]", POINT_KEYS)
-    return evaluation
+    timings = Path(timings or timings_path(path))
+    if not timings.is_file():
+        return evaluation
+    try:
+        return merge_timings(evaluation, json.loads(timings.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{timings}: not valid JSON ({err})") from None
 
 
 def _check_mapping(path: Path, value: Any, where: str, keys: Sequence[str]) -> None:

@@ -25,7 +25,13 @@ range holds it, so a train/validation split is just two lists of sentence indice
 
 The writer keeps at most one shard in memory, writes every shard under a temporary name and renames it,
 and builds the whole store under a temporary folder name that becomes the real name only after the
-manifest is written: a crash never leaves a store that looks whole.
+manifest is written: a crash never leaves a store that looks whole. A shard's bytes are a function of its
+content alone (its one metadata key holds canonical JSON), so re-running extract reproduces every sha256.
+
+The reader trusts nothing it has not checked: opening validates the manifest
+(:mod:`pipeline.graphs.manifest`), and each shard is verified on its first use in a process (size, sha256,
+safetensors header, tensor names, dtypes and shapes against the manifest); any problem is one
+:class:`~pipeline.errors.UserError` line naming the file.
 """
 
 from __future__ import annotations
@@ -46,16 +52,25 @@ import safetensors.numpy
 from pipeline.atomic import atomic_path, write_json
 from pipeline.errors import UserError
 from pipeline.fingerprint import file_sha256
-from pipeline.graphs.kinds import SIDES, attention_kind
-from pipeline.graphs.mmap import map_safetensors
+from pipeline.graphs.kinds import attention_kind
+from pipeline.graphs.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    PROBS_DTYPES,
+    QK_DTYPES,
+    SPLITS,
+    Manifest,
+    ShardEntry,
+    read_manifest,
+    sides_read,
+)
+from pipeline.graphs.mmap import SafetensorsError, map_safetensors
 
-FORMAT = "sparsefinder-graph-store"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-SPLITS = ("train", "valid", "test")
-QK_DTYPES = ("float16", "float32")
-PROBS_DTYPES = ("float16", "float32")
 _INT16_LIMIT = np.iinfo(np.int16).max
+# One metadata key holding canonical JSON: safetensors writes its metadata map in a random order (a Rust
+# HashMap), so with several keys the same content gave different bytes, and sha256, from run to run.
+_SHARD_METADATA = {"format": json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION}, sort_keys=True)}
 
 
 class AttentionGraph(NamedTuple):
@@ -127,7 +142,7 @@ class GraphStoreWriter:
             raise ValueError("layers, heads, head_dim and shard_sentences must all be >= 1")
         self.folder = Path(folder)
         self.kinds = kinds
-        self.sides = [s for s in SIDES if any(s in (k.query_side, k.key_side) for k in kinds)]
+        self.sides = sides_read(k.name for k in kinds)
         self.shape = (layers, heads, head_dim)
         self.dtype = np.dtype(dtype)
         self.probs_dtype = np.dtype(probs_dtype)
@@ -243,9 +258,7 @@ class GraphStoreWriter:
         index = len(self._shards)
         start = self._sentences
         with atomic_path(self._tmp / shard_name(index)) as tmp:
-            safetensors.numpy.save_file(
-                arrays, str(tmp), metadata={"format": FORMAT, "format_version": str(FORMAT_VERSION)}
-            )
+            safetensors.numpy.save_file(arrays, str(tmp), metadata=_SHARD_METADATA)
         path = self._tmp / shard_name(index)
         self._sentences += len(pending)
         self._shards.append(
@@ -352,75 +365,172 @@ class Record:
         return np.tril(valid) if self.causal else valid
 
 
-class _Shard:
-    """One shard file, memory-mapped on first use."""
+# sha256 of every shard file this process has hashed, by (resolved path, size, mtime_ns, inode): many stores
+# opened over one folder hash each shard once, while a rewritten or replaced file is hashed again
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
 
-    def __init__(self, folder: Path, entry: Mapping[str, Any], sides: Sequence[str]) -> None:
-        self.path = folder / entry["file"]
-        self.start, self.stop = entry["sentences"]
-        self.bytes = entry["bytes"]
-        self.sha256 = entry["sha256"]
-        self._sides = sides
+
+def _sha256(path: Path, *, rehash: bool) -> str:
+    """sha256 of ``path``, from the per-process cache unless ``rehash`` or the file changed since."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if rehash or key not in _DIGESTS:
+        _DIGESTS[key] = file_sha256(path)
+    return _DIGESTS[key]
+
+
+class _ShardError(Exception):
+    """A shard that disagrees with its manifest entry or with itself; the message says how."""
+
+
+class _Shard:
+    """One shard file, verified and memory-mapped on first use."""
+
+    def __init__(self, folder: Path, entry: ShardEntry, manifest: Manifest) -> None:
+        self.path = folder / entry.file
+        self.start, self.stop = entry.sentences
+        self._entry = entry
+        self._manifest = manifest
         self._tensors: dict[str, np.ndarray] = {}
         self._offsets: dict[str, np.ndarray] = {}
 
     @property
     def tensors(self) -> dict[str, np.ndarray]:
         """Every array of the shard, as views into its memory map."""
-        if not self._tensors:
-            self._load()
+        self._open()
         return self._tensors
 
     @property
     def offsets(self) -> dict[str, np.ndarray]:
         """Per side, (S + 1,) int64 first token of every sentence within the shard."""
-        if not self._tensors:
-            self._load()
+        self._open()
         return self._offsets
 
-    def _load(self) -> None:
+    def _open(self) -> None:
+        if not self._tensors:
+            problem = self.problem()
+            if problem is not None:
+                raise UserError(f"graph store shard {self.path}: {problem}; re-run extract")
+
+    def problem(self, *, rehash: bool = False) -> str | None:
+        """What is wrong with the shard, or None once it is verified and mapped.
+
+        In order: the file exists and has the manifest's size and sha256 (hashed once per process unless
+        ``rehash``), its safetensors header is well formed, and its tensors pass :func:`_check_tensors`.
+        """
+        self._tensors = {}
+        try:
+            self._check_file(rehash=rehash)
+            tensors = map_safetensors(self.path)
+            offsets = _check_tensors(tensors, self._manifest, self.stop - self.start)
+        except SafetensorsError as err:
+            return err.reason
+        except _ShardError as err:
+            return str(err)
+        self._tensors, self._offsets = tensors, offsets
+        return None
+
+    def _check_file(self, *, rehash: bool) -> None:
         if not self.path.is_file():
-            raise UserError(f"graph store shard {self.path.name} is missing; run `inspect --check`")
-        size = self.path.stat().st_size
-        if size != self.bytes:
-            raise UserError(
-                f"graph store shard {self.path.name} has {size} bytes, manifest says {self.bytes}; "
-                "run `inspect --check`"
-            )
-        self._tensors = map_safetensors(self.path)
-        self._offsets = {
-            side: np.concatenate([[0], np.cumsum(self._tensors[f"lengths.{side}"])]) for side in self._sides
-        }
+            raise _ShardError("missing")
+        size, expected = self.path.stat().st_size, self._entry.bytes
+        if size < expected:
+            raise _ShardError(f"truncated ({size} of {expected} bytes)")
+        if size > expected:
+            raise _ShardError(f"{size} bytes, manifest says {expected}")
+        if _sha256(self.path, rehash=rehash) != self._entry.sha256:
+            raise _ShardError("sha256 mismatch (corrupt)")
+
+
+def _tensor_names(manifest: Manifest) -> list[str]:
+    """The tensors every shard of ``manifest`` holds, no more (see the module docstring)."""
+    names = ["sentence_ids"]
+    for side in manifest.sides:
+        names += [f"lengths.{side}", f"tokens.{side}.utf8", f"tokens.{side}.offsets"]
+    for kind in manifest.attention_kinds:
+        names += [f"{kind}.{part}" for part in ("q", "k", "indptr", "cols", "probs")]
+    return names
+
+
+def _check_tensors(
+    tensors: Mapping[str, np.ndarray], manifest: Manifest, sentences: int
+) -> dict[str, np.ndarray]:
+    """Check a shard's tensors against its manifest; returns per side (S + 1,) each sentence's first token.
+
+    Names: exactly :func:`_tensor_names`. Dtypes: int64 ids, lengths, offsets and indptr, uint8 utf8, q/k in
+    the manifest's ``dtype``, probs in its ``probs_dtype``, cols int16|int32. Shapes, from the manifest and
+    each other: S = ``sentences``; every length >= 1; Nq/Nk are the sums of the kind's query/key-side lengths;
+    offsets and indptr are non-decreasing within [0, len(utf8)] and [0, len(cols)]; probs as long as cols.
+    Only the lengths, offsets and indptr are read; the rest is the header's.
+    """
+    names = _tensor_names(manifest)
+    missing, unexpected = [n for n in names if n not in tensors], sorted(set(tensors) - set(names))
+    if missing or unexpected:
+        raise _ShardError(f"tensors do not match the manifest (missing: {missing}; unexpected: {unexpected})")
+    L, H, d = manifest.layers, manifest.heads, manifest.head_dim
+    _expect(tensors, "sentence_ids", ("int64",), (sentences,))
+    starts = {}
+    for side in manifest.sides:
+        lengths = _expect(tensors, f"lengths.{side}", ("int64",), (sentences,))
+        if (lengths < 1).any():
+            raise _ShardError(f"tensor lengths.{side} has a sentence without tokens")
+        starts[side] = np.concatenate([[0], np.cumsum(lengths)])
+        utf8 = _expect(tensors, f"tokens.{side}.utf8", ("uint8",), (None,))
+        offsets = _expect(tensors, f"tokens.{side}.offsets", ("int64",), (int(starts[side][-1]) + 1,))
+        _check_pointers(f"tokens.{side}.offsets", offsets, len(utf8))
+    for name in manifest.attention_kinds:
+        kind = attention_kind(name)
+        nq, nk = int(starts[kind.query_side][-1]), int(starts[kind.key_side][-1])
+        _expect(tensors, f"{name}.q", (manifest.dtype,), (L, H, nq, d))
+        _expect(tensors, f"{name}.k", (manifest.dtype,), (L, H, nk, d))
+        cols = _expect(tensors, f"{name}.cols", ("int16", "int32"), (None,))
+        _expect(tensors, f"{name}.probs", (manifest.probs_dtype,), (len(cols),))
+        indptr = _expect(tensors, f"{name}.indptr", ("int64",), (L, H, nq + 1))
+        _check_pointers(f"{name}.indptr", indptr.ravel(), len(cols))
+    return starts
+
+
+def _expect(
+    tensors: Mapping[str, np.ndarray], name: str, dtypes: Sequence[str], shape: tuple[int | None, ...]
+) -> np.ndarray:
+    """Tensor ``name``, if its dtype is one of ``dtypes`` and its shape is ``shape`` (None: any length)."""
+    array = tensors[name]
+    fits = len(array.shape) == len(shape) and all(
+        want is None or want == have for have, want in zip(array.shape, shape, strict=True)
+    )
+    if array.dtype.name not in dtypes or not fits:
+        wanted = ", ".join("any" if n is None else str(n) for n in shape)
+        raise _ShardError(
+            f"tensor {name} is {array.dtype.name} {list(array.shape)}, expected {'|'.join(dtypes)} [{wanted}]"
+        )
+    return array
+
+
+def _check_pointers(name: str, values: np.ndarray, limit: int) -> None:
+    """``values`` must be non-decreasing offsets within [0, ``limit``] (token offsets, a CSR indptr)."""
+    if values[0] < 0 or values[-1] > limit or (np.diff(values) < 0).any():
+        raise _ShardError(f"tensor {name} is not non-decreasing offsets within [0, {limit}]")
 
 
 class GraphStore:
-    """Read-only, memory-mapped view of a graph store folder with random access by (sentence, layer, head)."""
+    """Read-only, memory-mapped view of a graph store folder with random access by (sentence, layer, head).
+
+    Opening reads and validates the manifest (:mod:`pipeline.graphs.manifest`); each shard is verified on
+    first use (size, sha256, header, shapes); any problem is a one-line :class:`UserError` naming the file.
+    """
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
-        manifest_path = self.folder / MANIFEST
-        if not manifest_path.is_file():
-            raise UserError(
-                f"no graph store at {self.folder} (missing {MANIFEST}); run the extract stage first"
-            )
-        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        if self.manifest.get("format") != FORMAT or self.manifest.get("format_version") != FORMAT_VERSION:
-            raise UserError(
-                f"{manifest_path} is not a {FORMAT} manifest of version {FORMAT_VERSION}; re-run extract"
-            )
-        split = self.manifest.get("split")
-        if split not in SPLITS:
-            raise UserError(
-                f"{manifest_path} records split {split!r}; allowed: {', '.join(SPLITS)}; re-run extract"
-            )
-        self.split: str = split
-        self.kinds: tuple[str, ...] = tuple(self.manifest["attention_kinds"])
-        self.layers: int = self.manifest["layers"]
-        self.heads: int = self.manifest["heads"]
-        self.head_dim: int = self.manifest["head_dim"]
-        self.scaling: float = self.manifest["scaling"]
-        self.sides = [s for s in SIDES if s in self.manifest["counts"]["tokens"]]
-        self._shards = [_Shard(self.folder, entry, self.sides) for entry in self.manifest["shards"]]
+        manifest = read_manifest(self.folder)
+        self.manifest: dict[str, Any] = manifest.model_dump(mode="json")
+        self.split: str = manifest.split
+        self.kinds: tuple[str, ...] = tuple(manifest.attention_kinds)
+        self.layers: int = manifest.layers
+        self.heads: int = manifest.heads
+        self.head_dim: int = manifest.head_dim
+        self.scaling: float = manifest.scaling
+        self.sides = manifest.sides
+        self._shards = [_Shard(self.folder, entry, manifest) for entry in manifest.shards]
         self._starts = [shard.start for shard in self._shards]
 
     def __len__(self) -> int:
@@ -514,21 +624,24 @@ class GraphStore:
         return np.concatenate(counts, axis=2)
 
     def verify(self) -> list[str]:
-        """Check every shard against the manifest: one line per problem, naming the file; empty if whole."""
-        problems = []
-        for shard in self._shards:
-            name = shard.path.name
-            if not shard.path.is_file():
-                problems.append(f"{name}: missing")
-                continue
-            size = shard.path.stat().st_size
-            if size < shard.bytes:
-                problems.append(f"{name}: truncated ({size} of {shard.bytes} bytes)")
-            elif size > shard.bytes:
-                problems.append(f"{name}: {size} bytes, manifest says {shard.bytes}")
-            elif file_sha256(shard.path) != shard.sha256:
-                problems.append(f"{name}: sha256 mismatch (corrupt)")
-        return problems
+        """Check every shard afresh (sha256 re-hashed), then the manifest's token and edge counts.
+
+        One line per problem, naming the file (relative to the store folder); empty when the store is whole.
+        Manifest problems never get here: the store refuses to open.
+        """
+        problems = [f"{s.path.name}: {problem}" for s in self._shards if (problem := s.problem(rehash=True))]
+        return problems or self._count_problems()
+
+    def _count_problems(self) -> list[str]:
+        """The manifest's token and edge totals that the (verified) shards disagree with."""
+        totals = [("tokens", d, sum(int(s.offsets[d][-1]) for s in self._shards)) for d in self.sides]
+        totals += [("edges", k, sum(s.tensors[f"{k}.cols"].size for s in self._shards)) for k in self.kinds]
+        counts = self.manifest["counts"]
+        return [
+            f"{MANIFEST}: counts.{group}.{key} = {counts[group][key]}: the shards hold {total}"
+            for group, key, total in totals
+            if counts[group][key] != total
+        ]
 
     def _kind(self, kind: str) -> dict[str, Any]:
         if kind not in self.kinds:

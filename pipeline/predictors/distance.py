@@ -44,7 +44,7 @@ class DistancePredictor(Predictor):
         if (
             isinstance(self.threshold, bool)
             or not isinstance(self.threshold, int | float)
-            or self.threshold < 0
+            or not self.threshold >= 0  # NaN too
         ):
             raise UserError(f"distance.threshold must be a number >= 0; got {self.threshold!r}")
 

@@ -43,7 +43,7 @@ def fit_predictors(
             )
         ]
         seconds = {}
-        for predictor in predictors:
+        for predictor in tqdm(predictors, desc=f"layer {layer}", unit="predictor", leave=False):
             started = time.perf_counter()
             predictor.fit(layer, train, seed)
             seconds[predictor.state_key()] = round(time.perf_counter() - started, 3)

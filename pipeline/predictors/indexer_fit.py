@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from pipeline.attention.entmax import entmax_normalize
+from pipeline.finite import require_finite
 from pipeline.predictors.base import HeadInputs
 
 FITS = ("pca", "distill")
@@ -110,15 +111,16 @@ def distill_maps(
     optimizer = torch.optim.Adam([q_map, k_map], lr=lr)
     generator = torch.Generator().manual_seed(seed)
     losses = []
-    for _ in range(epochs):
+    for epoch in range(epochs):
         total = 0.0
-        for i in torch.randperm(len(batches), generator=generator).tolist():
+        for position, i in enumerate(torch.randperm(len(batches), generator=generator).tolist()):
             inputs = batches[i]
             scores = low_rank_scores(inputs.q, inputs.k, q_map, k_map, inputs.score_scale())
             loss = entmax_fy_loss(scores, targets[i], inputs.pairs(), alpha)
             optimizer.zero_grad()
+            step = epoch * len(batches) + position
+            total += require_finite(float(loss.detach()), "cluster: the indexer's distillation loss", step)
             loss.backward()
             optimizer.step()
-            total += float(loss.detach())
         losses.append(total / len(batches))
     return q_map.detach(), k_map.detach(), losses

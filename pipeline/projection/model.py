@@ -18,19 +18,17 @@ shared, the same under ``k_``. The safetensors header holds one JSON string unde
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
-from pipeline.atomic import atomic_path
 from pipeline.errors import UserError
+from pipeline.origin import Origin
+from pipeline.tensor_file import read_tensor_file, write_tensor_file
 
 METADATA_KEY = "projections"
 
@@ -113,32 +111,43 @@ def save_projections(
     layers: Mapping[int, HeadProjections],
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write every layer's projections to one safetensors file (atomically); ``extra`` is stored as JSON."""
+    """Write every layer's projections to one safetensors file (atomically); ``extra`` is stored as JSON.
+
+    Non-finite weights (a diverged fit) are refused rather than saved.
+    """
     tensors = {
-        f"layer{idx}.{name}": p.detach().cpu().contiguous()
-        for idx, module in layers.items()
-        for name, p in module.named_parameters()
+        f"layer{idx}.{name}": p for idx, module in layers.items() for name, p in module.named_parameters()
     }
     header = {"layers": {str(idx): m.config() for idx, m in layers.items()}, "extra": dict(extra or {})}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={METADATA_KEY: json.dumps(header)})
+    write_tensor_file(path, tensors, METADATA_KEY, header)
 
 
 def load_projections(
-    path: str | os.PathLike, device: torch.device | str = "cpu"
+    path: str | os.PathLike, device: torch.device | str = "cpu", *, origin: Origin | None = None
 ) -> tuple[dict[int, HeadProjections], dict[str, Any]]:
-    """Read a file written by :func:`save_projections`: ({layer: module}, extra)."""
-    if not os.path.isfile(path):
-        raise UserError(f"projections file {path} not found; run the project stage first")
-    with safe_open(str(path), framework="pt", device=str(device)) as f:
-        meta = f.metadata() or {}
-        if METADATA_KEY not in meta:
-            raise UserError(f"{path}: not a projections file (no {METADATA_KEY!r} metadata)")
-        header = json.loads(meta[METADATA_KEY])
-        layers = {}
-        for idx, config in header["layers"].items():
-            module = HeadProjections(**config).to(device)
-            names = [name for name, _ in module.named_parameters()]
-            module.load_state_dict({name: f.get_tensor(f"layer{idx}.{name}") for name in names})
-            layers[int(idx)] = module
-    return layers, header["extra"]
+    """Read a file written by :func:`save_projections`: ({layer: module}, extra).
+
+    The tensors must hash to the header's ``tensors_sha256``; with ``origin``, the file must have been fitted
+    on its teacher and cover its layers, heads and head size. Every problem is a one-line :class:`UserError`.
+    """
+    header, tensors = read_tensor_file(path, METADATA_KEY, "projections file", "run the project stage")
+    try:
+        configs = {int(idx): dict(config) for idx, config in header["layers"].items()}
+        extra = dict(header["extra"])
+        layers = {idx: HeadProjections(**config) for idx, config in configs.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise UserError(f"{path}: the projections header is malformed ({err!r})") from None
+    if origin is not None:
+        origin.check_teacher(path, extra.get("graphs", {}))
+        origin.check_layers(path, layers)
+    for idx, module in layers.items():
+        if origin is not None:
+            origin.check_heads(path, f"layer {idx}", module.n_heads, module.head_dim)
+        state = {name: tensors.get(f"layer{idx}.{name}") for name, _ in module.named_parameters()}
+        for name, tensor in state.items():
+            expected = tuple(getattr(module, name).shape)
+            if tensor is None or tuple(tensor.shape) != expected:
+                found = "missing" if tensor is None else f"of shape {tuple(tensor.shape)}"
+                raise UserError(f"{path}: layer{idx}.{name} is {found}; its header asks for {expected}")
+        module.load_state_dict(state)
+    return {idx: module.to(device) for idx, module in layers.items()}, extra

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.finite import require_finite
 from pipeline.projection.hinge import hinge_loss, hinge_losses
 from pipeline.projection.model import HeadProjections
 
@@ -105,11 +106,12 @@ def train_layer_projections(
                 generator=negatives_gen,
                 omega=omega,
             )
+            # stop before the bad step reaches the weights
+            losses.append(require_finite(loss.item(), "project: the hinge loss", len(losses)))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
             optimizer.step()
-            losses.append(loss.item())
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
     module.eval()
     return module, losses

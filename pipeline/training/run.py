@@ -14,7 +14,6 @@ from datasets import DatasetDict, load_from_disk
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import pipeline.attention  # noqa: F401  (registers the attention implementations)
-from pipeline.atomic import write_json
 from pipeline.attention.sparsity import collect_marian_sparsity
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
@@ -22,6 +21,7 @@ from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.models.marian import set_generation
 from pipeline.params import Evaluation, Pretrain, Teacher
+from pipeline.timings import write_metrics
 from pipeline.training.batches import padded_batches
 from pipeline.training.seq2seq import is_main_process, train_seq2seq
 
@@ -116,5 +116,5 @@ def train_and_evaluate(
         "train_seconds": round(train_seconds, 1),
         **evaluate_translation(model, tokenizer, data, params.eval),
     }
-    write_json(params.metrics, metrics)
+    write_metrics(params.metrics, metrics)
     shutil.rmtree(params.run_dir, ignore_errors=True)

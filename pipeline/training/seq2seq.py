@@ -23,9 +23,11 @@ from transformers import (
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    TrainerCallback,
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from pipeline.finite import require_finite
 from pipeline.params import Training
 
 RUN_FINGERPRINT = "run_fingerprint.json"
@@ -107,7 +109,19 @@ def training_arguments(run_dir: str | os.PathLike, settings: Training) -> Seq2Se
         dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=False,
+        # the Trainer would replace a NaN step loss by the running mean; FiniteLoss must see it instead
+        logging_nan_inf_filter=False,
     )
+
+
+class FiniteLoss(TrainerCallback):
+    """Stop training with a one-line error at the first logged training or validation loss that is NaN or
+    infinite (the logged loss sums every step since the last log, so no bad step slips through)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        for key in ("loss", "eval_loss"):
+            if key in (logs or {}):
+                require_finite(float(logs[key]), f"training ({key})", state.global_step)
 
 
 def train_seq2seq(
@@ -132,6 +146,7 @@ def train_seq2seq(
         eval_dataset=data["valid"].select_columns(columns),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         processing_class=tokenizer,
+        callbacks=[FiniteLoss()],
     )
     trainer.train(resume_from_checkpoint=resume_from)
     return trainer.model

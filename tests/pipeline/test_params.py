@@ -105,7 +105,10 @@ def test_stage_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_cli_validates_whole_file(tmp_path: Path) -> None:
-    path = write(tmp_path, {"pretrain": {"train": {"batch_size": 0}}})
+    """Every section must be present, so the file is the micro profile with one bad value."""
+    data = yaml.safe_load((ROOT / "configs" / "micro.yaml").read_text())
+    data["pretrain"]["train"]["batch_size"] = 0
+    path = write(tmp_path, data)
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", "params", "--params", str(path)],
         cwd=ROOT,

@@ -31,6 +31,7 @@ from pipeline.attention import (
     entmax_normalize,
     load_model,
 )
+from pipeline.errors import UserError
 from tests.tiny import tiny_marian
 
 VOCAB = 40
@@ -398,5 +399,5 @@ def test_load_model_rejects_a_checkpoint_that_does_not_match(tmp_path):
     model.save_pretrained(tmp_path)
     model.config.entmax_learn_alpha = True  # the config now asks for a learned α the weights do not hold
     model.config.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"missing .*entmax_alpha"):
+    with pytest.raises(UserError, match=r"missing .*entmax_alpha"):
         load_model(tmp_path, MarianMTModel)

@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.evaluation.report import build_report, load_evaluation, operating_point
+from pipeline.timings import write_metrics
 from tests.pipeline.evaluation.synthetic import graph, point, synthetic_evaluation
 
 
@@ -203,6 +204,20 @@ def write(path: Path, obj) -> Path:
 def test_load_evaluation_reads_a_valid_file(tmp_path: Path):
     evaluation = synthetic_evaluation()
     assert load_evaluation(write(tmp_path / "evaluate.json", evaluation)) == evaluation
+
+
+def test_load_evaluation_puts_the_wall_times_of_the_timings_file_back(tmp_path: Path):
+    """The evaluate stage writes times apart (evaluate.json stays reproducible); the report reads both."""
+    evaluation = synthetic_evaluation()
+    write_metrics(tmp_path / "evaluate.json", evaluation, tmp_path / "times.json")
+    kept = json.loads((tmp_path / "evaluate.json").read_text())
+    assert "decode_seconds" not in kept["quality"]["teacher"]
+    assert load_evaluation(tmp_path / "evaluate.json", tmp_path / "times.json") == evaluation
+    without = load_evaluation(tmp_path / "evaluate.json", tmp_path / "absent.json")
+    assert "| teacher | 0.870 | 1.000 | 20.00 | +0.00 | 5.00 | — | — |" in build_report(without)[0]
+    write(tmp_path / "times.json", '{"quality": ')
+    with pytest.raises(UserError, match=r"times\.json: not valid JSON"):
+        load_evaluation(tmp_path / "evaluate.json", tmp_path / "times.json")
 
 
 @pytest.mark.parametrize(

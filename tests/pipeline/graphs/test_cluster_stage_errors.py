@@ -35,7 +35,7 @@ def run_cluster(tmp_path: Path, store: Path, projections: Path) -> subprocess.Co
 
 def fake_projections(store: GraphStore, path: Path, kind: str, split: dict) -> Path:
     layers = {i: HeadProjections(store.heads, store.head_dim, 2) for i in range(store.layers)}
-    save_projections(path, layers, {"kind": kind, "split": split})
+    save_projections(path, layers, {"kind": kind, "split": split, "graphs": store.manifest["teacher"]})
     return path
 
 

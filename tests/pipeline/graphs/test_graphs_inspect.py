@@ -78,8 +78,11 @@ def test_cli_check_names_bad_shards(micro_store: Path, tmp_path: Path, capsys: p
     shard.write_bytes(bytes(raw))
     last = sorted(folder.glob("shard-*.safetensors"))[-1]
     last.write_bytes(last.read_bytes()[:50])
-    assert main(["inspect", str(folder), "--check"]) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(folder), "--check"])
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err
+    assert err.startswith(f"error: corrupt graph store {folder}: ") and len(err.strip().splitlines()) == 1
     assert "shard-00001.safetensors: sha256 mismatch" in err and f"{last.name}: truncated" in err
     assert "shard-00000" not in err
 
@@ -122,6 +125,9 @@ def test_cli_draws_cross_attention(micro_store: Path, tmp_path: Path) -> None:
         ),
         (["--sentence", "0", "--layer", "5", "--head", "0", "--png", "x.png"], "allowed 0..1"),
         (["--sentence", "0", "--layer", "0", "--head", "-1", "--png", "x.png"], "--head -1 is out of range"),
+        (["--sentence", "-2"], "--sentence -2 is out of range; allowed >= 0"),
+        (["--window", "-1"], "--window must be 0 (none) or an odd size"),
+        (["--global", "-1"], "--global -1 is negative; allowed >= 0"),
         (["--sentence", "0", "--layer", "0"], "needs all of --sentence, --layer, --head and --png"),
         (["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png", "--kind", "self"], "stored:"),
         (
@@ -139,6 +145,20 @@ def test_cli_draws_cross_attention(micro_store: Path, tmp_path: Path) -> None:
                 *["--method", "distance", "--knob", "radius=3"],
             ],
             "predictor distance has no knob radius",
+        ),
+        (
+            [
+                *["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png"],
+                *["--method", "distance", "--knob", "threshold=-1"],
+            ],
+            "distance.threshold must be a number >= 0; got -1",
+        ),
+        (
+            [
+                *["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png"],
+                *["--method", "distance", "--knob", "threshold=.nan"],
+            ],
+            "distance.threshold must be a number >= 0; got nan",
         ),
     ],
 )

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +14,7 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
+from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore, GraphStoreWriter, epoch_batches, iter_batches
 from pipeline.graphs.store import MANIFEST, AttentionGraph
 
@@ -47,13 +52,18 @@ def sentences(random_graph) -> list[tuple[dict, dict]]:
     return data
 
 
+def write_store(folder: Path, data: list[tuple[dict, dict]], **overrides) -> None:
+    """Write ``data`` as sentences 100, 101, ... of a store at ``folder``."""
+    with writer(folder, **overrides) as w:
+        for s, (tokens, graphs) in enumerate(data):
+            w.add(100 + s, tokens, graphs)
+
+
 @pytest.fixture
 def written(tmp_path: Path, random_graph) -> tuple[Path, list[tuple[dict, dict]]]:
     data = sentences(random_graph)
     folder = tmp_path / "graphs"
-    with writer(folder) as w:
-        for s, (tokens, graphs) in enumerate(data):
-            w.add(100 + s, tokens, graphs)
+    write_store(folder, data)
     return folder, data
 
 
@@ -61,9 +71,7 @@ def written(tmp_path: Path, random_graph) -> tuple[Path, list[tuple[dict, dict]]
 def test_round_trip_random_access(tmp_path: Path, random_graph, dtype: str) -> None:
     data = sentences(random_graph)
     folder = tmp_path / "graphs"
-    with writer(folder, dtype=dtype) as w:
-        for s, (tokens, graphs) in enumerate(data):
-            w.add(100 + s, tokens, graphs)
+    write_store(folder, data, dtype=dtype)
 
     store = GraphStore(folder)
     assert len(store) == SENTENCES
@@ -215,8 +223,11 @@ def test_reader_errors(written, tmp_path: Path) -> None:
         store.get(0, 0, 0, kind="encoder_self")
 
 
-@pytest.mark.parametrize("split", [None, "dev"])
-def test_reader_refuses_a_manifest_without_a_known_split(written, split: str | None) -> None:
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [(None, "split: Field required"), ("dev", "split = 'dev': Input should be 'train', 'valid' or 'test'")],
+)
+def test_reader_refuses_a_manifest_without_a_known_split(written, split: str | None, message: str) -> None:
     folder, _ = written
     manifest = json.loads((folder / MANIFEST).read_text())
     if split is None:
@@ -224,8 +235,37 @@ def test_reader_refuses_a_manifest_without_a_known_split(written, split: str | N
     else:
         manifest["split"] = split
     (folder / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(UserError, match=f"records split {split!r}; allowed: train, valid, test"):
+    with pytest.raises(UserError, match=f"^{folder / MANIFEST}: {message}$"):
         GraphStore(folder)
+
+
+# writes the pickled sentences argv[2] as a store at argv[1], one shard per sentence
+_WRITE = (
+    "import pickle, sys; from pathlib import Path; "
+    "from tests.pipeline.graphs.test_graphs_store import write_store; "
+    "write_store(Path(sys.argv[1]), pickle.loads(Path(sys.argv[2]).read_bytes()), shard_sentences=1)"
+)
+
+
+def test_writes_are_byte_reproducible(tmp_path: Path, random_graph) -> None:
+    """The same sentences give byte-identical shards and manifest in two processes (different hash seeds).
+
+    safetensors writes its metadata map in a per-process random order, so this needs one metadata key.
+    """
+    data = tmp_path / "sentences.pickle"
+    data.write_bytes(pickle.dumps(sentences(random_graph)))
+    folders = [tmp_path / f"run-{seed}" / "graphs" for seed in (1, 2)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITE, str(folder), str(data)],
+            cwd=Path(__file__).resolve().parents[3],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        )
+        for seed, folder in zip((1, 2), folders, strict=True)
+    ]
+    assert [run.wait() for run in runs] == [0, 0]
+    first, second = ({p.name: file_sha256(p) for p in folder.iterdir()} for folder in folders)
+    assert len(first) == SENTENCES + 1 and first == second
 
 
 def test_long_sentences_use_wide_columns(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from safetensors import safe_open
 
 from pipeline.errors import UserError
 from pipeline.projection.model import HeadProjections, load_projections, save_projections
+from pipeline.tensor_file import write_tensor_file
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -151,13 +152,11 @@ def test_mlp_save_load_round_trip(tmp_path):
 
 def test_a_file_without_hidden_loads_as_linear(tmp_path):
     """Files written before the MLP option: the header has no ``hidden`` key and only the linear tensors."""
-    from safetensors.torch import save_file
-
     gen = torch.Generator().manual_seed(4)
     tensors = {"layer0.q_weight": torch.randn(2, 3, 8, generator=gen), "layer0.q_bias": torch.randn(2, 3)}
     header = {"layers": {"0": {"n_heads": 2, "head_dim": 8, "rank": 3, "shared": True}}, "extra": {}}
     path = tmp_path / "old.safetensors"
-    save_file(tensors, str(path), metadata={"projections": json.dumps(header)})
+    write_tensor_file(path, tensors, "projections", header)
     module = load_projections(path)[0][0]
     assert module.hidden is None and module.config() == header["layers"]["0"]
     x = torch.randn(1, 2, 5, 8, generator=gen)
