@@ -9,13 +9,15 @@ from transformers import (
     MarianConfig,
     MarianMTModel,
     PreTrainedModel,
+    set_seed,
 )
 
 from pipeline.params import Evaluation, ModelShape
 
 
-def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int) -> MarianMTModel:
-    """A fresh Marian model with tied embeddings (shared source/target vocabulary and output layer)."""
+def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int, seed: int) -> MarianMTModel:
+    """A fresh Marian model with tied embeddings (shared source/target vocabulary and output layer), its
+    weights initialised from ``seed`` (the Trainer seeds only what happens after the model exists)."""
     config = MarianConfig(
         vocab_size=vocab_size,
         decoder_vocab_size=vocab_size,
@@ -38,6 +40,7 @@ def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int) -
         tie_word_embeddings=True,
         scale_embedding=True,
     )
+    set_seed(seed)
     return MarianMTModel(config)
 
 
