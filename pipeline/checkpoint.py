@@ -50,6 +50,8 @@ def save_checkpoint(
             "model_sha256": file_sha256(Path(tmp) / "model.safetensors"),
             # CPU results are bit-identical for a given machine and thread count, so record the count
             "torch_threads": torch.get_num_threads(),
+            # every file of the folder, so a changed config or tokenizer is caught like changed weights
+            "files": {path.name: file_sha256(path) for path in sorted(Path(tmp).iterdir())},
             **manifest,
         }
         (Path(tmp) / MANIFEST).write_text(json.dumps(described, indent=2) + "\n")
@@ -70,19 +72,31 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def verify_checkpoint(folder: str | os.PathLike) -> None:
-    """Check a local checkpoint's weights against the sha256 its manifest recorded when it was saved.
+    """Check a local checkpoint's files against the sha256 its manifest recorded when it was saved: every
+    file under ``files`` (only model.safetensors, ``model_sha256``, in older manifests).
 
     A plain Hugging Face folder (no manifest) has nothing to check against and passes.
     """
+    folder = Path(folder)
     manifest = read_manifest(folder)
-    weights = Path(folder) / WEIGHTS[0]
-    if "model_sha256" not in manifest or not weights.is_file():
+    recorded = manifest.get("files")
+    if recorded is None and "model_sha256" in manifest:
+        recorded = {WEIGHTS[0]: manifest["model_sha256"]}
+    if not isinstance(recorded, dict):
+        if recorded is not None:
+            raise UserError(f"{folder / MANIFEST}: 'files' must map file names to sha256")
         return
-    if file_sha256(weights) != manifest["model_sha256"]:
-        raise UserError(
-            f"{weights} does not match the sha256 in {Path(folder) / MANIFEST} (corrupt or changed since "
-            "it was saved); re-run the stage that wrote it"
-        )
+    for name, sha256 in sorted(recorded.items()):
+        path = folder / name
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise UserError(f"{folder / MANIFEST}: files names {name!r}, not a file of the checkpoint folder")
+        if not path.is_file():
+            raise UserError(f"{path} is missing though {folder / MANIFEST} lists it; re-run the stage")
+        if file_sha256(path) != sha256:
+            raise UserError(
+                f"{path} does not match the sha256 in {folder / MANIFEST} (corrupt or changed since it was "
+                "saved); re-run the stage that wrote it"
+            )
 
 
 def describe_parent(source: str) -> dict[str, Any]:

@@ -168,6 +168,25 @@ def test_a_flipped_byte_in_the_teacher_stops_extract(pipeline_run, checkpoint, t
     assert f"{copy / 'model.safetensors'} does not match the sha256 in {copy / 'manifest.json'}" in line
 
 
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "generation_config.json"])
+def test_a_changed_config_or_tokenizer_stops_extract(pipeline_run, checkpoint, tmp_path, capsys, name):
+    """Not only the weights: every file of a checkpoint is hashed into its manifest."""
+    copy = copy_checkpoint(checkpoint, tmp_path)
+    text = (copy / name).read_text()
+    (copy / name).write_text(text.replace("1", "2", 1))  # one digit: still valid JSON, another model
+    line, _ = run_with(tmp_path, pipeline_run, "extract", {"extract.teacher": str(copy)}, capsys)
+    assert f"{copy / name} does not match the sha256 in {copy / 'manifest.json'}" in line
+
+
+def test_a_manifest_naming_files_outside_the_folder_is_refused(pipeline_run, checkpoint, tmp_path, capsys):
+    copy = copy_checkpoint(checkpoint, tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["../../etc/passwd"] = "0" * 64
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    line, _ = run_with(tmp_path, pipeline_run, "extract", {"extract.teacher": str(copy)}, capsys)
+    assert "files names '../../etc/passwd', not a file of the checkpoint folder" in line
+
+
 def test_truncated_teacher_weights_stop_evaluate(pipeline_run, checkpoint, tmp_path, capsys):
     copy = copy_checkpoint(checkpoint, tmp_path)
     weights = copy / "model.safetensors"
@@ -197,6 +216,8 @@ def test_checkpoint_manifests_record_the_thread_count(checkpoint):
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     assert manifest["torch_threads"] == torch.get_num_threads()
     assert manifest["model_sha256"] == file_sha256(checkpoint / "model.safetensors")
+    files = {p.name for p in checkpoint.iterdir()} - {"manifest.json"}
+    assert set(manifest["files"]) == files and "tokenizer.json" in files
 
 
 def test_non_finite_weights_are_never_saved(checkpoint, tmp_path):
@@ -435,5 +456,5 @@ def test_re_running_extract_and_project_rewrites_identical_bytes(pipeline_run, t
         p.name: file_sha256(p) for p in original.iterdir()
     }
     timings = json.loads(timings_path(tmp_path / "extract.json").read_text())
-    assert timings["torch_threads"] == torch.get_num_threads() and timings["train"]["seconds"] > 0
+    assert timings["torch_threads"] == torch.get_num_threads() and timings["train"]["seconds"] >= 0
     assert "seconds" not in json.loads((tmp_path / "extract.json").read_text())["train"]
