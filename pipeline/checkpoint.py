@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.atomic import atomic_path
 from pipeline.errors import UserError
-from pipeline.fingerprint import file_sha256
+from pipeline.fingerprint import cached_file_sha256, file_sha256
 
 MANIFEST = "manifest.json"
 # weight files a local checkpoint folder may hold: one file, or the index of a sharded one
@@ -92,7 +92,7 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
             raise UserError(f"{folder / MANIFEST}: files names {name!r}, not a file of the checkpoint folder")
         if not path.is_file():
             raise UserError(f"{path} is missing though {folder / MANIFEST} lists it; re-run the stage")
-        if file_sha256(path) != sha256:
+        if cached_file_sha256(path) != sha256:
             raise UserError(
                 f"{path} does not match the sha256 in {folder / MANIFEST} (corrupt or changed since it was "
                 "saved); re-run the stage that wrote it"

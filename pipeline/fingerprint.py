@@ -22,6 +22,21 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+# sha256 of every file this process has hashed, by (resolved path, size, mtime_ns, inode): a file read by
+# several readers (a store's shards, a teacher's weights) is hashed once, a rewritten or replaced one again
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def cached_file_sha256(path: str | os.PathLike, *, rehash: bool = False) -> str:
+    """:func:`file_sha256`, from this process's cache unless ``rehash`` or the file changed since."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if rehash or key not in _DIGESTS:
+        _DIGESTS[key] = file_sha256(path)
+    return _DIGESTS[key]
+
+
 def folder_sha256(folder: str | os.PathLike) -> str:
     """Hash of every file's relative path and content, in sorted order (hidden files skipped)."""
     folder = Path(folder)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.fingerprint import file_sha256
+from pipeline.fingerprint import cached_file_sha256
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Origin:
     def of_teacher(cls, folder: str | os.PathLike, layers: int, heads: int, head_dim: int) -> Origin:
         """A local teacher checkpoint whose attention kind has ``layers`` × ``heads`` × ``head_dim``."""
         weights = Path(folder) / "model.safetensors"
-        sha = file_sha256(weights) if weights.is_file() else None
+        sha = cached_file_sha256(weights) if weights.is_file() else None
         return cls(sha, layers, heads, head_dim, f"the teacher {folder}")
 
     def check_teacher(self, path: str | os.PathLike, graphs: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.marian.modeling_marian import shift_tokens_right
 
-from pipeline.fingerprint import file_sha256
+from pipeline.fingerprint import cached_file_sha256
 from pipeline.graphs.kinds import AttentionKind, attention_kind
 from pipeline.graphs.store import AttentionGraph, GraphStore, GraphStoreWriter
 
@@ -42,7 +42,7 @@ def teacher_fingerprint(model: PreTrainedModel, checkpoint: str | os.PathLike) -
     config = model.config
     return {
         "checkpoint": str(checkpoint),
-        "model_sha256": file_sha256(weights) if weights.is_file() else None,
+        "model_sha256": cached_file_sha256(weights) if weights.is_file() else None,
         "attn_implementation": config._attn_implementation,
         "entmax_alpha": getattr(config, "entmax_alpha", None),
         "entmax_learn_alpha": bool(getattr(config, "entmax_learn_alpha", False)),

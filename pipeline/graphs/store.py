@@ -51,7 +51,7 @@ import safetensors.numpy
 
 from pipeline.atomic import atomic_path, write_json
 from pipeline.errors import UserError
-from pipeline.fingerprint import file_sha256
+from pipeline.fingerprint import cached_file_sha256, file_sha256
 from pipeline.graphs.kinds import attention_kind
 from pipeline.graphs.manifest import (
     FORMAT,
@@ -365,20 +365,6 @@ class Record:
         return np.tril(valid) if self.causal else valid
 
 
-# sha256 of every shard file this process has hashed, by (resolved path, size, mtime_ns, inode): many stores
-# opened over one folder hash each shard once, while a rewritten or replaced file is hashed again
-_DIGESTS: dict[tuple[str, int, int, int], str] = {}
-
-
-def _sha256(path: Path, *, rehash: bool) -> str:
-    """sha256 of ``path``, from the per-process cache unless ``rehash`` or the file changed since."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if rehash or key not in _DIGESTS:
-        _DIGESTS[key] = file_sha256(path)
-    return _DIGESTS[key]
-
-
 class _ShardError(Exception):
     """A shard that disagrees with its manifest entry or with itself; the message says how."""
 
@@ -438,7 +424,7 @@ class _Shard:
             raise _ShardError(f"truncated ({size} of {expected} bytes)")
         if size > expected:
             raise _ShardError(f"{size} bytes, manifest says {expected}")
-        if _sha256(self.path, rehash=rehash) != self._entry.sha256:
+        if cached_file_sha256(self.path, rehash=rehash) != self._entry.sha256:
             raise _ShardError("sha256 mismatch (corrupt)")
 
 

@@ -257,8 +257,8 @@ def test_verify_checks_the_counts(micro_store: Path, tmp_path: Path, capsys: pyt
 def test_shards_are_hashed_once_per_process(micro_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Many stores over one folder hash each shard once; ``verify`` always hashes afresh."""
     hashed: list[Path] = []
-    monkeypatch.setattr("pipeline.graphs.store.file_sha256", lambda p: hashed.append(p) or file_sha256(p))
-    monkeypatch.setattr("pipeline.graphs.store._DIGESTS", {})
+    monkeypatch.setattr("pipeline.fingerprint.file_sha256", lambda p: hashed.append(p) or file_sha256(p))
+    monkeypatch.setattr("pipeline.fingerprint._DIGESTS", {})
     shards = len(read_manifest(micro_store)["shards"])
     for _ in range(3):
         GraphStore(micro_store).sentence_ids()
