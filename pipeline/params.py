@@ -373,6 +373,10 @@ class Quality(Section):
     points_per_method: NonNegativeInt = 1
     # and each method's sparsest setting there with recall >= each of these (its operating point)
     recall_targets: list[Annotated[float, Field(gt=0.0, le=1.0)]] = [0.95, 0.99]
+    # students: self-ensembles of S sampled sub-models (SSA students), and training batches timed per model
+    ensemble_samples: list[PositiveInt] = [1, 4]
+    ensemble_seed: Seed = 0
+    timing_batches: PositiveInt = 5
 
 
 class Evaluate(Section):
@@ -399,6 +403,8 @@ class Evaluate(Section):
     max_sentences: PositiveInt | None = None
     batch_size: PositiveInt = 64
     quality: Quality = Quality()
+    # the folder of the student stages' model folders (each evaluated next to the teacher); null: none
+    students: str | None = "artifacts/students"
     out: str = "artifacts/evaluation/evaluate.json"
     # its wall times (forward and decode, per point), kept apart so that evaluate.json is reproducible
     timings: str = "artifacts/evaluation/evaluate.timings.json"
@@ -420,6 +426,125 @@ class Report(Section):
         return self
 
 
+# ----------------------------------------------------------------------------------------------------------
+# students: the teacher fine-tuned with a sparse attention, distilled from the teacher
+
+
+class Distillation(Section):
+    """loss = (1 − weight) · CE(labels) + weight · T² · KL(teacher_T ‖ student_T) per target token."""
+
+    weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    temperature: Annotated[float, Field(gt=0.0)] = 2.0
+
+
+class Configure(Section):
+    """The teacher with a learned predictor's graph in its attention (``sparsefinder configure``)."""
+
+    teacher: str = "artifacts/models/teacher"
+    projections: str = "artifacts/predictors/projections.safetensors"
+    state: str = "artifacts/predictors/centroids.safetensors"
+    method: str = "kmeans"
+    knobs: dict[str, Any] = {"buckets": 8, "top_k": 1}
+    window: WindowSize = 0
+    global_tokens: NonNegativeInt = 0
+    out: str = "artifacts/models/sparsefinder"
+
+
+class StudentInstance(Section):
+    """What one student starts from (a model folder, loaded with the attention its manifest names) and
+    writes; every instance needs its own outputs."""
+
+    init: str
+    out: str
+    run_dir: str
+    metrics: str
+
+
+class SparsefinderStudent(StudentInstance):
+    """Fine-tunes a ``sparsefinder`` folder (the ``configure`` stage's): the teacher restricted to the
+    predicted graph, so that it adapts to the recall it actually gets."""
+
+    attention: Literal["sparsefinder"] = "sparsefinder"
+    init: str = "artifacts/models/sparsefinder"
+
+
+class SsaStudent(StudentInstance):
+    """Stochastically subsampled self-attention in training; dense (or a self-ensemble) at evaluation."""
+
+    attention: Literal["ssa"] = "ssa"
+    init: str = "artifacts/models/teacher"
+    mode: Literal["unbiased", "local"] = "local"
+    keys: PositiveInt = 16  # unbiased: keys kept per layer and step
+    windows: PositiveInt = 2  # locally biased: windows per sequence
+    # locally biased: the local bias's standard deviation per layer; one value stands for every layer
+    sigma: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [4.0]
+    kinds: Annotated[list[Literal["encoder_self", "decoder_self"]], Field(min_length=1)] = [
+        "encoder_self",
+        "decoder_self",
+    ]
+    # "+FT": the last fraction of the steps trains with dense attention
+    dense_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+StudentSpec = Annotated[SparsefinderStudent | SsaStudent, Field(discriminator="attention")]
+# an instance name is a DVC foreach key (student@NAME) and part of file names
+STUDENT_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+class Student(Section):
+    teacher: str = "artifacts/models/teacher"
+    data: str = "artifacts/data"
+    distill: Distillation = Distillation()
+    train: Training = Training(max_steps=200, lr=2e-4, warmup_steps=20)
+    eval: Evaluation = Evaluation()
+    instances: Annotated[dict[str, StudentSpec], Field(min_length=1)] = {
+        name: {"sparsefinder": SparsefinderStudent, "ssa": SsaStudent}[name](
+            out=f"artifacts/students/{name}",
+            run_dir=f"artifacts/runs/student-{name}",
+            metrics=f"artifacts/metrics/student_{name}.json",
+        )
+        for name in ("sparsefinder", "ssa")
+    }
+
+    @model_validator(mode="after")
+    def _instances(self) -> Student:
+        for name in self.instances:
+            if not STUDENT_NAME.fullmatch(name):
+                raise ValueError(
+                    f"student name {name!r}: allowed are lower-case letters, digits, '_' and '-', "
+                    "starting with a letter"
+                )
+        for key in ("out", "run_dir", "metrics"):
+            paths = [getattr(spec, key) for spec in self.instances.values()]
+            if len(set(paths)) != len(paths):
+                raise ValueError(f"two students share one {key} path; every student needs its own")
+        return self
+
+    def run(self, name: str) -> StudentRun:
+        """Everything student ``name`` trains with, flat like a ``teacher`` section."""
+        spec = self.instances[name]
+        shared = self.model_dump(exclude={"instances"})
+        return StudentRun(
+            name=name, spec=spec, out=spec.out, run_dir=spec.run_dir, metrics=spec.metrics, **shared
+        )
+
+
+class StudentRun(Section):
+    """One student's settings: the shared ones and its instance (what its run fingerprint covers)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)  # built from validated values, not YAML
+    name: str
+    teacher: str
+    data: str
+    distill: Distillation
+    train: Training
+    eval: Evaluation
+    spec: StudentSpec
+    out: str
+    run_dir: str
+    metrics: str
+
+
 SECTIONS: dict[str, type[Section]] = {
     "prepare": Prepare,
     "pretrain": Pretrain,
@@ -428,6 +553,8 @@ SECTIONS: dict[str, type[Section]] = {
     "project": Project,
     "cluster": Cluster,
     "evaluate": Evaluate,
+    "configure": Configure,
+    "student": Student,
     "report": Report,
 }
 

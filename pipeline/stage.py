@@ -20,12 +20,29 @@ OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir")
 def stage_params(name: str, argv: list[str] | None = None) -> Any:
     """Parse ``--params FILE`` (default params.yaml) and return the validated section ``name``, after
     checking that every output it names can be written (:func:`check_outputs`)."""
+    section, _ = _parse(name, argv, instances=None)
+    return section
+
+
+def stage_instance(name: str, instances: str, argv: list[str] | None = None) -> tuple[Any, str]:
+    """For a DVC ``foreach`` stage (``NAME@INSTANCE``, run as ``python -m stages.NAME INSTANCE``): the
+    validated section ``name`` and the instance, which must be a key of the section's ``instances`` map."""
+    return _parse(name, argv, instances=instances)
+
+
+def _parse(name: str, argv: list[str] | None, instances: str | None) -> tuple[Any, str | None]:
     parser = argparse.ArgumentParser(prog=f"python -m stages.{name}", description=f"DVC stage '{name}'.")
+    if instances is not None:
+        parser.add_argument("instance", help=f"which entry of {name}.{instances} to run")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     section = load_section(name, args.params)
+    instance = getattr(args, "instance", None)
+    if instances is not None and instance not in getattr(section, instances):
+        allowed = ", ".join(getattr(section, instances))
+        raise UserError(f"{args.params}: {name}.{instances} has no entry {instance!r}; allowed: {allowed}")
     check_outputs(name, section)
-    return section
+    return section, instance
 
 
 def output_paths(key: str, section: BaseModel) -> Iterator[tuple[str, str]]:

@@ -10,17 +10,21 @@ predicted graphs at each method's best points.
    any sentence (recall 1, which must reproduce the teacher) are translated by beam search on the test
    split: BLEU, perplexity, the sparsity of the graphs actually used while decoding, and wall times side
    by side.
+3. Students: every student folder, on the same sentences, with its attention computed per layer, its
+   training step time next to the teacher's, and its self-ensembles (SSA).
 """
 
 from __future__ import annotations
 
-from transformers import AutoTokenizer
+from datasets import Dataset
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.checkpoint import loading, resolve_checkpoint
+from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import choose_points, quality_sweep
+from pipeline.evaluation.students import load_student, student_folders, student_quality, timing_batches
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
 from pipeline.graphs import GraphStore
 from pipeline.origin import Origin
@@ -69,6 +73,44 @@ def graph_rows(
     return kind, projections, rows, full
 
 
+def evaluate_students(
+    params: Evaluate, teacher_sha256: str, tokenizer: PreTrainedTokenizerBase, test: Dataset, train: Dataset
+) -> list[dict]:
+    """One row per student folder under ``params.students``, each distilled from this teacher."""
+    folders = student_folders(params.students)
+    if not folders:
+        return []
+    quality = params.quality
+    with loading(params.teacher, "evaluate.teacher"):
+        teacher = load_model(params.teacher)
+    batches = timing_batches(train, quality.batch_size, quality.timing_batches, teacher.config.pad_token_id)
+    rows = []
+    for name, folder in folders.items():
+        student = load_student(folder, f"evaluate.students ({name})")
+        parent = read_manifest(folder).get("parent", {}).get("teacher", {})
+        if parent.get("model_sha256") != teacher_sha256:
+            raise UserError(
+                f"student {folder} was not distilled from evaluate.teacher = {params.teacher!r}; "
+                "re-run its student stage"
+            )
+        student.generation_config.num_beams = quality.beams
+        student.generation_config.max_new_tokens = quality.max_new_tokens
+        rows.append(
+            student_quality(
+                name,
+                student,
+                teacher,
+                tokenizer,
+                test,
+                batches,
+                batch_size=quality.batch_size,
+                ensemble_samples=quality.ensemble_samples,
+                seed=quality.ensemble_seed,
+            )
+        )
+    return rows
+
+
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params: Evaluate = stage_params("evaluate", argv)
@@ -91,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     quality = params.quality
     model.generation_config.num_beams = quality.beams
     model.generation_config.max_new_tokens = quality.max_new_tokens
-    test = encode_with(tokenizer, data, positions)["test"]
+    encoded = encode_with(tokenizer, data, positions)
+    test = encoded["test"]
     if quality.examples is not None:
         test = test.select(range(min(quality.examples, len(test))))
     points = choose_points(
@@ -111,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         batch_size=quality.batch_size,
     )
     teacher_quality["sparsity"] = gold["sparsity"]
+    students = evaluate_students(params, weights, tokenizer, test, encoded["train"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
     write_metrics(
         params.out,
@@ -122,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             "gold_sparsity_per_layer_head": gold["per_layer_head"],
             "graphs": [row for _, row in [*rows, full]],
             "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
+            "students": students,
         },
         params.timings,
     )

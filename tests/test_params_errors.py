@@ -106,7 +106,7 @@ def params_file(folder: Path, changes: dict[str, Any]) -> Path:
     return path
 
 
-def run_stage(stage: str, folder: Path, changes: dict[str, Any]) -> subprocess.CompletedProcess:
+def run_stage(stage: str, folder: Path, changes: dict[str, Any], *args: str) -> subprocess.CompletedProcess:
     """``python -m stages.STAGE --params FILE`` in ``folder``, offline.
 
     Progress bars (loading weights, encoding) are turned off: they report work done before the check.
@@ -120,7 +120,7 @@ def run_stage(stage: str, folder: Path, changes: dict[str, Any]) -> subprocess.C
     }
     path = params_file(folder, changes)
     return subprocess.run(
-        [sys.executable, "-m", f"stages.{stage}", "--params", str(path)],
+        [sys.executable, "-m", f"stages.{stage}", *args, "--params", str(path)],
         cwd=folder,
         env=env,
         capture_output=True,
@@ -406,3 +406,32 @@ def test_extract_data_missing(tmp_path: Path, teacher: Path) -> None:
     assert_user_error(
         run_stage("extract", tmp_path, changes), "extract.data = ", tmp_path / "artifacts/graphs"
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# students
+
+
+def test_student_instance_must_be_listed(tmp_path: Path) -> None:
+    result = run_stage("student", tmp_path, {}, "nope")
+    assert_user_error(
+        result, "student.instances has no entry 'nope'; allowed: sparsefinder, ssa", tmp_path / "artifacts"
+    )
+
+
+def test_students_need_their_own_outputs(tmp_path: Path) -> None:
+    result = run_stage(
+        "student", tmp_path, {"student.instances.ssa.out": "artifacts/students/sparsefinder"}, "ssa"
+    )
+    assert_user_error(result, "two students share one out path", tmp_path / "artifacts")
+
+
+def test_student_init_must_come_from_the_pipeline(tmp_path: Path, corpus: Path, teacher: Path) -> None:
+    changes = {
+        "student.data": str(corpus),
+        "student.teacher": str(teacher),
+        "student.instances.ssa.init": str(teacher),
+    }
+    result = run_stage("student", tmp_path, changes, "ssa")
+    line = assert_user_error(result, "student.instances.ssa.init", tmp_path / "artifacts")
+    assert "has no manifest naming its attention" in line

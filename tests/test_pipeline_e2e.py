@@ -89,8 +89,11 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     dag = dvc(project, "dag").stdout
     assert all(
         f"| {stage} |" in dag
-        for stage in ("prepare", "pretrain", "teacher", "extract", "project", "cluster", "evaluate", "report")
-    )
+        for stage in (
+            "prepare", "pretrain", "teacher", "extract", "project", "cluster", "configure",
+            "student@sparsefinder", "student@ssa", "evaluate", "report",
+        )
+    )  # fmt: skip
     dvc(project, "repro")
 
     prepared = load(project, "artifacts/metrics/prepare.json")
@@ -191,6 +194,23 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     for name in ("sparsity_recall.png", "sparsity_bleu.png", "sparsity_perplexity.png", "recall_heatmap.png",
                  "pareto_recall.csv", "quality.csv"):  # fmt: skip
         assert (project / "artifacts/plots/report" / name).stat().st_size > 0
+
+    # students: each starts from its init folder, is distilled from the teacher, and loads back alone
+    for name in ("sparsefinder", "ssa"):
+        manifest = load(project, f"artifacts/students/{name}/manifest.json")
+        assert manifest["attn_implementation"] == name and manifest["stage"] == f"student@{name}"
+        assert manifest["parent"]["teacher"]["model_sha256"] == teacher_sha256
+        metrics = load(project, f"artifacts/metrics/student_{name}.json")
+        assert math.isfinite(metrics["test"]["bleu"]) and metrics["valid"]["perplexity"] > 1.0
+        assert not (project / f"artifacts/runs/student-{name}").exists()
+    students = {row["student"]: row for row in evaluation["students"]}
+    assert set(students) == {"sparsefinder", "ssa"}
+    assert 0.0 < students["sparsefinder"]["sparsity"] < 1.0 and students["ssa"]["sparsity"] == 0.0
+    assert len(students["sparsefinder"]["computed_fraction_per_layer"]) == 2
+    assert [e["samples"] for e in students["ssa"]["ensembles"]] == [1, 2]
+    assert all(math.isfinite(e["perplexity"]) for e in students["ssa"]["ensembles"])
+    assert "## Students" in report and set(headline["students"]) == {"sparsefinder", "ssa"}
+
     assert "up to date" in dvc(project, "status").stdout
     # outputs are byte-reproducible: forcing extract and project to run again changes nothing DVC tracks
     dvc(project, "repro", "--force", "--single-item", "extract", "project")

@@ -46,6 +46,21 @@ def tiny_marian(
     return MarianMTModel._from_config(config, attn_implementation=attn_implementation).eval()
 
 
+def padded_batch(vocab: int) -> dict[str, torch.Tensor]:
+    """Two source sentences and two targets of ``vocab`` ids, the second of each right-padded (pad 0)."""
+    g = torch.Generator().manual_seed(2)
+    input_ids = torch.randint(2, vocab, (2, 9), generator=g)
+    input_ids[1, 6:] = 0
+    labels = torch.randint(2, vocab, (2, 12), generator=g)
+    labels[1, 8:] = 0
+    return {
+        "input_ids": input_ids,
+        "attention_mask": (input_ids != 0).long(),
+        "decoder_input_ids": labels,
+        "decoder_attention_mask": (labels != 0).long(),
+    }
+
+
 def word_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     """Word-level tokenizer over ``<pad>``, ``</s>``, ``<unk>`` and w3 … w{vocab − 1} (ids = their number)."""
     words = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, vocab)}}

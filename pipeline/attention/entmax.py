@@ -106,6 +106,28 @@ def entmax_normalize(scores: Tensor, alpha: float | Tensor) -> Tensor:
     return probs.masked_fill(~has_key, 0.0)
 
 
+def attention_inputs(
+    name: str,
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    scaling: float | None,
+    kwargs: dict[str, Any],
+) -> tuple[Tensor, Tensor, float]:
+    """(key, value, scaling) as every attention of this project computes with them: keys and values
+    repeated to the query heads when the module groups queries (``num_key_value_groups``), and the
+    default scaling d^−½; options no α-entmax attention supports are refused, naming attention ``name``."""
+    for unsupported in ("softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"{name} attention does not support `{unsupported}`")
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    return key, value, query.shape[-1] ** -0.5 if scaling is None else scaling
+
+
 def entmax_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -128,16 +150,7 @@ def entmax_attention_forward(
     back to the value dtype. Returns the output (batch, q_len, heads, d) and the float32 probabilities
     (batch, heads, q_len, k_len), after dropout exactly like eager attention.
     """
-    for unsupported in ("softcap", "s_aux"):
-        if kwargs.get(unsupported) is not None:
-            raise ValueError(f"entmax attention does not support `{unsupported}`")
-    groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-
+    key, value, scaling = attention_inputs("entmax", module, query, key, value, scaling, kwargs)
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (b, h, q, k)
     if position_bias is not None:
         scores = scores + position_bias.float()

@@ -65,7 +65,8 @@ def choose_points(
 def translation_quality(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, test: Dataset, *, batch_size: int
 ) -> dict[str, Any]:
-    """BLEU (beam search), perplexity, the sparsity of the graphs used while decoding, and wall times.
+    """BLEU (beam search), perplexity, the sparsity of the graphs used while decoding (overall and per layer
+and head; None without predictor heads), and wall times.
 
     Times are taken on passes that count nothing: ``forward_seconds`` is the teacher-forced forward over
     every test sentence (the perplexity pass), ``decode_seconds`` beam search on the first batch alone.
@@ -82,6 +83,7 @@ def translation_quality(
         **corpus_bleu(hypotheses, references),
         "perplexity": nll["perplexity"],
         "sparsity": measured.get("sparsity"),
+        "sparsity_per_layer_head": measured.get("per_layer_head"),
         "forward_seconds": round(forward_seconds, 3),
         "decode_seconds": round(decode_seconds, 3),
         "examples": hypotheses[:2],

@@ -6,7 +6,9 @@ Definitions used throughout:
 - *recall at sparsity ≥ s*: the best recall among a method's settings whose graph sparsity is at least s;
 - *sparsity at recall ≥ r*: the highest graph sparsity among a method's settings whose recall is at least r;
 - a *setting* is a method with its knobs, window and global tokens; a quality point belongs to a graph setting
-  when all four agree.
+  when all four agree;
+- a *student* is the teacher fine-tuned with a sparse attention and distilled from the teacher; its decoding
+  sparsity is that of the graphs it computes (0 for a student evaluated densely, such as SSA).
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ REQUIRED_KEYS = ("kind", "store", "gold_sparsity", "graphs", "quality")
 GRAPH_KEYS = ("method", "sparsity", "recall")
 QUALITY_KEYS = ("teacher", "points")
 POINT_KEYS = ("method", "sparsity", "bleu", "perplexity")
+STUDENT_KEYS = ("student", "sparsity", "bleu", "perplexity")
+ENSEMBLE_KEYS = ("samples", "bleu", "perplexity")
 DASH = "—"
 # The τ-indexer's goal: recall ≥ INDEXER_RECALL at sparsity ≥ gold − INDEXER_SLACK.
 INDEXER_RECALL, INDEXER_SLACK = 0.99, 0.03
+# A student is compared with the predictor points at sparsity ≥ its own − STUDENT_SLACK.
+STUDENT_SLACK = 0.05
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -73,6 +79,8 @@ def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None =
         raise UserError(f"{path}: 'quality.points' must be a list")
     for i, row in enumerate(quality["points"]):
         _check_row(path, row, f"quality.points[{i}]", POINT_KEYS)
+    if "students" in evaluation:
+        _check_students(path, evaluation["students"])
     timings = Path(timings or timings_path(path))
     if not timings.is_file():
         return evaluation
@@ -97,6 +105,31 @@ def _check_row(path: Path, row: Any, where: str, keys: Sequence[str]) -> None:
         value = row[key]
         if value is not None and finite_number(value) is None:
             raise UserError(f"{path}: {where}.{key} = {value!r} is not a number")
+
+
+def _check_students(path: Path, students: Any) -> None:
+    """Each student row has a name of its own and its quality numbers; its self-ensembles, if any, theirs."""
+    if not isinstance(students, list):
+        raise UserError(f"{path}: 'students' must be a list of student rows, got {type(students).__name__}")
+    names: set[str] = set()
+    for i, row in enumerate(students):
+        where = f"students[{i}]"
+        _check_row(path, row, where, STUDENT_KEYS)
+        name = row["student"]
+        if not isinstance(name, str) or not name or name in names:
+            raise UserError(f"{path}: {where}.student = {name!r} is not a name of its own")
+        names.add(name)
+        if "ensembles" not in row:
+            continue
+        if not isinstance(row["ensembles"], list):
+            raise UserError(f"{path}: {where}.ensembles must be a list of self-ensemble rows")
+        for j, ensemble in enumerate(row["ensembles"]):
+            _check_row(path, ensemble, f"{where}.ensembles[{j}]", ENSEMBLE_KEYS)
+            samples = ensemble["samples"]
+            if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+                raise UserError(
+                    f"{path}: {where}.ensembles[{j}].samples = {samples!r} is not a positive integer"
+                )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -143,6 +176,11 @@ def teacher_quality(evaluation: dict) -> dict:
     return evaluation["quality"].get("teacher") or {}
 
 
+def student_rows(evaluation: dict) -> list[dict]:
+    """The students' quality rows, in the evaluation's order (none in an evaluation from before students)."""
+    return evaluation.get("students") or []
+
+
 def recall_at_sparsity(rows: Sequence[dict], level: float) -> dict | None:
     """The setting with the best recall among those with sparsity ≥ ``level`` (ties: the sparser)."""
     return best_at_least(rows, x="sparsity", y="recall", x_min=level)
@@ -178,10 +216,13 @@ def operating_point(evaluation: dict, recall_target: float) -> dict | None:
 
 
 def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_target: float) -> dict:
-    """The small metrics JSON: gold and teacher numbers, per-method threshold values, the best setting.
+    """The small metrics JSON: gold and teacher numbers, per-method threshold values, the best setting, and
+    each student's quality when there are students.
 
     ``best`` is the sparsest setting of any method with recall ≥ ``recall_target`` (its fields are null when
     no setting reaches it), with the BLEU and perplexity of decoding with it when that was measured.
+    ``students`` maps each student's name to its BLEU, perplexity and decoding sparsity; no wall times, so
+    the headline stays a function of the inputs.
     """
     teacher = teacher_quality(evaluation)
     methods = {}
@@ -196,7 +237,7 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
         methods[method] = values
     best = sparsity_at_recall(evaluation["graphs"], recall_target)
     point = quality_at(evaluation, best)
-    return {
+    summary = {
         "gold_sparsity": finite_number(evaluation["gold_sparsity"]),
         "teacher_bleu": finite_number(teacher.get("bleu")),
         "teacher_perplexity": finite_number(teacher.get("perplexity")),
@@ -210,6 +251,13 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
             "perplexity": _field(point, "perplexity"),
         },
     }
+    students = student_rows(evaluation)
+    if students:
+        summary["students"] = {
+            row["student"]: {key: _field(row, key) for key in ("bleu", "perplexity", "sparsity")}
+            for row in students
+        }
+    return summary
 
 
 def _field(row: dict | None, key: str) -> float | None:
@@ -242,6 +290,10 @@ def build_report(
         _method_table(evaluation, sparsity_levels, recall_target),
         "## Translation quality with predicted graphs",
         _quality_table(evaluation),
+    ]
+    if student_rows(evaluation):
+        sections += ["## Students", _students_section(evaluation)]
+    sections += [
         "## Findings",
         _findings(evaluation, sparsity_levels, recall_target),
     ]
@@ -439,6 +491,118 @@ def _indexer_table(evaluation: dict) -> str:
     if verdict:
         lines += ["", f"Higher recall at sparsity ≥ {level:.3f} (gold − {INDEXER_SLACK:g}): {verdict}."]
     return "\n".join(lines)
+
+
+def _students_section(evaluation: dict) -> str:
+    """The students against the teacher, their self-ensembles against themselves, and what stands out."""
+    teacher = teacher_quality(evaluation)
+    students = student_rows(evaluation)
+    header = [
+        "student",
+        "decoding sparsity",
+        "computed per layer",
+        "BLEU",
+        "Δ BLEU",
+        "perplexity",
+        "Δ ppl",
+        "train step",
+        "decode",
+    ]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    for row in students:
+        computed = row.get("computed_fraction_per_layer")
+        cells = [
+            _cell(row["student"]),
+            _num(row["sparsity"], 3),
+            " / ".join(_num(value, 2) for value in computed) if computed else DASH,
+            *_versus(row, teacher),
+            _ratio(row.get("train_step_seconds"), row.get("teacher_train_step_seconds")),
+            _ratio(row.get("decode_seconds"), teacher.get("decode_seconds")),
+        ]
+        lines.append(_table_row(cells))
+    lines += [
+        "",
+        "Δ is against the teacher; computed per layer is the share of valid query–key pairs the student "
+        "computes in each layer; train step is the student's forward and backward time over the teacher's, "
+        "measured side by side; decode is time relative to the teacher's.",
+    ]
+    parts = ["\n".join(lines)]
+    ensembles = _ensemble_table(students, teacher)
+    if ensembles:
+        parts.append(ensembles)
+    sentences = [_best_student_sentence(students, teacher), _student_predictor_sentence(evaluation)]
+    parts.append(" ".join(s for s in sentences if s))
+    return "\n\n".join(parts)
+
+
+def _versus(row: dict, reference: dict) -> list[str]:
+    """BLEU, its difference to ``reference``'s, perplexity and its difference to ``reference``'s."""
+    return [
+        _num(row.get("bleu"), 2),
+        _signed(_difference(row.get("bleu"), reference.get("bleu")), 2),
+        _num(row.get("perplexity"), 2),
+        _signed(_difference(row.get("perplexity"), reference.get("perplexity")), 2),
+    ]
+
+
+def _ensemble_table(students: Sequence[dict], teacher: dict) -> str:
+    """Each self-ensemble of S sampled sub-models against its own student decoded densely ("" without any)."""
+    header = ["student", "samples S", "BLEU", "Δ BLEU vs dense", "perplexity", "Δ ppl vs dense", "decode"]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    for row in students:
+        for ensemble in row.get("ensembles") or []:
+            cells = [
+                _cell(row["student"]),
+                str(ensemble["samples"]),
+                *_versus(ensemble, row),
+                _ratio(ensemble.get("decode_seconds"), teacher.get("decode_seconds")),
+            ]
+            lines.append(_table_row(cells))
+    if len(lines) == 2:
+        return ""
+    lines += [
+        "",
+        "Self-ensembles average S sampled sub-models in probability space; Δ is against the same student "
+        "decoded densely (its row above); decode is time relative to the teacher's.",
+    ]
+    return "\n".join(lines)
+
+
+def _best_student_sentence(students: Sequence[dict], teacher: dict) -> str:
+    """Which student has the highest BLEU (ties: the sparser), at what sparsity, against the teacher."""
+    best = best_at_least(students, x="sparsity", y="bleu", x_min=-math.inf)
+    if best is None:
+        return "No student has a BLEU score."
+    lead = "The only student" if len(students) == 1 else "The student with the highest BLEU"
+    return (
+        f"{lead} is {best['student']} (decoding sparsity {best['sparsity']:.3f}); "
+        f"{_gap_clause(best, teacher)}."
+    )
+
+
+def _student_predictor_sentence(evaluation: dict) -> str:
+    """Each student against the highest-BLEU predictor point at sparsity ≥ its own − :data:`STUDENT_SLACK`
+    ("" when no student has such a point)."""
+    clauses = []
+    for row in student_rows(evaluation):
+        sparsity, bleu = finite_number(row["sparsity"]), finite_number(row["bleu"])
+        if sparsity is None or bleu is None:
+            continue
+        point = best_at_least(
+            evaluation["quality"]["points"], x="sparsity", y="bleu", x_min=sparsity - STUDENT_SLACK
+        )
+        if point is None:
+            continue
+        clauses.append(
+            f"{row['student']}'s BLEU {bleu:.2f} at sparsity {sparsity:.3f} vs {point['bleu']:.2f} with "
+            f"{_label(point)} at {point['sparsity']:.3f} ({bleu - point['bleu']:+.2f})"
+        )
+    if not clauses:
+        return ""
+    return (
+        "Against the teacher decoding, without fine-tuning, with the best predicted graphs (highest BLEU at "
+        f"sparsity ≥ the student's − {STUDENT_SLACK:g}): {'; '.join(clauses)}."
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------

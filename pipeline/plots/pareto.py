@@ -1,4 +1,5 @@
-"""Figures of the evaluation: sparsity–recall and sparsity–quality Pareto fronts, a per-layer/head recall map.
+"""Figures of the evaluation: sparsity–recall and sparsity–quality Pareto fronts (students as labelled points
+on the latter), a per-layer/head recall map.
 
 Figures are drawn on matplotlib's Agg canvas (no display needed) and saved as PNG; the CSV tables beside them
 are what ``dvc plots show`` renders. Every file is written atomically.
@@ -27,6 +28,7 @@ from pipeline.evaluation.report import (
     finite_points,
     operating_point,
     rows_by_method,
+    student_rows,
     teacher_quality,
 )
 
@@ -44,6 +46,10 @@ COLOR_INDEX = {
     "indexer": 4,
 }
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h", "<", ">")
+# students: one marker no method uses, black-edged, a colour of their own each (by position, cycled) from a
+# palette apart from the methods' tab10, and their name written beside the point
+STUDENT_MARKER = "d"
+STUDENT_COLORS = matplotlib.colormaps["Dark2"].colors
 QUALITY_METRICS = {"bleu": ("BLEU", True), "perplexity": ("perplexity (lower is better)", False)}
 FILES = {
     "sparsity_recall": "sparsity_recall.png",
@@ -55,8 +61,8 @@ FILES = {
 }
 CAPTIONS = {
     "sparsity_recall": "Sparsity–recall Pareto fronts",
-    "sparsity_bleu": "Sparsity–BLEU with predicted graphs",
-    "sparsity_perplexity": "Sparsity–perplexity with predicted graphs",
+    "sparsity_bleu": "Sparsity–BLEU with predicted graphs and students",
+    "sparsity_perplexity": "Sparsity–perplexity with predicted graphs and students",
     "recall_heatmap": "Recall per layer and head at the operating point",
 }
 
@@ -140,6 +146,27 @@ def _fronts(ax: Axes, rows: Sequence[dict], x: str, y: str, maximize: tuple[bool
         ax.plot(xs[front], ys[front], color=color, marker=marker, markersize=5, linewidth=1.4, label=method)
 
 
+def _students(ax: Axes, students: Sequence[dict], metric: str) -> None:
+    """Each student with a sparsity and a ``metric`` as one black-edged diamond, named beside it and in the
+    legend as ``student: NAME``."""
+    for i, row in enumerate(students):
+        x, y = finite_number(row["sparsity"]), finite_number(row.get(metric))
+        if x is None or y is None:
+            continue
+        ax.scatter(
+            [x],
+            [y],
+            marker=STUDENT_MARKER,
+            s=110,
+            color=STUDENT_COLORS[i % len(STUDENT_COLORS)],
+            edgecolors="black",
+            linewidths=1.0,
+            zorder=5,
+            label=f"student: {row['student']}",
+        )
+        ax.annotate(row["student"], (x, y), xytext=(7, 5), textcoords="offset points", fontsize=8)
+
+
 def _legend(ax: Axes) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
@@ -162,19 +189,26 @@ def plot_sparsity_recall(evaluation: dict, path: str | os.PathLike) -> None:
 
 
 def plot_quality(evaluation: dict, metric: Literal["bleu", "perplexity"], path: str | os.PathLike) -> None:
-    """Decoding sparsity against BLEU or perplexity with predicted graphs, beside the teacher's.
+    """Decoding sparsity against BLEU or perplexity with predicted graphs and students, beside the teacher's.
 
-    Each method's points and Pareto front (BLEU maximised, perplexity minimised; sparsity maximised), the
-    teacher as a star and the gold sparsity as a dashed line. Without quality points the PNG says so.
+    Each method's points and Pareto front (BLEU maximised, perplexity minimised; sparsity maximised), each
+    student as a labelled diamond, the teacher as a star and the gold sparsity as a dashed line. Without
+    quality points or students the PNG says so.
     """
     name, larger_is_better = QUALITY_METRICS[metric]
-    title = f"Sparsity–{name.split()[0]} with predicted graphs\n{_subtitle(evaluation)}"
     points = evaluation["quality"]["points"]
-    if not finite_points(points, "sparsity", metric)[0]:
+    students = student_rows(evaluation)
+    shown = "predicted graphs and students" if students else "predicted graphs"
+    title = f"Sparsity–{name.split()[0]} with {shown}\n{_subtitle(evaluation)}"
+    if (
+        not finite_points(points, "sparsity", metric)[0]
+        and not finite_points(students, "sparsity", metric)[0]
+    ):
         _message(path, title, "no quality points")
         return
     figure, ax = _figure()
     _fronts(ax, points, "sparsity", metric, (True, larger_is_better))
+    _students(ax, students, metric)
     teacher = teacher_quality(evaluation)
     teacher_x, teacher_y = finite_number(teacher.get("sparsity")), finite_number(teacher.get(metric))
     if teacher_x is not None and teacher_y is not None:
@@ -267,7 +301,8 @@ def write_pareto_csv(evaluation: dict, path: str | os.PathLike) -> None:
 
 
 def quality_rows(evaluation: dict) -> list[tuple[str, str, Any, Any, Any]]:
-    """(method, label, sparsity, bleu, perplexity): the teacher first, then every quality point.
+    """(method, label, sparsity, bleu, perplexity): the teacher first, then every quality point, then every
+    student (method ``student``, labelled with its name, in the evaluation's order).
 
     Points are grouped by method in :func:`~pipeline.evaluation.report.method_order`, by decoding sparsity
     then label within a method; undefined numbers are None.
@@ -282,6 +317,8 @@ def quality_rows(evaluation: dict) -> list[tuple[str, str, Any, Any, Any]]:
         for point in _sorted_by_sparsity(points):
             label = point.get("label") or method
             table.append((method, label, point["sparsity"], point.get("bleu"), point.get("perplexity")))
+    for row in student_rows(evaluation):
+        table.append(("student", row["student"], row["sparsity"], row.get("bleu"), row.get("perplexity")))
     return table
 
 

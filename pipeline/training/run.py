@@ -1,17 +1,19 @@
 """One training stage, end to end: train, save a self-describing checkpoint, measure it.
 
-Shared by ``pretrain`` (softmax) and ``teacher`` (α-entmax): they differ only in the model they hand in.
+Shared by ``pretrain`` (softmax), ``teacher`` (α-entmax) and ``student`` (a sparse attention, distilled
+from the teacher): they differ only in the model (and teacher) they hand in.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from datasets import DatasetDict, load_from_disk
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 import pipeline.attention  # noqa: F401  (registers the attention implementations)
 from pipeline.attention.sparsity import collect_marian_sparsity
@@ -20,7 +22,7 @@ from pipeline.errors import UserError
 from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.models.marian import set_generation
-from pipeline.params import Evaluation, Pretrain, Teacher
+from pipeline.params import Evaluation, Pretrain, StudentRun, Teacher
 from pipeline.timings import write_metrics
 from pipeline.training.batches import padded_batches
 from pipeline.training.seq2seq import is_main_process, train_seq2seq
@@ -91,17 +93,34 @@ def evaluate_translation(
 
 def train_and_evaluate(
     stage: str,
-    params: Pretrain | Teacher,
+    params: Pretrain | Teacher | StudentRun,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     data: DatasetDict,
     parent: dict[str, Any] | None,
+    *,
+    teacher: PreTrainedModel | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> None:
-    """Train ``model`` with ``params.train``, save it to ``params.out`` and write ``params.metrics``."""
+    """Train ``model`` with ``params.train``, save it to ``params.out`` and write ``params.metrics``.
+
+    A student passes its ``teacher`` (distilled with ``params.distill``) and its own training callbacks.
+    """
     data_sha256 = folder_sha256(params.data)
     fingerprint = value_sha256({"params": params.model_dump(), "data": data_sha256, "parent": parent})
     started = time.perf_counter()
-    model = train_seq2seq(model, tokenizer, data, params.run_dir, params.train, fingerprint)
+    distillation = getattr(params, "distill", None)
+    model = train_seq2seq(
+        model,
+        tokenizer,
+        data,
+        params.run_dir,
+        params.train,
+        fingerprint,
+        teacher=teacher,
+        distillation=distillation,
+        callbacks=callbacks,
+    )
     train_seconds = time.perf_counter() - started
     if not is_main_process():
         return

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -28,7 +29,8 @@ from transformers import (
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from pipeline.finite import require_finite
-from pipeline.params import Training
+from pipeline.params import Distillation, Training
+from pipeline.students.distill import DistillationTrainer
 
 RUN_FINGERPRINT = "run_fingerprint.json"
 
@@ -131,22 +133,34 @@ def train_seq2seq(
     run_dir: str | os.PathLike,
     settings: Training,
     fingerprint: str,
+    *,
+    teacher: PreTrainedModel | None = None,
+    distillation: Distillation | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> PreTrainedModel:
-    """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible."""
+    """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible.
+
+    With a ``teacher`` the loss also distils the teacher's token distributions into ``model``
+    (:class:`~pipeline.students.distill.DistillationTrainer`, weighted by ``distillation``).
+    """
     args = training_arguments(run_dir, settings)
     _ = args.device  # sets up the process group under torchrun, so the run folder check can synchronise
     resume_from = prepare_run_folder(run_dir, fingerprint, is_main=is_main_process())
     if resume_from is not None and is_main_process():
         print(f"resuming from {resume_from}", file=sys.stderr)
     columns = ["input_ids", "labels"]
-    trainer = Seq2SeqTrainer(
+    options = dict(
         model=model,
         args=args,
         train_dataset=data["train"].select_columns(columns),
         eval_dataset=data["valid"].select_columns(columns),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         processing_class=tokenizer,
-        callbacks=[FiniteLoss()],
+        callbacks=[FiniteLoss(), *callbacks],
     )
+    if teacher is None:
+        trainer = Seq2SeqTrainer(**options)
+    else:
+        trainer = DistillationTrainer(**options, teacher=teacher, distillation=distillation or Distillation())
     trainer.train(resume_from_checkpoint=resume_from)
     return trainer.model

@@ -246,6 +246,8 @@ def test_every_seed_is_a_seed() -> None:
         "extract.seed",
         "project.seed",
         "cluster.seed",
+        "evaluate.quality.ensemble_seed",
+        "student.train.seed",
     }
     rule = get_args(Seed)[1].metadata
     assert all(field.annotation is int and field.metadata == rule for field in seeds.values()), seeds

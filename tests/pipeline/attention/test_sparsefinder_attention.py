@@ -16,7 +16,7 @@ from pipeline.attention.sparsefinder import (
 )
 from pipeline.errors import UserError
 from pipeline.projection.model import HeadProjections
-from tests.tiny import tiny_marian
+from tests.tiny import padded_batch, tiny_marian
 
 VOCAB, HEADS, HEAD_DIM, RANK, LAYERS = 40, 4, 8, 4, 2
 UNPROJECTED = ("window", "indexer")  # predictors that read the teacher's queries and keys directly
@@ -95,19 +95,7 @@ def sparsefinder_model(
 
 
 def batch() -> dict[str, torch.Tensor]:
-    """Two source sentences and two targets, the second of each right-padded."""
-    g = torch.Generator().manual_seed(2)
-    input_ids = torch.randint(2, VOCAB, (2, 9), generator=g)
-    input_ids[1, 6:] = 0
-    labels = torch.randint(2, VOCAB, (2, 12), generator=g)
-    labels[1, 8:] = 0
-    decoder_mask = (labels != 0).long()
-    return {
-        "input_ids": input_ids,
-        "attention_mask": (input_ids != 0).long(),
-        "decoder_input_ids": labels,
-        "decoder_attention_mask": decoder_mask,
-    }
+    return padded_batch(VOCAB)
 
 
 def real_logits(model, inputs) -> torch.Tensor:

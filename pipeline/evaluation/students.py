@@ -1,0 +1,146 @@
+"""The students next to the teacher: translation quality, attention computed per layer, and speed.
+
+Each student folder under the students' folder is loaded with the attention its manifest names and run on
+the same test sentences, beam search and batches as the teacher and the predictor points
+(:func:`~pipeline.evaluation.quality.translation_quality`), so it is one more point on the sparsity–BLEU
+and sparsity–perplexity plots. Its sparsity is that of the graphs it computes while decoding: a
+``sparsefinder`` student's predicted graphs; 0 for a student that evaluates densely (SSA). Training speed is
+one forward and backward pass per batch (cross-entropy, no distillation), timed for the teacher and the
+student alternately on the same training batches, so the ratio compares the attentions alone. A student
+with SSA heads is also evaluated as a self-ensemble of S sampled sub-models for each S asked for.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.attention.loading import load_model
+from pipeline.attention.ssa import ssa_heads
+from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkpoint
+from pipeline.errors import UserError
+from pipeline.evaluation.quality import translation_quality
+from pipeline.metrics.translation import corpus_bleu
+from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate
+from pipeline.training.batches import padded_batches
+
+
+def student_folders(folder: str | None) -> dict[str, Path]:
+    """{name: model folder} of every student under ``folder`` (sub-folders holding a checkpoint manifest),
+    by name; none when ``folder`` is None."""
+    if folder is None:
+        return {}
+    root = Path(folder)
+    if not root.is_dir():
+        raise UserError(f"evaluate.students = {folder!r}: no such folder (run the student stages first)")
+    return {path.name: path for path in sorted(root.iterdir()) if (path / MANIFEST).is_file()}
+
+
+def load_student(folder: Path, key: str) -> PreTrainedModel:
+    """The student in ``folder``, verified, with the attention implementation its manifest records."""
+    resolve_checkpoint(str(folder), key, local=True)
+    implementation = read_manifest(folder).get("attn_implementation")
+    if not isinstance(implementation, str):
+        raise UserError(f"{folder / MANIFEST}: no attn_implementation recorded; re-run its student stage")
+    with loading(str(folder), key):
+        return load_model(folder, attn_implementation=implementation)
+
+
+def train_step_seconds(
+    models: Sequence[PreTrainedModel], batches: Sequence[dict[str, torch.Tensor]]
+) -> list[float]:
+    """Median seconds of one forward + backward pass per model, the models taking turns on each batch.
+
+    Models are put in training mode for the passes (dropout, sampled attention) and back in eval mode
+    after; gradients are discarded.
+    """
+    times: list[list[float]] = [[] for _ in models]
+    for model in models:
+        model.train()
+    try:
+        for batch in batches:
+            for model, spent in zip(models, times, strict=True):
+                started = time.perf_counter()
+                model(**batch).loss.backward()
+                spent.append(time.perf_counter() - started)
+                model.zero_grad(set_to_none=True)
+    finally:
+        for model in models:
+            model.eval()
+    return [statistics.median(spent) for spent in times]
+
+
+def timing_batches(train: Dataset, batch_size: int, count: int, pad_id: int) -> list[dict[str, torch.Tensor]]:
+    """``count`` padded training batches of ``batch_size`` from the start of ``train`` (length-sorted)."""
+    rows = train.select(range(min(len(train), batch_size * count)))
+    return [batch for batch, _ in padded_batches(rows, batch_size, pad_id)][:count]
+
+
+def per_layer(table: list[list[float]] | None) -> list[float] | None:
+    """Mean over heads of each layer's value (a layer × head table)."""
+    return None if table is None else [round(sum(row) / len(row), 4) for row in table]
+
+
+def student_quality(
+    name: str,
+    student: PreTrainedModel,
+    teacher: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    test: Dataset,
+    batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    batch_size: int,
+    ensemble_samples: Sequence[int],
+    seed: int,
+) -> dict[str, Any]:
+    """One student's row: quality as :func:`translation_quality` plus the fraction of query–key pairs it
+    computes per layer, its training step time and the teacher's measured beside it, and its
+    self-ensembles (SSA students) for each of ``ensemble_samples``."""
+    quality = translation_quality(student, tokenizer, test, batch_size=batch_size)
+    sparsity_table = quality.pop("sparsity_per_layer_head")
+    if quality["sparsity"] is None:  # no predictor heads: every allowed pair is computed
+        quality["sparsity"] = 0.0
+    computed = per_layer([[1.0 - s for s in row] for row in sparsity_table]) if sparsity_table else None
+    student_step, teacher_step = train_step_seconds([student, teacher], batches)
+    row: dict[str, Any] = {
+        "student": name,
+        **quality,
+        "computed_fraction_per_layer": computed,
+        "train_step_seconds": round(student_step, 4),
+        "teacher_train_step_seconds": round(teacher_step, 4),
+    }
+    if ssa_heads(student) and ensemble_samples:
+        row["ensembles"] = [
+            self_ensemble_quality(student, tokenizer, test, samples, seed=seed, batch_size=batch_size)
+            for samples in ensemble_samples
+        ]
+    return row
+
+
+def self_ensemble_quality(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    test: Dataset,
+    samples: int,
+    *,
+    seed: int,
+    batch_size: int,
+) -> dict[str, Any]:
+    """BLEU and perplexity of the average of ``samples`` sampled sub-models (beam search included)."""
+    started = time.perf_counter()
+    hypotheses, references = ensemble_translate(model, tokenizer, test, batch_size, samples, seed)
+    decode_seconds = time.perf_counter() - started
+    nll = ensemble_perplexity(model, test, batch_size, samples, seed)
+    return {
+        "samples": samples,
+        **corpus_bleu(hypotheses, references),
+        "perplexity": nll["perplexity"],
+        "decode_seconds": round(decode_seconds, 3),
+    }

@@ -1,0 +1,76 @@
+"""A student's starting point: a model folder (the teacher, or the teacher with a predictor) with the
+student's attention in place.
+
+- ``sparsefinder``: starts from the ``configure`` stage's folder, the teacher with its attention restricted
+  to a learned predictor's graph. The predictor stays as it was fitted: the graph is discrete, so it gives
+  the projections no gradient, and the model learns to live with the recall it actually gets.
+- ``ssa``: starts from the teacher, with stochastically subsampled self-attention in training
+  (:func:`~pipeline.attention.ssa.attach_ssa`); "+FT" switches sampling off for the last steps
+  (:class:`DenseFinetune`).
+"""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+
+from pipeline.attention.loading import load_model
+from pipeline.attention.sparsefinder import SPARSEFINDER
+from pipeline.attention.ssa import SSA, attach_ssa, set_sampling
+from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
+from pipeline.errors import UserError
+from pipeline.params import SsaStudent, StudentRun, StudentSpec
+
+
+def build_student(spec: StudentSpec, key: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The student of ``spec``, in training mode, and its tokenizer; ``key`` names ``spec.init`` in errors."""
+    init = resolve_checkpoint(spec.init, key, local=True)
+    implementation = read_manifest(init).get("attn_implementation")
+    wanted = SPARSEFINDER if spec.attention == SPARSEFINDER else "entmax"
+    if implementation is None:
+        raise UserError(
+            f"{key} = {spec.init!r} has no manifest naming its attention; allowed: a model folder written "
+            "by this pipeline's teacher or configure stage"
+        )
+    if implementation != wanted:
+        raise UserError(
+            f"{key} = {spec.init!r} holds a model with {implementation} attention; allowed: a folder with "
+            f"{wanted} attention ({spec.attention} students start from one)"
+        )
+    with loading(init, key):
+        model = load_model(init, attn_implementation=SPARSEFINDER if wanted == SPARSEFINDER else SSA)
+        tokenizer = AutoTokenizer.from_pretrained(init)
+    if isinstance(spec, SsaStudent):
+        attach_ssa(
+            model,
+            {
+                "mode": spec.mode,
+                "keys": spec.keys,
+                "windows": spec.windows,
+                "sigma": spec.sigma,
+                "kinds": spec.kinds,
+            },
+        )
+    for name, parameter in model.named_parameters():
+        if f".{SPARSEFINDER}." in name:  # the predictor is fixed; see the module docstring
+            parameter.requires_grad_(False)
+    return model.train(), tokenizer
+
+
+class DenseFinetune(TrainerCallback):
+    """ "+FT": sample attention until step ``start``, then train with dense attention to the end (a resumed
+    run finds the right mode from its step)."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs) -> None:
+        set_sampling(model, state.global_step < self.start)
+
+
+def student_callbacks(params: StudentRun) -> list[TrainerCallback]:
+    """The training callbacks the student's attention asks for."""
+    spec = params.spec
+    if isinstance(spec, SsaStudent) and spec.dense_fraction > 0.0:
+        steps = params.train.max_steps
+        return [DenseFinetune(steps - round(spec.dense_fraction * steps))]
+    return []

@@ -1,0 +1,37 @@
+"""Stage ``student@NAME``: the teacher fine-tuned with student NAME's sparse attention, distilled from the
+teacher (cross-entropy + KL to the teacher's token distributions)."""
+
+from __future__ import annotations
+
+from pipeline.attention import load_model
+from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint
+from pipeline.errors import exits_cleanly
+from pipeline.stage import stage_instance
+from pipeline.students.init import build_student, student_callbacks
+from pipeline.training.run import encode_with, load_corpus, train_and_evaluate
+
+
+@exits_cleanly
+def main(argv: list[str] | None = None) -> None:
+    section, name = stage_instance("student", "instances", argv)
+    params = section.run(name)
+    teacher_folder = resolve_checkpoint(params.teacher, "student.teacher", local=True)
+    data, _ = load_corpus(params.data, "student.data")
+    model, tokenizer = build_student(params.spec, f"student.instances.{name}.init")
+    with loading(teacher_folder, "student.teacher"):
+        teacher = load_model(teacher_folder)
+    data = encode_with(tokenizer, data, model.config.max_position_embeddings)
+    train_and_evaluate(
+        f"student@{name}",
+        params,
+        model,
+        tokenizer,
+        data,
+        {"init": describe_parent(params.spec.init), "teacher": describe_parent(teacher_folder)},
+        teacher=teacher,
+        callbacks=student_callbacks(params),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Students' starting points (``pipeline.students.init``) and their folders, reloaded for evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from pipeline.attention import load_model
+from pipeline.attention.configure import configure_sparsefinder
+from pipeline.attention.sparsefinder import sparsefinder_heads
+from pipeline.attention.ssa import ssa_heads
+from pipeline.checkpoint import save_checkpoint
+from pipeline.errors import UserError
+from pipeline.evaluation.students import load_student, student_folders, train_step_seconds
+from pipeline.params import SparsefinderStudent, SsaStudent, Student, Training
+from pipeline.students.init import DenseFinetune, build_student, student_callbacks
+from tests.pipeline.attention.test_configure import fitted  # noqa: F401  (a fixture)
+
+OUTPUTS = {"out": "o", "run_dir": "r", "metrics": "m"}
+
+
+@pytest.fixture(scope="module")
+def folders(fitted, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
+    """The fixture's teacher saved as a checkpoint (with a manifest) and a k-means sparsefinder folder."""
+    root = tmp_path_factory.mktemp("students")
+    teacher = load_model(fitted["teacher"])
+    save_checkpoint(root / "teacher", teacher, AutoTokenizer.from_pretrained(fitted["teacher"]), {})
+    configure_sparsefinder(
+        str(root / "teacher"),
+        root / "sparsefinder",
+        method="kmeans",
+        knobs={"buckets": 4},
+        window=1,
+        projections=fitted["projections"],
+        state=fitted["state"],
+    )
+    return {"teacher": root / "teacher", "sparsefinder": root / "sparsefinder", "root": root}
+
+
+def batch() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 30, (2, 9), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids, dtype=torch.bool), "labels": ids.flip(1)}
+
+
+def test_sparsefinder_student_trains_the_model_not_its_predictor_and_reloads_alone(folders):
+    spec = SparsefinderStudent(init=str(folders["sparsefinder"]), **OUTPUTS)
+    model, tokenizer = build_student(spec, "init")
+    assert model.training and sparsefinder_heads(model)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    frozen -= {name for name, p in load_model(folders["teacher"]).named_parameters() if not p.requires_grad}
+    assert frozen and all(".sparsefinder." in name for name in frozen)  # only the predictor is added frozen
+    model(**batch()).loss.backward()  # one step's gradients reach the model's weights
+    assert all(p.grad is not None for n, p in model.named_parameters() if "self_attn.q_proj" in n)
+
+    save_checkpoint(folders["root"] / "students" / "sparsefinder", model.eval(), tokenizer, {"stage": "t"})
+    found = student_folders(str(folders["root"] / "students"))
+    reloaded = load_student(found["sparsefinder"], "student")
+    assert sparsefinder_heads(reloaded)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch()).logits, model(**batch()).logits, rtol=0, atol=0)
+
+
+def test_ssa_student_samples_in_training_only_and_reloads_alone(folders):
+    spec = SsaStudent(init=str(folders["teacher"]), mode="local", windows=2, sigma=[2.0], **OUTPUTS)
+    model, tokenizer = build_student(spec, "init")
+    heads = ssa_heads(model)
+    assert heads and model.config.ssa["sigma"] == [2.0]  # one σ: every layer
+    teacher = load_model(folders["teacher"])
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(**batch()).logits, teacher(**batch()).logits)  # dense in eval
+    save_checkpoint(folders["root"] / "ssa-students" / "ssa", model, tokenizer, {"stage": "t"})
+    reloaded = load_student(folders["root"] / "ssa-students" / "ssa", "student")
+    assert reloaded.config.ssa == model.config.ssa and ssa_heads(reloaded)
+    student_step, teacher_step = train_step_seconds([reloaded, teacher], [batch(), batch()])
+    assert student_step > 0 and teacher_step > 0 and not reloaded.training
+
+
+def test_a_student_must_start_from_the_attention_it_fine_tunes(folders):
+    with pytest.raises(UserError, match=r"sparsefinder attention; allowed: a folder with entmax attention"):
+        build_student(SsaStudent(init=str(folders["sparsefinder"]), **OUTPUTS), "student.instances.ssa.init")
+    with pytest.raises(UserError, match=r"entmax attention; allowed: a folder with sparsefinder attention"):
+        build_student(SparsefinderStudent(init=str(folders["teacher"]), **OUTPUTS), "init")
+
+
+def test_dense_finetune_takes_the_last_fraction_of_the_steps():
+    params = Student(train=Training(max_steps=50)).run("ssa")
+    assert student_callbacks(params) == []  # the default: no +FT
+    spec = params.spec.model_copy(update={"dense_fraction": 0.1})
+    callbacks = student_callbacks(params.model_copy(update={"spec": spec}))
+    assert len(callbacks) == 1 and isinstance(callbacks[0], DenseFinetune) and callbacks[0].start == 45
