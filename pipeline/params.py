@@ -486,7 +486,16 @@ class SsaStudent(StudentInstance):
     dense_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
 
 
-StudentSpec = Annotated[SparsefinderStudent | SsaStudent, Field(discriminator="attention")]
+class EntmaxStudent(StudentInstance):
+    """The control: the teacher fine-tuned and distilled exactly like the others, with its own dense
+    α-entmax, so that a sparse student's gap to it is the cost of its sparsity alone, not of the extra
+    training."""
+
+    attention: Literal["entmax"] = "entmax"
+    init: str = "artifacts/models/teacher"
+
+
+StudentSpec = Annotated[SparsefinderStudent | SsaStudent | EntmaxStudent, Field(discriminator="attention")]
 # an instance name is a DVC foreach key (student@NAME) and part of file names
 STUDENT_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
@@ -498,12 +507,12 @@ class Student(Section):
     train: Training = Training(max_steps=200, lr=2e-4, warmup_steps=20)
     eval: Evaluation = Evaluation()
     instances: Annotated[dict[str, StudentSpec], Field(min_length=1)] = {
-        name: {"sparsefinder": SparsefinderStudent, "ssa": SsaStudent}[name](
+        name: {"sparsefinder": SparsefinderStudent, "ssa": SsaStudent, "dense": EntmaxStudent}[name](
             out=f"artifacts/students/{name}",
             run_dir=f"artifacts/runs/student-{name}",
             metrics=f"artifacts/metrics/student_{name}.json",
         )
-        for name in ("sparsefinder", "ssa")
+        for name in ("sparsefinder", "ssa", "dense")
     }
 
     @model_validator(mode="after")

@@ -24,7 +24,13 @@ from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import choose_points, quality_sweep
-from pipeline.evaluation.students import load_student, student_folders, student_quality, timing_batches
+from pipeline.evaluation.students import (
+    load_student,
+    student_folders,
+    student_quality,
+    timing_batches,
+    untrained_twin,
+)
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
 from pipeline.graphs import GraphStore
 from pipeline.origin import Origin
@@ -93,8 +99,11 @@ def evaluate_students(
                 f"student {folder} was not distilled from evaluate.teacher = {params.teacher!r}; "
                 "re-run its student stage"
             )
-        student.generation_config.num_beams = quality.beams
-        student.generation_config.max_new_tokens = quality.max_new_tokens
+        untrained = untrained_twin(student, params.teacher)
+        for model in (student, untrained):
+            if model is not None:
+                model.generation_config.num_beams = quality.beams
+                model.generation_config.max_new_tokens = quality.max_new_tokens
         rows.append(
             student_quality(
                 name,
@@ -106,6 +115,7 @@ def evaluate_students(
                 batch_size=quality.batch_size,
                 ensemble_samples=quality.ensemble_samples,
                 seed=quality.ensemble_seed,
+                untrained=untrained,
             )
         )
     return rows

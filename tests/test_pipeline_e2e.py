@@ -294,6 +294,27 @@ def test_torchrun_two_processes(project: Path) -> None:
     assert load(project, "artifacts/ddp-test/metrics.json")["test"]["sentences"] > 0
 
 
+def test_student_distills_under_torchrun(project: Path) -> None:
+    """A few steps of the SSA student (sampled attention, distillation) under torchrun with 2 processes."""
+    if not (project / "artifacts/models/teacher/manifest.json").is_file():
+        dvc(project, "repro", "teacher")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["student"]["train"].update(max_steps=2, save_steps=2, eval_steps=2)
+    out = project / "artifacts/ddp-test/student"
+    params["student"]["instances"]["ssa"].update(
+        out=str(out), run_dir=str(project / "artifacts/ddp-test/student-run"),
+        metrics=str(project / "artifacts/ddp-test/student.json"),
+    )  # fmt: skip
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = run(
+        project, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", "29518", "-m", "stages.student", "ssa",
+    )  # fmt: skip
+    manifest = load(project, "artifacts/ddp-test/student/manifest.json")
+    assert manifest["attn_implementation"] == "ssa", result.stderr[-2000:]
+    assert math.isfinite(load(project, "artifacts/ddp-test/student.json")["valid"]["perplexity"])
+
+
 def test_pretrain_from_named_checkpoint(project: Path) -> None:
     """``pretrain.init`` naming a model folder fine-tunes it with its own tokenizer and records the parent."""
     init = project / "artifacts/models/pretrain"

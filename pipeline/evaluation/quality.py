@@ -66,7 +66,7 @@ def translation_quality(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, test: Dataset, *, batch_size: int
 ) -> dict[str, Any]:
     """BLEU (beam search), perplexity, the sparsity of the graphs used while decoding (overall and per layer
-and head; None without predictor heads), and wall times.
+    and head; None without predictor heads), and wall times.
 
     Times are taken on passes that count nothing: ``forward_seconds`` is the teacher-forced forward over
     every test sentence (the perplexity pass), ``decode_seconds`` beam search on the first batch alone.

@@ -520,17 +520,27 @@ def _students_section(evaluation: dict) -> str:
             _ratio(row.get("decode_seconds"), teacher.get("decode_seconds")),
         ]
         lines.append(_table_row(cells))
+        untrained = row.get("untrained")
+        if untrained:
+            cells = [f"{_cell(row['student'])}, before fine-tuning", _num(untrained.get("sparsity"), 3), DASH]
+            lines.append(_table_row([*cells, *_versus(untrained, teacher), DASH, DASH]))
     lines += [
         "",
-        "Δ is against the teacher; computed per layer is the share of valid query–key pairs the student "
-        "computes in each layer; train step is the student's forward and backward time over the teacher's, "
-        "measured side by side; decode is time relative to the teacher's.",
+        "Δ is against the teacher; *before fine-tuning* is the teacher with the student's predictor; "
+        "computed per layer is the share of valid query–key pairs the student computes in each layer; train "
+        "step is the student's forward and backward time over the teacher's, measured side by side; decode "
+        "is time relative to the teacher's.",
     ]
     parts = ["\n".join(lines)]
     ensembles = _ensemble_table(students, teacher)
     if ensembles:
         parts.append(ensembles)
-    sentences = [_best_student_sentence(students, teacher), _student_predictor_sentence(evaluation)]
+    sentences = [
+        _best_student_sentence(students, teacher),
+        _fine_tuning_sentence(students),
+        _control_sentence(students),
+        _student_predictor_sentence(evaluation),
+    ]
     parts.append(" ".join(s for s in sentences if s))
     return "\n\n".join(parts)
 
@@ -577,6 +587,42 @@ def _best_student_sentence(students: Sequence[dict], teacher: dict) -> str:
     return (
         f"{lead} is {best['student']} (decoding sparsity {best['sparsity']:.3f}); "
         f"{_gap_clause(best, teacher)}."
+    )
+
+
+def _fine_tuning_sentence(students: Sequence[dict]) -> str:
+    """What fine-tuning with its own predicted graph did to each student that has an untrained twin."""
+    clauses = []
+    for row in students:
+        before = row.get("untrained")
+        if not before or finite_number(before.get("bleu")) is None or finite_number(row["bleu"]) is None:
+            continue
+        clauses.append(
+            f"{row['student']} from BLEU {before['bleu']:.2f} to {row['bleu']:.2f} "
+            f"({row['bleu'] - before['bleu']:+.2f}) and perplexity {_num(before.get('perplexity'), 2)} to "
+            f"{_num(row.get('perplexity'), 2)} at decoding sparsity {_num(row['sparsity'], 3)}"
+        )
+    return f"Fine-tuning with its own predicted graph takes {'; '.join(clauses)}." if clauses else ""
+
+
+def _control_sentence(students: Sequence[dict]) -> str:
+    """Each sparse student against the dense control (a student with the teacher's own α-entmax, trained the
+    same way): the cost of the sparsity alone ("" without a control)."""
+    control = next((row for row in students if row.get("attention") == "entmax"), None)
+    if control is None or finite_number(control["bleu"]) is None:
+        return ""
+    clauses = [
+        f"{row['student']} {_signed(_difference(row['bleu'], control['bleu']), 2)} BLEU, "
+        f"{_signed(_difference(row.get('perplexity'), control.get('perplexity')), 2)} perplexity"
+        for row in students
+        if row is not control and finite_number(row["bleu"]) is not None
+    ]
+    if not clauses:
+        return ""
+    return (
+        f"Against the dense control {control['student']} (the teacher trained on the same way with its own "
+        f"α-entmax: BLEU {control['bleu']:.2f}, perplexity {_num(control.get('perplexity'), 2)}): "
+        f"{'; '.join(clauses)}."
     )
 
 

@@ -7,7 +7,9 @@ and sparsity–perplexity plots. Its sparsity is that of the graphs it computes 
 ``sparsefinder`` student's predicted graphs; 0 for a student that evaluates densely (SSA). Training speed is
 one forward and backward pass per batch (cross-entropy, no distillation), timed for the teacher and the
 student alternately on the same training batches, so the ratio compares the attentions alone. A student
-with SSA heads is also evaluated as a self-ensemble of S sampled sub-models for each S asked for.
+with SSA heads is also evaluated as a self-ensemble of S sampled sub-models for each S asked for, and a
+``sparsefinder`` student beside its untrained twin: the teacher with the same predictor, which is what
+fine-tuning started from.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention.loading import load_model
+from pipeline.attention.sparsefinder import SPARSEFINDER, SparsefinderHead, attach_sparsefinder
 from pipeline.attention.ssa import ssa_heads
 from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError
@@ -88,6 +91,22 @@ def per_layer(table: list[list[float]] | None) -> list[float] | None:
     return None if table is None else [round(sum(row) / len(row), 4) for row in table]
 
 
+def untrained_twin(student: PreTrainedModel, teacher: str) -> PreTrainedModel | None:
+    """The student as it was before fine-tuning, for a ``sparsefinder`` student: the ``teacher`` folder's
+    weights with the student's predictor (kept fixed in training, so equal to the one it started with);
+    None for other students, whose starting point is the teacher itself."""
+    spec = getattr(student.config, SPARSEFINDER, None)
+    if spec is None:
+        return None
+    twin = load_model(teacher, attn_implementation=SPARSEFINDER)
+    attach_sparsefinder(twin, spec)
+    heads = dict(twin.named_modules())
+    for name, module in student.named_modules():
+        if isinstance(module, SparsefinderHead):
+            heads[name].load_state_dict(module.state_dict())
+    return twin.eval()
+
+
 def student_quality(
     name: str,
     student: PreTrainedModel,
@@ -99,10 +118,12 @@ def student_quality(
     batch_size: int,
     ensemble_samples: Sequence[int],
     seed: int,
+    untrained: PreTrainedModel | None = None,
 ) -> dict[str, Any]:
     """One student's row: quality as :func:`translation_quality` plus the fraction of query–key pairs it
-    computes per layer, its training step time and the teacher's measured beside it, and its
-    self-ensembles (SSA students) for each of ``ensemble_samples``."""
+    computes per layer, its training step time and the teacher's measured beside it, its self-ensembles
+    (SSA students) for each of ``ensemble_samples``, and the quality of its ``untrained`` twin
+    (:func:`untrained_twin`) when it has one."""
     quality = translation_quality(student, tokenizer, test, batch_size=batch_size)
     sparsity_table = quality.pop("sparsity_per_layer_head")
     if quality["sparsity"] is None:  # no predictor heads: every allowed pair is computed
@@ -111,11 +132,15 @@ def student_quality(
     student_step, teacher_step = train_step_seconds([student, teacher], batches)
     row: dict[str, Any] = {
         "student": name,
+        "attention": student.config._attn_implementation,
         **quality,
         "computed_fraction_per_layer": computed,
         "train_step_seconds": round(student_step, 4),
         "teacher_train_step_seconds": round(teacher_step, 4),
     }
+    if untrained is not None:
+        before = translation_quality(untrained, tokenizer, test, batch_size=batch_size)
+        row["untrained"] = {key: before[key] for key in ("bleu", "perplexity", "sparsity")}
     if ssa_heads(student) and ensemble_samples:
         row["ensembles"] = [
             self_ensemble_quality(student, tokenizer, test, samples, seed=seed, batch_size=batch_size)

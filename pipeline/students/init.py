@@ -7,15 +7,17 @@ student's attention in place.
 - ``ssa``: starts from the teacher, with stochastically subsampled self-attention in training
   (:func:`~pipeline.attention.ssa.attach_ssa`); "+FT" switches sampling off for the last steps
   (:class:`DenseFinetune`).
+- ``entmax``: the control, the teacher trained on with its own dense α-entmax.
 """
 
 from __future__ import annotations
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
+from pipeline.attention.entmax import ENTMAX
 from pipeline.attention.loading import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.attention.ssa import SSA, attach_ssa, set_sampling
+from pipeline.attention.ssa import attach_ssa, set_sampling
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError
 from pipeline.params import SsaStudent, StudentRun, StudentSpec
@@ -25,7 +27,7 @@ def build_student(spec: StudentSpec, key: str) -> tuple[PreTrainedModel, PreTrai
     """The student of ``spec``, in training mode, and its tokenizer; ``key`` names ``spec.init`` in errors."""
     init = resolve_checkpoint(spec.init, key, local=True)
     implementation = read_manifest(init).get("attn_implementation")
-    wanted = SPARSEFINDER if spec.attention == SPARSEFINDER else "entmax"
+    wanted = SPARSEFINDER if spec.attention == SPARSEFINDER else ENTMAX
     if implementation is None:
         raise UserError(
             f"{key} = {spec.init!r} has no manifest naming its attention; allowed: a model folder written "
@@ -37,7 +39,7 @@ def build_student(spec: StudentSpec, key: str) -> tuple[PreTrainedModel, PreTrai
             f"{wanted} attention ({spec.attention} students start from one)"
         )
     with loading(init, key):
-        model = load_model(init, attn_implementation=SPARSEFINDER if wanted == SPARSEFINDER else SSA)
+        model = load_model(init, attn_implementation=spec.attention)
         tokenizer = AutoTokenizer.from_pretrained(init)
     if isinstance(spec, SsaStudent):
         attach_ssa(

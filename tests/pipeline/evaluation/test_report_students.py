@@ -302,3 +302,22 @@ def test_bad_students_name_the_file_and_the_key(tmp_path: Path, mutate, message:
         load_evaluation(path)
     text = str(err.value)
     assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+
+
+def test_untrained_twin_and_dense_control_are_reported_beside_the_students():
+    evaluation = with_students()
+    sparsefinder, ssa = evaluation["students"]
+    sparsefinder["attention"], ssa["attention"] = "sparsefinder", "ssa"
+    sparsefinder["untrained"] = {"bleu": 17.0, "perplexity": 7.0, "sparsity": 0.72}
+    control = student("dense", 0.0, 19.5, 5.2, 10.0, 0.2)
+    control["attention"] = "entmax"
+    evaluation["students"].append(control)
+    body = section(build_report(evaluation)[0], "Students")
+    rows = {row[0]: row for row in tables(body)[0]}
+    assert rows["sparsefinder, before fine-tuning"][1:6] == ["0.720", "—", "17.00", "-3.00", "7.00"]
+    assert "takes sparsefinder from BLEU 17.00 to 19.10 (+2.10) and perplexity 7.00 to 6.00" in body
+    assert "Against the dense control dense" in body
+    assert "sparsefinder -0.40 BLEU, +0.80 perplexity; ssa -1.50 BLEU, +0.30 perplexity" in body
+    # without a control or a twin neither sentence is written
+    plain = section(build_report(with_students())[0], "Students")
+    assert "before fine-tuning" not in plain.split("\n\n")[0] and "dense control" not in plain

@@ -14,8 +14,8 @@ from pipeline.attention.sparsefinder import sparsefinder_heads
 from pipeline.attention.ssa import ssa_heads
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
-from pipeline.evaluation.students import load_student, student_folders, train_step_seconds
-from pipeline.params import SparsefinderStudent, SsaStudent, Student, Training
+from pipeline.evaluation.students import load_student, student_folders, train_step_seconds, untrained_twin
+from pipeline.params import EntmaxStudent, SparsefinderStudent, SsaStudent, Student, Training
 from pipeline.students.init import DenseFinetune, build_student, student_callbacks
 from tests.pipeline.attention.test_configure import fitted  # noqa: F401  (a fixture)
 
@@ -62,6 +62,10 @@ def test_sparsefinder_student_trains_the_model_not_its_predictor_and_reloads_alo
     assert sparsefinder_heads(reloaded)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**batch()).logits, model(**batch()).logits, rtol=0, atol=0)
+        # its untrained twin is the folder it started from: the teacher's weights with the same predictor
+        twin = untrained_twin(reloaded, str(folders["teacher"]))
+        started = load_model(folders["sparsefinder"], attn_implementation="sparsefinder")
+        torch.testing.assert_close(twin(**batch()).logits, started(**batch()).logits, rtol=0, atol=0)
 
 
 def test_ssa_student_samples_in_training_only_and_reloads_alone(folders):
@@ -92,3 +96,15 @@ def test_dense_finetune_takes_the_last_fraction_of_the_steps():
     spec = params.spec.model_copy(update={"dense_fraction": 0.1})
     callbacks = student_callbacks(params.model_copy(update={"spec": spec}))
     assert len(callbacks) == 1 and isinstance(callbacks[0], DenseFinetune) and callbacks[0].start == 45
+
+
+def test_the_dense_control_is_the_teacher_itself(folders):
+    model, _ = build_student(EntmaxStudent(init=str(folders["teacher"]), **OUTPUTS), "init")
+    teacher = load_model(folders["teacher"])
+    def trainable(m):
+        return {name for name, p in m.named_parameters() if p.requires_grad}
+
+    assert model.training and trainable(model) == trainable(teacher)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(**batch()).logits, teacher(**batch()).logits, rtol=0, atol=0)
+    assert untrained_twin(model, str(folders["teacher"])) is None
