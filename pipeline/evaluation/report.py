@@ -620,19 +620,20 @@ def _control_sentence(students: Sequence[dict]) -> str:
     if not clauses:
         return ""
     return (
-        f"Against the dense control {control['student']} (the teacher trained on the same way with its own "
-        f"α-entmax: BLEU {control['bleu']:.2f}, perplexity {_num(control.get('perplexity'), 2)}): "
+        f"Against the dense control ({control['student']}: the teacher trained further the same way, with its "
+        f"own dense α-entmax; BLEU {control['bleu']:.2f}, perplexity {_num(control.get('perplexity'), 2)}): "
         f"{'; '.join(clauses)}."
     )
 
 
 def _student_predictor_sentence(evaluation: dict) -> str:
-    """Each student against the highest-BLEU predictor point at sparsity ≥ its own − :data:`STUDENT_SLACK`
-    ("" when no student has such a point)."""
+    """Each student that decodes sparsely against the highest-BLEU predictor point at sparsity ≥ its own −
+    :data:`STUDENT_SLACK` ("" when no student has such a point). Students that decode densely have no
+    sparsity to match, so they are left out."""
     clauses = []
     for row in student_rows(evaluation):
         sparsity, bleu = finite_number(row["sparsity"]), finite_number(row["bleu"])
-        if sparsity is None or bleu is None:
+        if not sparsity or bleu is None:
             continue
         point = best_at_least(
             evaluation["quality"]["points"], x="sparsity", y="bleu", x_min=sparsity - STUDENT_SLACK
