@@ -620,9 +620,9 @@ def _control_sentence(students: Sequence[dict]) -> str:
     if not clauses:
         return ""
     return (
-        f"Against the dense control ({control['student']}: the teacher trained further the same way, with"
-        f" its own dense α-entmax; BLEU {control['bleu']:.2f}, perplexity {_num(control.get('perplexity'), 2)}): "
-        f"{'; '.join(clauses)}."
+        f"Against the dense control ({control['student']}: the teacher trained further the same way, with "
+        f"its own dense α-entmax; BLEU {control['bleu']:.2f}, "
+        f"perplexity {_num(control.get('perplexity'), 2)}): {'; '.join(clauses)}."
     )
 
 
