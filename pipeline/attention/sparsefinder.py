@@ -26,8 +26,7 @@ rebuilds the heads from the config before loading the weights.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from transformers import PreTrainedModel
 import pipeline.predictors  # noqa: F401  (registers every predictor with make_predictor)
 from kernels import bucketed_attention
 from kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
+from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
 from pipeline.attention.interface import register_attention, register_state_attacher
 from pipeline.errors import UserError
@@ -55,13 +55,13 @@ MODEL_SCOPES = {
 }
 
 
-class SparsefinderHead(nn.Module):
+class SparsefinderHead(PairCounter):
     """The predictor of one attention module: its layer's projections and fitted tensors (as buffers).
 
     ``predictor`` is the method with its knobs (a frozen dataclass, not a module); its fitted tensors for
     ``layer`` are the buffers ``state_<name>``, handed to it at every call so they follow the model's
-    device. When :func:`measure_sparsity` is active the head also sums, per head, how many valid pairs it
-    attended.
+    device. When :func:`~pipeline.attention.counting.measure_sparsity` is active the head also sums, per
+    head, how many valid pairs it attended.
     """
 
     def __init__(
@@ -84,8 +84,6 @@ class SparsefinderHead(nn.Module):
         self.state_names = sorted(state)
         for name in self.state_names:
             self.register_buffer(f"state_{name}", state[name].clone())
-        self.measuring = False
-        self.attended = self.valid = torch.zeros(0, dtype=torch.float64)  # (h,) sums while measuring
 
     def extra_repr(self) -> str:
         return (
@@ -122,18 +120,6 @@ class SparsefinderHead(nn.Module):
             device=learned.device,
         )
         return (learned | pattern) & allowed
-
-    def record(self, graph: Tensor, allowed: Tensor, q_valid: Tensor, heads: int) -> None:
-        """Add this call's attended and valid pair counts per head (real queries only)."""
-        b, _, n, m = graph.shape
-        graph = graph.expand(b, heads, n, m)  # a head-shared graph counts for every head
-        valid = (allowed & q_valid[:, None, :, None]).expand(b, heads, n, m)
-        attended = (graph & valid).sum((0, 2, 3)).double().cpu()  # (h,)
-        total = valid.sum((0, 2, 3)).double().cpu()
-        if self.attended.numel() == 0:
-            self.attended, self.valid = attended, total
-        else:
-            self.attended, self.valid = self.attended + attended, self.valid + total
 
 
 def _allowed_pairs(attention_mask: Tensor | None, b: int, n: int, m: int, device: torch.device) -> Tensor:
@@ -195,7 +181,7 @@ def sparsefinder_attention_forward(
     if not use_kernel or head.measuring:
         graph = head.graph(prediction, allowed, q_offset)  # (b, h, n, m)
         if head.measuring:
-            head.record(graph, allowed, q_valid, query.shape[1])
+            head.record_graph(graph.expand(-1, query.shape[1], -1, -1), allowed, q_valid)
     if not use_kernel:
         return entmax_attention_forward(*dense, graph, **options)
     values = value.repeat_interleave(groups, dim=1) if groups > 1 else value
@@ -327,32 +313,6 @@ def _attach_if_configured(model: PreTrainedModel) -> None:
     spec = getattr(model.config, SPARSEFINDER, None)
     if spec is not None and not sparsefinder_heads(model):
         attach_sparsefinder(model, spec)
-
-
-@contextmanager
-def measure_sparsity(model: nn.Module) -> Iterator[dict[str, Any]]:
-    """Count the pairs every head attends while the block runs; fills the yielded dict on exit.
-
-    The result holds ``"sparsity"``: 1 − attended / valid pairs, pooled over every call (every decoding
-    step, every beam) per head, then averaged over heads and layers, and ``"per_layer_head"``: the pooled
-    sparsity per layer and head. Valid pairs are those the model's mask allows to real queries.
-    """
-    heads = sparsefinder_heads(model)
-    for head in heads:
-        head.measuring = True
-        head.attended = head.valid = torch.zeros(0, dtype=torch.float64)
-    result: dict[str, Any] = {}
-    try:
-        yield result
-    finally:
-        table = []
-        for head in heads:
-            if head.valid.numel():
-                table.append((1 - head.attended / head.valid).tolist())
-            head.measuring = False
-        if table:
-            result["sparsity"] = float(torch.tensor(table).mean())
-            result["per_layer_head"] = table
 
 
 def register_sparsefinder() -> None:

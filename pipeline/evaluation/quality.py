@@ -15,7 +15,8 @@ from typing import Any
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor, measure_sparsity
+from pipeline.attention.counting import measure_sparsity
+from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor
 from pipeline.evaluation.pareto import pareto_front
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.predictors.scoring import Setting

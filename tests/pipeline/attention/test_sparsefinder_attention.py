@@ -7,10 +7,10 @@ import torch
 from transformers import MarianMTModel
 
 from pipeline.attention import ENTMAX, entmax_attention_forward, load_model
+from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import (
     SPARSEFINDER,
     attach_sparsefinder,
-    measure_sparsity,
     sparsefinder_attention_forward,
     sparsefinder_heads,
 )
