@@ -450,6 +450,10 @@ class Configure(Section):
     out: str = "artifacts/models/sparsefinder"
 
 
+# the self-attention kinds a student's attention replaces (cross-attention stays dense)
+SelfKinds = Annotated[list[Literal["encoder_self", "decoder_self"]], Field(min_length=1)]
+
+
 class StudentInstance(Section):
     """What one student starts from (a model folder, loaded with the attention its manifest names) and
     writes; every instance needs its own outputs."""
@@ -478,12 +482,39 @@ class SsaStudent(StudentInstance):
     windows: PositiveInt = 2  # locally biased: windows per sequence
     # locally biased: the local bias's standard deviation per layer; one value stands for every layer
     sigma: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [4.0]
-    kinds: Annotated[list[Literal["encoder_self", "decoder_self"]], Field(min_length=1)] = [
-        "encoder_self",
-        "decoder_self",
-    ]
+    kinds: SelfKinds = ["encoder_self", "decoder_self"]
     # "+FT": the last fraction of the steps trains with dense attention
     dense_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+class SbmStudent(StudentInstance):
+    """SBM-Transformer: each head samples its attention graph from a learned stochastic block model
+    (cluster memberships of queries and keys, a block matrix); straight-through gradients, a density
+    regulariser."""
+
+    attention: Literal["sbm"] = "sbm"
+    init: str = "artifacts/models/teacher"
+    clusters: PositiveInt = 8  # cluster embeddings per head
+    kinds: SelfKinds = ["encoder_self", "decoder_self"]
+    density_weight: Annotated[float, Field(ge=0.0)] = 1e-4  # λ: loss + λ · mean sampled density
+    # sequences longer than this draw edges with the sub-quadratic sampler (no n × n probability matrix)
+    sparse_above: PositiveInt = 256
+    # evaluation graph: "sampled" draws from the model with a fixed seed (the distribution it trained
+    # on); "expected" keeps the edges with p ≥ threshold
+    evaluation: Literal["sampled", "expected"] = "sampled"
+    threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    seed: Seed = 0
+
+
+class SamsaStudent(StudentInstance):
+    """SAMSA: each head attends the k keys of highest learned importance (differentiable top-k) plus 2k
+    learned support keys and values; Gumbel noise in training only."""
+
+    attention: Literal["samsa"] = "samsa"
+    init: str = "artifacts/models/teacher"
+    keys: PositiveInt = 8  # k: keys of the sequence each head selects
+    temperature: Annotated[float, Field(gt=0.0)] = 1.0  # τ of the soft top-k proxy
+    kinds: SelfKinds = ["encoder_self", "decoder_self"]
 
 
 class EntmaxStudent(StudentInstance):
@@ -495,7 +526,10 @@ class EntmaxStudent(StudentInstance):
     init: str = "artifacts/models/teacher"
 
 
-StudentSpec = Annotated[SparsefinderStudent | SsaStudent | EntmaxStudent, Field(discriminator="attention")]
+StudentSpec = Annotated[
+    SparsefinderStudent | SsaStudent | SbmStudent | SamsaStudent | EntmaxStudent,
+    Field(discriminator="attention"),
+]
 # an instance name is a DVC foreach key (student@NAME) and part of file names
 STUDENT_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
@@ -507,12 +541,18 @@ class Student(Section):
     train: Training = Training(max_steps=200, lr=2e-4, warmup_steps=20)
     eval: Evaluation = Evaluation()
     instances: Annotated[dict[str, StudentSpec], Field(min_length=1)] = {
-        name: {"sparsefinder": SparsefinderStudent, "ssa": SsaStudent, "dense": EntmaxStudent}[name](
+        name: kind(
             out=f"artifacts/students/{name}",
             run_dir=f"artifacts/runs/student-{name}",
             metrics=f"artifacts/metrics/student_{name}.json",
         )
-        for name in ("sparsefinder", "ssa", "dense")
+        for name, kind in {
+            "sparsefinder": SparsefinderStudent,
+            "ssa": SsaStudent,
+            "sbm": SbmStudent,
+            "samsa": SamsaStudent,
+            "dense": EntmaxStudent,
+        }.items()
     }
 
     @model_validator(mode="after")

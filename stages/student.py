@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     params = section.run(name)
     teacher_folder = resolve_checkpoint(params.teacher, "student.teacher", local=True)
     data, _ = load_corpus(params.data, "student.data")
-    model, tokenizer = build_student(params.spec, f"student.instances.{name}.init")
+    model, tokenizer = build_student(params.spec, f"student.instances.{name}.init", seed=params.train.seed)
     with loading(teacher_folder, "student.teacher"):
         teacher = load_model(teacher_folder)
     data = encode_with(tokenizer, data, model.config.max_position_embeddings)

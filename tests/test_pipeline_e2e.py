@@ -91,7 +91,7 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
         f"| {stage} |" in dag
         for stage in (
             "prepare", "pretrain", "teacher", "extract", "project", "cluster", "configure",
-            "student@sparsefinder", "student@ssa", "evaluate", "report",
+            "student@sparsefinder", "student@ssa", "student@sbm", "student@samsa", "evaluate", "report",
         )
     )  # fmt: skip
     dvc(project, "repro")
@@ -196,7 +196,8 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
         assert (project / "artifacts/plots/report" / name).stat().st_size > 0
 
     # students: each starts from its init folder, is distilled from the teacher, and loads back alone
-    for name in ("sparsefinder", "ssa"):
+    names = {"sparsefinder", "ssa", "sbm", "samsa"}
+    for name in names:
         manifest = load(project, f"artifacts/students/{name}/manifest.json")
         assert manifest["attn_implementation"] == name and manifest["stage"] == f"student@{name}"
         assert manifest["parent"]["teacher"]["model_sha256"] == teacher_sha256
@@ -204,12 +205,17 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
         assert math.isfinite(metrics["test"]["bleu"]) and metrics["valid"]["perplexity"] > 1.0
         assert not (project / f"artifacts/runs/student-{name}").exists()
     students = {row["student"]: row for row in evaluation["students"]}
-    assert set(students) == {"sparsefinder", "ssa"}
-    assert 0.0 < students["sparsefinder"]["sparsity"] < 1.0 and students["ssa"]["sparsity"] == 0.0
+    assert set(students) == names
+    assert students["ssa"]["sparsity"] == 0.0  # SSA samples in training only
+    for name in ("sparsefinder", "sbm", "samsa"):  # these decode on graphs of their own
+        assert 0.0 < students[name]["sparsity"] < 1.0, name
+    # every self-attention layer of SBM and SAMSA counts (1 encoder + 2 decoder); sparsefinder's decoder only
     assert len(students["sparsefinder"]["computed_fraction_per_layer"]) == 2
+    assert len(students["sbm"]["computed_fraction_per_layer"]) == 3
+    assert len(students["samsa"]["computed_fraction_per_layer"]) == 3
     assert [e["samples"] for e in students["ssa"]["ensembles"]] == [1, 2]
     assert all(math.isfinite(e["perplexity"]) for e in students["ssa"]["ensembles"])
-    assert "## Students" in report and set(headline["students"]) == {"sparsefinder", "ssa"}
+    assert "## Students" in report and set(headline["students"]) == names
 
     assert "up to date" in dvc(project, "status").stdout
     # outputs are byte-reproducible: forcing extract and project to run again changes nothing DVC tracks

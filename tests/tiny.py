@@ -46,6 +46,40 @@ def tiny_marian(
     return MarianMTModel._from_config(config, attn_implementation=attn_implementation).eval()
 
 
+def standard_marian(*, vocab: int, **overrides) -> MarianMTModel:
+    """:func:`tiny_marian` of d_model 16, 2 encoder and 2 decoder layers, 2 encoder and 4 decoder heads;
+    ``overrides`` (sizes included) win."""
+    sizes = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_heads=2, decoder_heads=4)
+    return tiny_marian(vocab=vocab, **(sizes | overrides))
+
+
+def dropout_free_marian(
+    *, vocab: int, attn_implementation: str, alpha: float = 1.5, **sizes
+) -> MarianMTModel:
+    """:func:`standard_marian` without any dropout, so train mode differs from eval only by what the
+    attention itself draws."""
+    return standard_marian(
+        vocab=vocab,
+        alpha=alpha,
+        attn_implementation=attn_implementation,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        **sizes,
+    )
+
+
+def teacher_and_student(
+    *, vocab: int, attn_implementation: str, alpha: float = 1.5
+) -> tuple[MarianMTModel, MarianMTModel]:
+    """(a dense α-entmax :func:`dropout_free_marian` teacher, the same weights running
+    ``attn_implementation``), no heads attached yet."""
+    teacher = dropout_free_marian(vocab=vocab, attn_implementation=ENTMAX, alpha=alpha)
+    student = dropout_free_marian(vocab=vocab, attn_implementation=attn_implementation, alpha=alpha)
+    student.load_state_dict(teacher.state_dict())
+    return teacher, student
+
+
 def padded_batch(vocab: int) -> dict[str, torch.Tensor]:
     """Two source sentences and two targets of ``vocab`` ids, the second of each right-padded (pad 0)."""
     g = torch.Generator().manual_seed(2)

@@ -76,5 +76,5 @@ def measure_sparsity(model: nn.Module) -> Iterator[dict[str, Any]]:
                 table.append((1 - head.attended / head.valid.clamp(min=1)).tolist())
             head.measuring = False
         if table:
-            result["sparsity"] = float(torch.tensor(table).mean())
+            result["sparsity"] = float(torch.tensor([value for row in table for value in row]).mean())
             result["per_layer_head"] = table

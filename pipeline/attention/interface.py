@@ -7,7 +7,8 @@ attention module. Per-module state (a learned α, projections, centroids, ...) i
 attention modules (:func:`attention_modules`), so ``save_pretrained`` writes it with the model; an
 implementation whose state ``from_pretrained`` cannot rebuild registers a *state attacher*
 (:func:`register_state_attacher`) that :func:`pipeline.attention.loading.load_model` runs before loading
-the weights.
+the weights. An implementation whose training adds a term to the loss (a regulariser) registers a *loss
+penalty* (:func:`register_loss_penalty`), which the student trainer adds to every training step's loss.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 AttentionFunction = Callable[..., tuple[Tensor, Tensor | None]]
 StateAttacher = Callable[[PreTrainedModel], None]
+LossPenalty = Callable[[nn.Module], Tensor | None]
 
 _STATE_ATTACHERS: dict[str, StateAttacher] = {}
+_LOSS_PENALTIES: dict[str, LossPenalty] = {}
 
 
 def boolean_attention_mask(**kwargs: Any) -> Tensor:
@@ -62,6 +65,21 @@ def attach_state(model: PreTrainedModel) -> None:
     """Run every registered state attacher on ``model`` (in registration order)."""
     for attacher in _STATE_ATTACHERS.values():
         attacher(model)
+
+
+def register_loss_penalty(name: str, penalty: LossPenalty) -> None:
+    """Add ``penalty(model)`` to the training loss of every student (:func:`loss_penalty`).
+
+    A penalty returns the term for the model's last training forward, already weighted, and forgets it
+    (each forward's term is taken once), or None when that forward gave none.
+    """
+    _LOSS_PENALTIES[name] = penalty
+
+
+def loss_penalty(model: nn.Module) -> Tensor | None:
+    """The sum of every registered penalty's term for ``model``'s last training forward (None: no term)."""
+    terms = [term for penalty in _LOSS_PENALTIES.values() if (term := penalty(model)) is not None]
+    return sum(terms[1:], terms[0]) if terms else None
 
 
 def mask_scores(scores: Tensor, attention_mask: Tensor | None) -> Tensor:

@@ -38,7 +38,6 @@ compute plain α-entmax. Importing this module registers ``attn_implementation="
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -47,20 +46,23 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from pipeline.attention.entmax import (
-    attention_alpha,
-    attention_inputs,
-    entmax_attention_forward,
-    entmax_normalize,
+from pipeline.attention.entmax import attention_alpha, entmax_normalize
+from pipeline.attention.heads import (
+    attach_heads,
+    check_integer,
+    check_kinds,
+    check_setting_names,
+    head_attention,
+    heads_of_type,
+    is_finite_number,
+    state_attacher,
 )
 from pipeline.attention.interface import mask_scores, register_attention, register_state_attacher
 from pipeline.errors import UserError
-from pipeline.graphs.extract import attention_layers
 from pipeline.graphs.kinds import attention_kind
 
 SSA = "ssa"
 MODES = ("unbiased", "local")
-SELF_KINDS = ("encoder_self", "decoder_self")
 SPEC_KEYS = ("mode", "keys", "windows", "sigma", "kinds")
 
 
@@ -207,29 +209,25 @@ def _attend(
     return output.flatten(2, 3)[:, :, first : first + n]  # (b, h, n, d)
 
 
+@head_attention(SSA, SSAHead.active)
 def ssa_attention_forward(
+    head: SSAHead,
     module: nn.Module,
     query: Tensor,
     key: Tensor,
     value: Tensor,
     attention_mask: Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    position_bias: Tensor | None = None,
-    **kwargs: Any,
-) -> tuple[Tensor, Tensor | None]:
+    position_bias: Tensor | None,
+    *,
+    scaling: float,
+    dropout: float,
+) -> tuple[Tensor, None]:
     """SSA (see the module docstring) in the ``transformers.AttentionInterface`` signature.
 
     Shapes as :func:`~pipeline.attention.entmax.entmax_attention_forward`. Returns the output (b, n, h, d)
     and, when dense, the probabilities (b, h, n, m); None for them when sampled (they cover only the drawn
     keys, and spreading them out to n × m would cost what SSA saves).
     """
-    head: SSAHead | None = getattr(module, SSA, None)
-    if head is None or not head.active(module.training):
-        return entmax_attention_forward(
-            module, query, key, value, attention_mask, scaling, dropout, position_bias, **kwargs
-        )
-    key, value, scaling = attention_inputs(SSA, module, query, key, value, scaling, kwargs)
     b, _, n, _ = query.shape
     m = key.shape[-2]
     if attention_mask is not None:  # (b | 1, 1 | h, n, m), rows spelled out so pairs can be gathered
@@ -267,13 +265,7 @@ def ssa_attention_forward(
 
 def ssa_heads(model: nn.Module) -> list[SSAHead]:
     """Every :class:`SSAHead` of ``model``, in module order (encoder layers, then decoder layers)."""
-    return [module for module in model.modules() if isinstance(module, SSAHead)]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"ssa {name} must be an integer >= 1; got {value!r}")
-    return value
+    return heads_of_type(model, SSAHead)
 
 
 def check_spec(spec: Any, layers: Mapping[str, int] | None = None) -> dict[str, Any]:
@@ -282,44 +274,21 @@ def check_spec(spec: Any, layers: Mapping[str, int] | None = None) -> dict[str, 
     ``layers`` gives the number of layers of each kind, which the σ list must match; without it the
     length is not checked.
     """
-    if not isinstance(spec, Mapping):
-        raise UserError(f"ssa settings must be a mapping of {', '.join(SPEC_KEYS)}; got {spec!r}")
-    unknown = sorted(set(spec) - set(SPEC_KEYS))
-    if unknown:
-        raise UserError(f"ssa has no setting {unknown[0]!r}; allowed: {', '.join(SPEC_KEYS)}")
+    spec = check_setting_names(SSA, spec, SPEC_KEYS, required=False)
     mode = spec.get("mode")
     if mode not in MODES:
         raise UserError(f"ssa mode {mode!r} is unknown; allowed: {', '.join(MODES)}")
-    kinds = spec.get("kinds")
-    if (
-        not isinstance(kinds, list | tuple)
-        or not kinds
-        or any(kind not in SELF_KINDS for kind in kinds)
-        or len(set(kinds)) != len(kinds)
-    ):
-        raise UserError(
-            f"ssa kinds must be a non-empty list of distinct {', '.join(SELF_KINDS)} "
-            f"(cross-attention stays dense); got {kinds!r}"
-        )
-    checked: dict[str, Any] = {
-        "mode": mode,
-        "keys": None,
-        "windows": None,
-        "sigma": None,
-        "kinds": list(kinds),
-    }
+    kinds = check_kinds(SSA, spec.get("kinds"))
+    checked: dict[str, Any] = {"mode": mode, "keys": None, "windows": None, "sigma": None, "kinds": kinds}
     if mode == "unbiased":
-        checked["keys"] = _positive_int("keys", spec.get("keys"))
+        checked["keys"] = check_integer(SSA, "keys", spec.get("keys"))
         return checked
-    checked["windows"] = _positive_int("windows", spec.get("windows"))
+    checked["windows"] = check_integer(SSA, "windows", spec.get("windows"))
     sigma = spec.get("sigma")
     if (
         not isinstance(sigma, list | tuple)
         or not sigma
-        or any(
-            isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) or s <= 0
-            for s in sigma
-        )
+        or any(not is_finite_number(s) or s <= 0 for s in sigma)
     ):
         raise UserError(f"ssa sigma must be a list of finite numbers > 0, one per layer; got {sigma!r}")
     for kind in kinds:
@@ -340,29 +309,20 @@ def attach_ssa(model: PreTrainedModel, spec: Mapping[str, Any]) -> list[SSAHead]
     subset)}``. The model must run
     ``attn_implementation="ssa"``, or the heads would never be consulted. Returns the heads attached.
     """
-    if model.config._attn_implementation != SSA:
-        raise ValueError(
-            f"SSA heads need attn_implementation={SSA!r}; this model runs "
-            f"{model.config._attn_implementation!r}"
-        )
-    modules = {kind: attention_layers(model, attention_kind(kind)) for kind in SELF_KINDS}
-    checked = check_spec(spec, {kind: len(found) for kind, found in modules.items()})
-    heads = []
-    for kind in checked["kinds"]:
-        for layer, module in enumerate(modules[kind]):
-            sigma = checked["sigma"][layer % len(checked["sigma"])] if checked["sigma"] else None
-            head = SSAHead(
-                checked["mode"],
-                layer,
-                causal=attention_kind(kind).causal,
-                keys=checked["keys"],
-                windows=checked["windows"],
-                sigma=sigma,
-            )
-            setattr(module, SSA, head)
-            heads.append(head)
-    model.config.ssa = checked
-    return heads
+    return attach_heads(model, SSA, spec, check_spec, _make_head)
+
+
+def _make_head(checked: dict[str, Any], kind: str, layer: int, module: nn.Module) -> SSAHead:
+    """The :class:`SSAHead` of ``layer`` of ``kind`` under the checked settings (its own σ, or the one)."""
+    sigma = checked["sigma"][layer % len(checked["sigma"])] if checked["sigma"] else None
+    return SSAHead(
+        checked["mode"],
+        layer,
+        causal=attention_kind(kind).causal,
+        keys=checked["keys"],
+        windows=checked["windows"],
+        sigma=sigma,
+    )
 
 
 def _heads_of(model: nn.Module) -> list[SSAHead]:
@@ -398,17 +358,10 @@ def sampling(model: nn.Module, seed: int, *, replicas: int = 1) -> Iterator[None
             head.generator, head.replicas = previous, count
 
 
-def _attach_if_configured(model: PreTrainedModel) -> None:
-    # a model loaded with another implementation (dense evaluation of an SSA-trained model) needs no heads
-    spec = getattr(model.config, SSA, None)
-    if spec is not None and model.config._attn_implementation == SSA and not ssa_heads(model):
-        attach_ssa(model, spec)
-
-
 def register_ssa() -> None:
     """Make ``attn_implementation="ssa"`` available to every model using the attention interface."""
     register_attention(SSA, ssa_attention_forward)
-    register_state_attacher(SSA, _attach_if_configured)
+    register_state_attacher(SSA, state_attacher(SSA, ssa_heads, attach_ssa))
 
 
 register_ssa()

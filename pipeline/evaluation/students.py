@@ -4,7 +4,9 @@ Each student folder under the students' folder is loaded with the attention its 
 the same test sentences, beam search and batches as the teacher and the predictor points
 (:func:`~pipeline.evaluation.quality.translation_quality`), so it is one more point on the sparsity–BLEU
 and sparsity–perplexity plots. Its sparsity is that of the graphs it computes while decoding: a
-``sparsefinder`` student's predicted graphs; 0 for a student that evaluates densely (SSA). Training speed is
+``sparsefinder`` student's predicted graphs, an SBM student's evaluation graphs, the keys a SAMSA student
+selects (its learned support vectors are not pairs of the sentence and do not count); 0 for a student that
+evaluates densely (SSA, the dense control). Training speed is
 one forward and backward pass per batch (cross-entropy, no distillation), timed for the teacher and the
 student alternately on the same training batches, so the ratio compares the attentions alone. A student
 with SSA heads is also evaluated as a self-ensemble of S sampled sub-models for each S asked for, and a
@@ -31,6 +33,7 @@ from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkp
 from pipeline.errors import UserError
 from pipeline.evaluation.quality import translation_quality
 from pipeline.metrics.translation import corpus_bleu
+from pipeline.students.attention import STUDENT_ATTENTIONS
 from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate
 from pipeline.training.batches import padded_batches
 
@@ -50,8 +53,11 @@ def load_student(folder: Path, key: str) -> PreTrainedModel:
     """The student in ``folder``, verified, with the attention implementation its manifest records."""
     resolve_checkpoint(str(folder), key, local=True)
     implementation = read_manifest(folder).get("attn_implementation")
-    if not isinstance(implementation, str):
-        raise UserError(f"{folder / MANIFEST}: no attn_implementation recorded; re-run its student stage")
+    if implementation not in STUDENT_ATTENTIONS:
+        raise UserError(
+            f"{folder / MANIFEST}: attn_implementation {implementation!r} is no student's; allowed: "
+            f"{', '.join(STUDENT_ATTENTIONS)} (re-run its student stage)"
+        )
     with loading(str(folder), key):
         return load_model(folder, attn_implementation=implementation)
 

@@ -9,6 +9,11 @@ CE is the Trainer's own loss (label smoothing included); the T² keeps the soft 
 scale of the hard term's as T grows (Hinton et al., 2015). The teacher's logits are computed on the fly, in
 the same batch, with gradients off: caching them would mean storing vocab-sized vectors for every target
 token of the training set, while one extra forward costs about a third of a training step.
+
+An attention that regularises its own training (SBM's density term) registers a loss penalty
+(:func:`~pipeline.attention.interface.register_loss_penalty`); its term is added to every training step's
+loss, once per optimizer step (split over the gradient-accumulation window, averaged across devices as the
+gradients are).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, Seq2SeqTrainer
 
+from pipeline.attention.interface import loss_penalty
 from pipeline.params import Distillation
 
 
@@ -71,9 +77,14 @@ class DistillationTrainer(Seq2SeqTrainer):
         with torch.no_grad():
             self._teacher_logits = self.teacher(**inputs).logits  # (b, t, V), read by _loss
         try:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
             self._teacher_logits = None
+        penalty = loss_penalty(model) if model.training else None
+        if penalty is None:
+            return result
+        penalty = penalty / self.current_gradient_accumulation_steps
+        return (result[0] + penalty, result[1]) if return_outputs else result + penalty
 
     def _loss(self, outputs: Any, labels: Tensor, num_items_in_batch: Tensor | int | None = None) -> Tensor:
         total = distillation_loss_sum(

@@ -7,6 +7,8 @@ student's attention in place.
 - ``ssa``: starts from the teacher, with stochastically subsampled self-attention in training
   (:func:`~pipeline.attention.ssa.attach_ssa`); "+FT" switches sampling off for the last steps
   (:class:`DenseFinetune`).
+- ``sbm`` and ``samsa``: start from the teacher, with freshly initialised (seeded) SBM or SAMSA heads in its
+  self-attention (:func:`~pipeline.students.attention.attach_student_attention`).
 - ``entmax``: the control, the teacher trained on with its own dense α-entmax.
 """
 
@@ -17,14 +19,18 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from pipeline.attention.entmax import ENTMAX
 from pipeline.attention.loading import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.attention.ssa import attach_ssa, set_sampling
+from pipeline.attention.ssa import set_sampling
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError
 from pipeline.params import SsaStudent, StudentRun, StudentSpec
+from pipeline.students.attention import attach_student_attention
 
 
-def build_student(spec: StudentSpec, key: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The student of ``spec``, in training mode, and its tokenizer; ``key`` names ``spec.init`` in errors."""
+def build_student(
+    spec: StudentSpec, key: str, *, seed: int
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The student of ``spec``, in training mode, and its tokenizer; ``key`` names ``spec.init`` in errors
+    and ``seed`` draws the initial values of the parameters its attention adds."""
     init = resolve_checkpoint(spec.init, key, local=True)
     implementation = read_manifest(init).get("attn_implementation")
     wanted = SPARSEFINDER if spec.attention == SPARSEFINDER else ENTMAX
@@ -41,17 +47,7 @@ def build_student(spec: StudentSpec, key: str) -> tuple[PreTrainedModel, PreTrai
     with loading(init, key):
         model = load_model(init, attn_implementation=spec.attention)
         tokenizer = AutoTokenizer.from_pretrained(init)
-    if isinstance(spec, SsaStudent):
-        attach_ssa(
-            model,
-            {
-                "mode": spec.mode,
-                "keys": spec.keys,
-                "windows": spec.windows,
-                "sigma": spec.sigma,
-                "kinds": spec.kinds,
-            },
-        )
+    attach_student_attention(model, spec, seed=seed)
     for name, parameter in model.named_parameters():
         if f".{SPARSEFINDER}." in name:  # the predictor is fixed; see the module docstring
             parameter.requires_grad_(False)

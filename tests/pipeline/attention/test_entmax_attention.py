@@ -32,24 +32,14 @@ from pipeline.attention import (
     load_model,
 )
 from pipeline.errors import UserError
-from tests.tiny import tiny_marian
+from tests.tiny import standard_marian
 
 VOCAB = 40
 
 
 def marian(alpha: float = 1.5, init_std: float = 0.5, **overrides) -> MarianMTModel:
     """A tiny Marian; a large init_std gives peaked scores, hence visibly sparse entmax attention."""
-    return tiny_marian(
-        vocab=VOCAB,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_heads=2,
-        decoder_heads=4,
-        alpha=alpha,
-        init_std=init_std,
-        **overrides,
-    )
+    return standard_marian(vocab=VOCAB, alpha=alpha, init_std=init_std, **overrides)
 
 
 def llama(alpha: float = 1.5) -> LlamaForCausalLM:

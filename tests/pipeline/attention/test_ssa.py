@@ -18,7 +18,7 @@ from pipeline.attention.ssa import (
 )
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
-from tests.tiny import padded_batch, tiny_marian, word_tokenizer
+from tests.tiny import dropout_free_marian, padded_batch, teacher_and_student, word_tokenizer
 
 VOCAB, LAYERS = 40, 2
 BOTH = ["encoder_self", "decoder_self"]
@@ -28,26 +28,18 @@ LOCAL = {"mode": "local", "windows": 3, "sigma": [1.0, 4.0], "kinds": BOTH}
 
 def marian(attn_implementation: str = SSA, alpha: float = 1.5) -> MarianMTModel:
     """A tiny Marian without dropout, so train mode differs from eval only by SSA's sampling."""
-    return tiny_marian(
+    return dropout_free_marian(
         vocab=VOCAB,
-        d_model=16,
+        attn_implementation=attn_implementation,
+        alpha=alpha,
         encoder_layers=LAYERS,
         decoder_layers=LAYERS,
-        encoder_heads=2,
-        decoder_heads=4,
-        alpha=alpha,
-        attn_implementation=attn_implementation,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
     )
 
 
 def ssa_model(spec: dict, alpha: float = 1.5) -> tuple[MarianMTModel, MarianMTModel]:
     """(the dense α-entmax teacher, the same weights with SSA heads)."""
-    teacher = marian(ENTMAX, alpha)
-    student = marian(SSA, alpha)
-    student.load_state_dict(teacher.state_dict())
+    teacher, student = teacher_and_student(vocab=VOCAB, attn_implementation=SSA, alpha=alpha)
     attach_ssa(student, spec)
     return teacher, student
 
