@@ -6,19 +6,25 @@ and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 use
 id space (a token may draw the same id twice, which counts once). Queries and keys share the ids.
 Density = attended pairs / valid pairs (n² per head, n(n+1)/2 when causal).
 
-CPU (the PyTorch path). Ours against the dense masked reference ``kernels.reference.dense_bucketed_attention``
-(α-entmax over an n × n masked score matrix) for n ∈ {512, 1k, 2k, 4k}, 16 buckets, top-1, 8 heads, d = 64,
-batch 1, α = 1.5. Forward time is measured under ``torch.no_grad`` (inference), forward+backward with
-gradients for q, k, v; each is the median over repetitions after one warm-up.
-Memory: every (method, n) runs in a fresh subprocess, which reads its peak resident set size
+CPU (the PyTorch path, one thread). For n ∈ {1k, 2k, 4k, 8k, 16k}, causal or not, 16 buckets, top-1 and
+top-2, with and without the pattern (window ``CPU_WINDOW`` and ``CPU_GLOBAL`` global tokens), 8 heads, d = 64,
+batch 1, float32: ours (``kernels.bucketed_attention`` with ``backend="torch"``) at α = 1 (softmax) and
+α = 1.5 against SDPA (``torch.nn.functional.scaled_dot_product_attention``, dense softmax) and the dense
+masked α-entmax reference ``kernels.reference.dense_bucketed_attention`` (only up to ``CPU_DENSE_MAX``
+tokens: it holds n × n scores). Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
+turns sparsity into speed as well as SDPA uses dense FLOPs); ent/sm = our α = 1.5 time over our α = 1 time.
+Forward time is measured under ``torch.no_grad`` (inference), forward+backward with gradients for q, k, v;
+each is the median over repetitions after one warm-up.
+Memory: every (configuration, method) runs in a fresh subprocess, which reads its peak resident set size
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, a high-water mark kept by the kernel, so every transient
 allocation counts) once after building its inputs and a tiny warm-up call (the baseline: interpreter, torch
-and inputs), once after the forward runs and once after the forward+backward runs. The figures reported are
-peak minus baseline, i.e. the resident memory the attention call itself needed; the absolute peaks are
-saved too. Python-level tracers cannot see torch's native allocations, hence the process-level measure.
+and inputs), and after each measurement. The figures reported are peak minus baseline, i.e. the resident
+memory the attention call itself needed (ours runs α = 1 then α = 1.5 in one process, so the α = 1.5
+figures are the larger of the two); the absolute peaks are saved too. Python-level tracers cannot see
+torch's native allocations, hence the process-level measure.
 
 Indexed attention (CPU suite, one thread). ``kernels.indexed_attention`` in both modes against SDPA
-(``torch.nn.functional.scaled_dot_product_attention``, softmax) and dense α-entmax, same sizes, 8 heads,
+(``torch.nn.functional.scaled_dot_product_attention``, softmax) and dense α-entmax, n ∈ INDEX_SIZES, 8 heads,
 d = 64, r = 8, causal and not, on :func:`structured_inputs` (smooth positional features, so each query's
 α = 1.5 support is its neighbourhood: about 10 keys, never above 64). Forward (no grad) and forward+backward
 medians in-process; the indexer's pass 1, the bounds pass and the sparse pass are the phase times the call
@@ -58,9 +64,11 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_PREFIX = "BENCH-RESULT "  # marks the worker's result line on stdout
 
-CPU_FULL = {"sizes": [512, 1024, 2048, 4096], "heads": 8, "dim": 64, "reps": 3}
-CPU_QUICK = {"sizes": [128, 256], "heads": 2, "dim": 32, "reps": 1}
-CPU_BUCKETS, CPU_TOP, ALPHA = 16, 1, 1.5
+CPU_FULL = {"sizes": [1024, 2048, 4096, 8192, 16384], "tops": [1, 2], "heads": 8, "dim": 64, "reps": 3}
+CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1}
+CPU_BUCKETS, CPU_WINDOW, CPU_GLOBAL, CPU_DENSE_MAX, ALPHA = 16, 65, 8, 4096, 1.5
+# the index and indexed-attention sizes of the CPU suite
+INDEX_SIZES = {"full": [512, 1024, 2048, 4096], "quick": [128, 256]}
 INDEX_RANK, INDEX_BLOCK = 8, 32
 STRUCTURE_PERIODS, STRUCTURE_STRENGTH, STRUCTURE_NOISE = (4096, 1024, 384, 192), 8.0, 0.3
 GPU_FULL = {
@@ -133,41 +141,104 @@ def _is_oom(err: BaseException) -> bool:
 # ----------------------------------------------------------------------------------------------- CPU
 
 
-def cpu_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one (method, n) CPU measurement; meant to be the only work of its process (see module doc)."""
-    from kernels.reference import dense_bucketed_attention
-    from kernels.torch_bucketed import plan_tiles, torch_bucketed_attention
+def _pattern(spec: dict[str, Any]) -> dict[str, int]:
+    """The window and global-token options of a CPU configuration."""
+    return {"window": CPU_WINDOW, "global_tokens": CPU_GLOBAL} if spec["pattern"] else {}
 
-    fn = {"ours": torch_bucketed_attention, "dense_entmax": dense_bucketed_attention}[spec["method"]]
-    n, heads, dim, reps = spec["n"], spec["heads"], spec["dim"], spec["reps"]
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))
-    ids = balanced_buckets(1, heads, n, CPU_BUCKETS, CPU_TOP, seed=1)
-    small = balanced_buckets(1, 1, 16, 2, 1, seed=1)
-    fn(q[:, :1, :16], k[:, :1, :16], v[:, :1, :16], small, small, alpha=ALPHA)  # load lazy kernels
-    row: dict[str, Any] = {"n": n, "method": spec["method"]}
-    # The high-water mark only rises, so the baseline is read before anything large is allocated.
-    baseline = row["baseline_rss_mb"] = _peak_rss_mb()
+
+def _count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens: int = 0) -> int:
+    """Exact attended pairs, one head at a time to bound the enumeration's memory."""
+    from kernels.attended import window_radius
+    from kernels.torch_bucketed import plan_tiles
+
+    opts = dict(causal=causal, radius=window_radius(window), global_tokens=global_tokens)
+    return sum(
+        plan_tiles(ids[:, h : h + 1], ids[:, h : h + 1], **opts).num_pairs for h in range(ids.shape[1])
+    )
+
+
+def _measure_cpu(
+    fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], reps: int
+) -> dict[str, Any]:
+    """Forward (no grad) and forward+backward median ms of ``fn(q, k, v)`` and the peak RSS after each."""
+    row: dict[str, Any] = {}
     try:
         with torch.no_grad():
-            row["forward_ms"] = _median_wall_ms(lambda: fn(q, k, v, ids, ids, alpha=ALPHA), reps)
+            row["forward_ms"] = _median_wall_ms(lambda: fn(*inputs), reps)
         row["peak_rss_mb_forward"] = _peak_rss_mb()
-        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+        grads = tuple(x.clone().requires_grad_() for x in inputs)
 
         def step() -> None:
-            fn(qg, kg, vg, ids, ids, alpha=ALPHA).sum().backward()
-            qg.grad = kg.grad = vg.grad = None
+            fn(*grads).sum().backward()
+            for x in grads:
+                x.grad = None
 
         row["forward_backward_ms"] = _median_wall_ms(step, reps)
         row["peak_rss_mb_forward_backward"] = _peak_rss_mb()
-        row["extra_mb_forward"] = row["peak_rss_mb_forward"] - baseline
-        row["extra_mb_forward_backward"] = row["peak_rss_mb_forward_backward"] - baseline
         row["status"] = "ok"
     except (RuntimeError, MemoryError) as err:
         row["status"] = "oom" if _is_oom(err) else _failure(err)
-    row["pairs"] = plan_tiles(ids, ids).num_pairs  # after the measurements: it must not raise their baseline
-    row["density"] = density(row["pairs"], 1, heads, n, causal=False)
     return row
+
+
+def _ours(alpha: float, causal: bool, pattern: dict[str, int]) -> Callable[..., torch.Tensor]:
+    """Our PyTorch path as fn(q, k, v, ids) with queries and keys sharing the bucket ids."""
+    from kernels import bucketed_attention
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return bucketed_attention(q, k, v, ids, ids, alpha=alpha, causal=causal, backend="torch", **pattern)
+
+    return fn
+
+
+def _dense(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor, causal: bool
+) -> torch.Tensor:
+    """The dense masked α-entmax reference with every pair in one bucket."""
+    from kernels.reference import dense_bucketed_attention
+
+    return dense_bucketed_attention(q, k, v, ids, ids, alpha=ALPHA, causal=causal)
+
+
+def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one (configuration, method) CPU measurement on one thread; meant to be the only work of its
+    process (see module doc). Ours gives one row per α, the dense methods one row."""
+    torch.set_num_threads(1)
+    n, heads, dim, reps, causal = spec["n"], spec["heads"], spec["dim"], spec["reps"], spec["causal"]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))
+    base = {key: spec[key] for key in ("n", "causal", "method", "top", "pattern")}
+    if spec["method"] == "ours":
+        ids = balanced_buckets(1, heads, n, CPU_BUCKETS, spec["top"], seed=spec["top"])
+        fns = {alpha: _ours(alpha, causal, _pattern(spec)) for alpha in (1.0, ALPHA)}
+    elif spec["method"] == "sdpa":
+        fns = {
+            1.0: lambda q, k, v, ids: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal
+            )
+        }
+    else:
+        ids = torch.zeros(1, heads, n, 1, dtype=torch.int32)  # one bucket: every pair
+        fns = {ALPHA: functools.partial(_dense, causal=causal)}
+    small = balanced_buckets(1, 1, 16, 2, spec["top"] or 1, seed=1)
+    for fn in fns.values():  # load lazy kernels
+        fn(q[:, :1, :16], k[:, :1, :16], v[:, :1, :16], small)
+    # The high-water mark only rises, so the baseline is read before anything large is allocated.
+    baseline = _peak_rss_mb()
+    rows = []
+    for alpha, fn in fns.items():
+        call = functools.partial(fn, ids=ids if spec["method"] != "sdpa" else None)
+        row = {**base, "alpha": alpha, "baseline_rss_mb": baseline, **_measure_cpu(call, (q, k, v), reps)}
+        if row["status"] == "ok":
+            row["extra_mb_forward"] = row["peak_rss_mb_forward"] - baseline
+            row["extra_mb_forward_backward"] = row["peak_rss_mb_forward_backward"] - baseline
+        rows.append(row)
+    # after the measurements: counting must not raise their baseline
+    pairs = _count_pairs(ids, causal, **_pattern(spec)) if spec["method"] == "ours" else None
+    for row in rows:
+        row["pairs"] = pairs
+        row["density"] = 1.0 if pairs is None else density(pairs, 1, heads, n, causal)
+    return rows
 
 
 def structured_inputs(
@@ -210,7 +281,7 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
     try:
-        specs = [(n, causal) for n in cfg["sizes"] for causal in (False, True)]
+        specs = [(n, causal) for n in cfg["index_sizes"] for causal in (False, True)]
         for n, causal in tqdm(specs, desc="indexed bench", unit="size"):
             q, k, v, qi, ki = structured_inputs(1, cfg["heads"], n, cfg["dim"], INDEX_RANK, seed=n)
             methods: dict[str, Callable[..., Any]] = {
@@ -309,7 +380,7 @@ def indexed_table(section: dict[str, Any]) -> str:
     return "\n".join(_table(section["results"], columns))
 
 
-def _spawn_cpu_worker(spec: dict[str, Any]) -> dict[str, Any]:
+def _spawn_cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
@@ -327,61 +398,80 @@ def _spawn_cpu_worker(spec: dict[str, Any]) -> dict[str, Any]:
     status = (
         "oom" if proc.returncode == -9 else f"failed: exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
     )
-    return {"n": spec["n"], "method": spec["method"], "status": status}
+    base = {key: spec[key] for key in ("n", "causal", "method", "top", "pattern")}
+    alphas = (1.0, ALPHA) if spec["method"] == "ours" else (1.0 if spec["method"] == "sdpa" else ALPHA,)
+    return [{**base, "alpha": alpha, "status": status} for alpha in alphas]
 
 
-def _ratio(num: float, den: float) -> float | None:
-    """num / den, or None where den is not positive (tiny runs can stay under the RSS high-water mark)."""
-    return num / den if den > 0 else None
+def cpu_specs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """One spec per (n, causal, method[, top, pattern]); dense entmax only up to ``CPU_DENSE_MAX``."""
+    common = {"heads": cfg["heads"], "dim": cfg["dim"], "reps": cfg["reps"]}
+    specs = []
+    for n in cfg["sizes"]:
+        for causal in (False, True):
+            base = {"n": n, "causal": causal, "top": None, "pattern": None, **common}
+            specs.append({**base, "method": "sdpa"})
+            if n <= CPU_DENSE_MAX:
+                specs.append({**base, "method": "dense_entmax"})
+            for top in cfg["tops"]:
+                for pattern in (False, True):
+                    specs.append({**base, "method": "ours", "top": top, "pattern": pattern})
+    return specs
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Speed-up over SDPA, efficiency = speed-up × density and ent/sm on our rows, for both phases."""
+    sdpa = {(r["n"], r["causal"]): r for r in rows if r["method"] == "sdpa"}
+    softmax = {
+        (r["n"], r["causal"], r["top"], r["pattern"]): r
+        for r in rows
+        if r["method"] == "ours" and r["alpha"] == 1
+    }
+    for row in rows:
+        if row["method"] != "ours":
+            continue
+        dense, soft = (
+            sdpa.get((row["n"], row["causal"]), {}),
+            softmax[(row["n"], row["causal"], row["top"], row["pattern"])],
+        )
+        for phase in ("forward", "forward_backward"):
+            key = f"{phase}_ms"
+            if key in row and key in dense:
+                row[f"speedup_{phase}"] = dense[key] / row[key]
+                row[f"efficiency_{phase}"] = row[f"speedup_{phase}"] * row["density"]
+            if key in row and key in soft:
+                row[f"entmax_over_softmax_{phase}"] = row[key] / soft[key]
 
 
 def run_cpu(quick: bool, only_indexed: bool = False) -> dict[str, Any]:
-    cfg = CPU_QUICK if quick else CPU_FULL
-    specs = [
-        {"method": method, "n": n, "heads": cfg["heads"], "dim": cfg["dim"], "reps": cfg["reps"]}
-        for n in cfg["sizes"]
-        for method in ("ours", "dense_entmax")
-        if not only_indexed
-    ]
-    rows = [_spawn_cpu_worker(spec) for spec in tqdm(specs, desc="cpu bench", unit="run")]
+    cfg = dict(CPU_QUICK if quick else CPU_FULL, index_sizes=INDEX_SIZES["quick" if quick else "full"])
+    specs = [] if only_indexed else cpu_specs(cfg)
+    rows = [row for spec in tqdm(specs, desc="cpu bench", unit="run") for row in _spawn_cpu_worker(spec)]
+    add_ratios(rows)
     indexed = run_indexed(cfg)
-    by_key = {(r["n"], r["method"]): r for r in rows}
-    summary = []
-    for n in [] if only_indexed else cfg["sizes"]:
-        ours, dense = by_key[(n, "ours")], by_key[(n, "dense_entmax")]
-        if ours["status"] == dense["status"] == "ok":
-            summary.append(
-                {
-                    "n": n,
-                    "speedup_forward": _ratio(dense["forward_ms"], ours["forward_ms"]),
-                    "speedup_forward_backward": _ratio(
-                        dense["forward_backward_ms"], ours["forward_backward_ms"]
-                    ),
-                    "memory_ratio_forward": _ratio(ours["extra_mb_forward"], dense["extra_mb_forward"]),
-                    "memory_ratio_forward_backward": _ratio(
-                        ours["extra_mb_forward_backward"], dense["extra_mb_forward_backward"]
-                    ),
-                }
-            )
     return {
         "device": "cpu",
         "suite": "cpu",
         "device_name": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
+        "threads": 1,
         "torch": torch.__version__,
         "settings": {
             "batch": 1,
             "heads": cfg["heads"],
             "dim": cfg["dim"],
             "buckets": CPU_BUCKETS,
-            "top": CPU_TOP,
-            "alpha": ALPHA,
+            "tops": cfg["tops"],
+            "window": CPU_WINDOW,
+            "global_tokens": CPU_GLOBAL,
+            "alphas": [1.0, ALPHA],
             "dtype": "float32",
+            "threads": 1,
             "reps": cfg["reps"],
             "memory": "peak RSS of a fresh subprocess minus its baseline after inputs and warm-up",
+            "speedup": "sdpa time / our time",
+            "efficiency": "speedup × density",
         },
         "results": rows,
-        "summary": summary,
         "indexed": indexed,
     }
 
@@ -417,21 +507,22 @@ def cpu_table(report: dict[str, Any]) -> str:
         report["results"],
         [
             _text("n", "n", ">6"),
+            _text("causal", "causal", ">6"),
+            _number("top", "top", "3d"),
+            _text("pattern", "pattern", ">7"),
             _text("method", "method", "<13"),
+            _number("alpha", "alpha", "5.1f"),
             _number("density", "density", "8.4f"),
-            _number("fwd ms", "forward_ms", "10.1f"),
-            _number("fwd+bwd ms", "forward_backward_ms", "11.1f"),
-            _number("fwd MiB", "extra_mb_forward", "9.1f"),
-            _number("fwd+bwd MiB", "extra_mb_forward_backward", "12.1f"),
+            _number("fwd ms", "forward_ms", "9.1f"),
+            _number("f+b ms", "forward_backward_ms", "9.1f"),
+            _number("x sdpa", "speedup_forward", "7.2f"),
+            _number("eff fwd", "efficiency_forward", "8.2f"),
+            _number("eff f+b", "efficiency_forward_backward", "8.2f"),
+            _number("ent/sm", "entmax_over_softmax_forward", "7.2f"),
+            _number("ent/sm f+b", "entmax_over_softmax_forward_backward", "10.2f"),
+            _number("f+b MiB", "extra_mb_forward_backward", "8.1f"),
         ],
     )
-    for s in report["summary"]:
-        lines.append(
-            f"n={s['n']}: ours is {_fmt(s['speedup_forward'], '.1f')}x faster forward, "
-            f"{_fmt(s['speedup_forward_backward'], '.1f')}x forward+backward; memory ratio "
-            f"{_fmt(s['memory_ratio_forward'], '.3f')} forward, "
-            f"{_fmt(s['memory_ratio_forward_backward'], '.3f')} forward+backward"
-        )
     if not report["results"]:  # --only indexed
         lines = []
     if "indexed" in report:
@@ -450,27 +541,35 @@ def _n_axis(ax, ns: list[int]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def cpu_plot(report: dict[str, Any], ax_time, ax_mem) -> None:
+def cpu_plot(report: dict[str, Any], ax_time, ax_eff) -> None:
+    """Forward+backward time against n of SDPA and ours (top-1, no pattern), and every efficiency."""
     if not report["results"]:  # --only indexed: nothing to draw
-        for ax in (ax_time, ax_mem):
+        for ax in (ax_time, ax_eff):
             ax.set_title("no bucketed rows (--only indexed)")
         return
-    for method, color in (("ours", "C0"), ("dense_entmax", "C3")):
-        rows = [r for r in report["results"] if r["method"] == method and r["status"] == "ok"]
-        ns = [r["n"] for r in rows]
-        ax_time.plot(ns, [r["forward_ms"] for r in rows], "--o", color=color, label=f"{method} forward")
-        ax_time.plot(
-            ns, [r["forward_backward_ms"] for r in rows], "-o", color=color, label=f"{method} fwd+bwd"
-        )
-        ax_mem.plot(ns, [r["extra_mb_forward_backward"] for r in rows], "-o", color=color, label=method)
+    rows = [r for r in report["results"] if r["status"] == "ok"]
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        label = "causal " if r["causal"] else ""
+        if r["method"] == "ours":
+            tail = f"top-{r['top']}{' +pattern' if r['pattern'] else ''} α={r['alpha']:g}"
+            if "efficiency_forward_backward" in r:
+                series.setdefault(f"{label}{tail}", []).append((r["n"], r["efficiency_forward_backward"]))
+            if r["top"] != 1 or r["pattern"]:
+                continue
+            label += f"ours α={r['alpha']:g}"
+        else:
+            label += r["method"]
+        series.setdefault(f"time {label}", []).append((r["n"], r["forward_backward_ms"]))
+    for label, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax = ax_time if label.startswith("time ") else ax_eff
+        ax.plot(xs, ys, "-o", ms=3, label=label.removeprefix("time "))
     ns = [r["n"] for r in report["results"]]
-    for ax in (ax_time, ax_mem):
+    for ax in (ax_time, ax_eff):
         _n_axis(ax, ns)
-    ax_time.set(yscale="log", xlabel="n", ylabel="ms", title="CPU time")
-    ax_mem.set(xlabel="n", ylabel="MiB", title="extra peak RSS, forward+backward")
-    mem = [r["extra_mb_forward_backward"] for r in report["results"] if r["status"] == "ok"]
-    if mem and min(mem) > 0:  # tiny runs can stay under the high-water mark and show 0
-        ax_mem.set_yscale("log")
+    ax_time.set(yscale="log", xlabel="n", ylabel="fwd+bwd ms", title="CPU time (one thread)")
+    ax_eff.set(xlabel="n", ylabel="efficiency", title="efficiency fwd+bwd (speed-up over SDPA × density)")
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -542,16 +641,6 @@ def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool)
 
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
-def _count_pairs(ids: torch.Tensor, causal: bool) -> int:
-    """Exact attended pairs, one head at a time to bound the enumeration's memory."""
-    from kernels.torch_bucketed import plan_tiles
-
-    heads = ids.shape[1]
-    return sum(
-        plan_tiles(ids[:, h : h + 1], ids[:, h : h + 1], causal=causal).num_pairs for h in range(heads)
-    )
 
 
 def _flex_mask_mod(ids: torch.Tensor, causal: bool):
@@ -763,10 +852,10 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
     from pipeline.atomic import atomic_path, write_json
 
     if report["suite"] == "cpu":
-        fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
-        cpu_plot(report, ax_time, ax_mem)
-        ax_time.legend(fontsize=7)
-        ax_mem.legend(fontsize=7)
+        fig, (ax_time, ax_eff) = plt.subplots(1, 2, figsize=(12, 5))
+        cpu_plot(report, ax_time, ax_eff)
+        ax_time.legend(fontsize=6)
+        ax_eff.legend(fontsize=5)
     else:
         cols = max(1, len({r["top"] for r in report["results"] if r["top"] is not None}))
         fig, axes = plt.subplots(2, cols, figsize=(6 * cols, 9), squeeze=False)

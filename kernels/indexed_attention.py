@@ -66,6 +66,7 @@ import torch
 from kernels import _check_backend
 from kernels.checks import check_causal, check_qkv, check_scale
 from kernels.reference import normalize
+from kernels.torch_bucketed import entmax_gradient_weight
 
 __all__ = ["MODES", "dense_indexed_reference", "indexed_attention", "predicted_sets"]
 
@@ -196,17 +197,11 @@ class RowEntmax(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (probs,) = ctx.saved_tensors
-        alpha = ctx.alpha
-        if alpha == 2.0:
-            weight = (probs > 0).to(probs.dtype)
-        elif alpha == 1.5:
-            weight = probs.sqrt()
-        else:
-            weight = torch.where(probs > 0, probs, 1.0).pow(2.0 - alpha).masked_fill(probs == 0, 0)
+        weight = entmax_gradient_weight(probs, ctx.alpha)
         wg = weight * grad
         den = weight.sum(-1, keepdim=True)
         ratio = wg.sum(-1, keepdim=True) / den.masked_fill(den == 0, 1.0)
-        return wg.sub_(weight.mul_(ratio)), None, None, None
+        return wg.sub_(weight * ratio), None, None, None  # weight may be probs itself (α = 1)
 
 
 def _powered(diff: torch.Tensor, alpha: float) -> torch.Tensor:

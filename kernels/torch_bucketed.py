@@ -12,7 +12,17 @@ p_i = α-entmax(s_i) restricted to A_i, s_ij = scale · q_i·k_j:
 
 A query with A_i = ∅ outputs zeros. Each pair counts once however many buckets it shares.
 
-Layout. Nothing of size n × n is ever built; memory and work grow with the number of attended pairs:
+Nothing of size n × n is ever built; memory and work grow with the number of attended pairs. Two layouts:
+
+Single-bucket blocks (every token holds at most one id slot, T = 1, and there is no window or global token:
+the common learned-bucket case). :mod:`kernels.bucket_blocks` sorts the tokens by (bucket, position), so
+each bucket is a contiguous run and attention is a batch of dense blocks (a query chunk against its bucket's
+keys, causal by position), grouped into classes of one shape. Each query sits in one block row, so the
+normaliser is a plain row operation. Blocks are processed a cache-sized chunk (``CHUNK_ENTRIES`` entries)
+at a time, scores, normaliser and output product together; the forward keeps the probabilities for the
+backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ, ds = entmax′(dp), dq = ds·k, dk = dsᵀ·q).
+
+Tiles (any T, window, global tokens):
 
 * Bucket pairs, as in hash-sparse flash attention. Every token is copied once per bucket id it holds; the
   copies are sorted by (batch·head, bucket id) and the sorted sequence is cut into tiles of ``TILE`` copies,
@@ -25,16 +35,17 @@ Layout. Nothing of size n × n is ever built; memory and work grow with the numb
   pairs, the normaliser runs over the masked blocks with per-query sums scattered across tasks, and the
   output is a second batched matmul scattered back onto queries with ``index_add``.
 
-The blocks hold the attended pairs plus tile padding: with b buckets of equal size at most one partial tile
+The tiles hold the attended pairs plus tile padding: with b buckets of equal size at most one partial tile
 per bucket boundary, O(n²/b + n·TILE) entries per head; at worst (a tile of queries from many small buckets
 facing big key buckets) TILE entries per pair. Groups are processed in runs of about ``CHUNK_PAIRS`` pairs.
 
 α-entmax threshold. Per query, with x_j = (α − 1)(s_j − max s), F(τ) = Σ_j [x_j − τ]₊^{1/(α−1)} decreases
 and F(τ*) = 1 for some τ* in [−1, −(1/|A_i|)^{α−1}]. Newton steps on F^{α−1} − 1 (a norm of (x − τ)₊, so
-convex for α ≤ 2 and steps from below never overshoot, yet nearly linear far from the root), safeguarded by
-bisection on that bracket, find τ*; for α = 1.5 and α = 2 a last step solves the quadratic or linear
-equation on the found support exactly, which is the sort-based value. The backward pass is the exact entmax
-Jacobian: with g = p^{2−α}, ds = g·(dp − Σ g·dp / Σ g) per query.
+convex for α ≤ 2 and steps from below never overshoot, yet nearly linear far from the root) find τ*. For
+α = 1.5 and α = 2 every step also solves the quadratic or linear equation on the current support exactly and
+accepts that value once its support is verified unchanged, which is the sort-based value; other α stop on a
+tolerance, safeguarded by bisection on the bracket. The backward pass is the exact entmax Jacobian: with
+g = p^{2−α}, ds = g·(dp − Σ g·dp / Σ g) per query.
 """
 
 from __future__ import annotations
@@ -43,11 +54,22 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
+
 TILE = 64
 """Rows and columns of one task block."""
 
 CHUNK_PAIRS = 2**24
 """Attended pairs handled per pass: bounds the transient memory of one pass (scores, masks, buffers)."""
+
+CHUNK_ENTRIES = 2**17
+"""Score entries per chunk of the single-bucket path: its scores, probabilities and gradients stay in L2."""
+
+_MASKED = -torch.finfo(torch.float32).max
+"""Added to scores off the mask in the block path: far below any real score, yet finite (see _normalise)."""
+
+_EXP_FLOOR = -80.0
+"""exp(−80) ≈ 2e−35 is a normal float32; the entries below it are negligible next to the maximum's 1."""
 
 _MAX_NEWTON_STEPS = 100
 """Bisection alone halves the unit bracket each step; 100 steps exhaust float64 resolution."""
@@ -244,51 +266,184 @@ def _per_query(values: torch.Tensor, rows: torch.Tensor, num_queries: int) -> to
     return out.index_add_(0, rows.reshape(-1), values.reshape(-1))
 
 
-def _entmax_threshold(x: torch.Tensor, rows: torch.Tensor, count: torch.Tensor, alpha: float) -> torch.Tensor:
-    """τ per query for x = (α − 1)(s − max) (−inf off the mask); count = attended keys per query."""
+class _WholeRows:
+    """Reductions when every block row holds all keys of its query: along the last dim, (…, W) → (…)."""
+
+    @staticmethod
+    def sum(values: torch.Tensor) -> torch.Tensor:
+        return values.sum(-1)
+
+    @staticmethod
+    def max(values: torch.Tensor) -> torch.Tensor:
+        return values.amax(-1)
+
+    @staticmethod
+    def count(hit: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Entries where the boolean ``hit`` holds, per row, in ``dtype``."""
+        return hit.sum(-1, dtype=dtype)
+
+    @staticmethod
+    def at(per_query: torch.Tensor) -> torch.Tensor:
+        """Per-query values (…) broadcast over a row's entries (…, 1)."""
+        return per_query[..., None]
+
+
+@dataclass(frozen=True)
+class _SpreadRows:
+    """Reductions when a query's keys are spread over several block rows: rows (tasks, TILE) names the query
+    of each row, in [0, num_queries] (num_queries = padding); per-query values are (num_queries + 1,)."""
+
+    rows: torch.Tensor
+    num_queries: int
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        return _per_query(values.sum(-1), self.rows, self.num_queries)
+
+    def count(self, hit: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return _per_query(hit.sum(-1, dtype=dtype), self.rows, self.num_queries)
+
+    def max(self, values: torch.Tensor) -> torch.Tensor:
+        q_max = values.new_full((self.num_queries + 1,), float("-inf"))
+        return q_max.scatter_reduce_(0, self.rows.reshape(-1), values.amax(-1).reshape(-1), "amax")
+
+    def at(self, per_query: torch.Tensor) -> torch.Tensor:
+        return per_query[self.rows][:, :, None]
+
+
+Reducer = _WholeRows | _SpreadRows
+
+
+def _newton_threshold(x: torch.Tensor, count: torch.Tensor, alpha: float, red: Reducer) -> torch.Tensor:
+    """τ per query for x = (α − 1)(s − max) (−inf off the mask), any α > 1; count = attended keys per query.
+
+    F(τ) = Σ_j [x_j − τ]₊^β (β = 1/(α − 1)) decreases and F(τ*) = 1 for τ* in [−1, −(1/count)^{α−1}].
+    Newton on h(τ) = F(τ)^{1/β} − 1, safeguarded by bisection on that bracket.
+    """
     beta = 1.0 / (alpha - 1.0)
-    num_queries = count.numel() - 1
     lo = torch.full_like(count, -1.0)  # F(lo) ≥ 1: the maximum alone contributes 1
     hi = -((1.0 / count.clamp_min(1)) ** (alpha - 1.0))  # F(hi) ≤ 1: each key contributes ≤ 1/count
     tau = lo.clone()
     tol = 4 * torch.finfo(x.dtype).eps
-    diff = torch.empty_like(x)  # (tasks, TILE, TILE), reused: fresh large buffers cost page faults
+    diff = torch.empty_like(x)  # reused: fresh large buffers cost page faults
     for _ in range(_MAX_NEWTON_STEPS):
-        torch.sub(x, tau[rows][:, :, None], out=diff).clamp_min_(0)
-        if beta == 1.0:
-            mass_rows, slope_rows = diff.sum(-1), (diff > 0).sum(-1).to(x.dtype)
-        elif beta == 2.0:
-            slope_rows = 2.0 * diff.sum(-1)
-            mass_rows = diff.square_().sum(-1)
-        else:
-            active = diff > 0
-            mass_rows = diff.pow(beta).sum(-1)
-            slope_rows = beta * torch.where(active, diff, 1.0).pow(beta - 1.0).masked_fill(~active, 0).sum(-1)
-        mass = _per_query(mass_rows, rows, num_queries)  # F(τ) = Σ_j [x_j − τ]₊^β
-        slope = _per_query(slope_rows, rows, num_queries)  # −F′(τ)
+        torch.sub(x, red.at(tau), out=diff).clamp_min_(0)
+        active = diff > 0
+        mass = red.sum(diff.pow(beta))
+        slope = beta * red.sum(torch.where(active, diff, 1.0).pow(beta - 1.0).masked_fill(~active, 0))
         lo = torch.where(mass >= 1, tau, lo)
         hi = torch.where(mass < 1, tau, hi)
-        # Newton on h(τ) = F(τ)^{1/β} − 1: for β ≥ 1 a norm of (x − τ)₊, convex and decreasing, so steps
-        # from below never overshoot, yet nearly linear far from the root, where Newton on F crawls.
+        # For β ≥ 1, h is a norm of (x − τ)₊: convex and decreasing, so steps from below never overshoot,
+        # yet nearly linear far from the root, where Newton on F crawls.
         newton = tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope
-        settled = ((newton - tau).abs() <= tol) | (hi - lo <= tol)  # (queries + 1,)
+        settled = ((newton - tau).abs() <= tol) | (hi - lo <= tol)
         inside = (newton > lo) & (newton < hi)  # a step onto the bracket's end could cycle: bisect instead
         tau = torch.where(settled, tau, torch.where(inside, newton, 0.5 * (lo + hi)))
         if bool(settled.all()):
             break
-    if beta in (1.0, 2.0):
-        # Exact step on the support S at τ: with y = x − τ > 0, solve Σ_S (y − δ) = 1 or Σ_S (y − δ)² = 1
-        # (smaller root, written so that the small δ has no cancellation).
-        torch.sub(x, tau[rows][:, :, None], out=diff).clamp_min_(0)
-        k = _per_query((diff > 0).sum(-1).to(x.dtype), rows, num_queries).clamp_min(1)
-        s1 = _per_query(diff.sum(-1), rows, num_queries)
-        if beta == 1.0:
-            tau = tau + (s1 - 1.0) / k
-        else:
-            f = _per_query(diff.square_().sum(-1), rows, num_queries) - 1.0
-            root = (s1 * s1 - k * f).clamp_min(0).sqrt()
-            tau = tau + f / (s1 + root).masked_fill(s1 + root == 0, 1.0)
     return tau
+
+
+def _support_threshold(
+    x: torch.Tensor, start: torch.Tensor, alpha: float, red: Reducer, *, first_check: int = 1
+) -> torch.Tensor:
+    """Exact τ per query for α = 2 (β = 1) or α = 1.5 (β = 2); x = (α − 1)(s − max), start ≤ τ* per query.
+
+    At τ ≤ τ* the support S = {x > τ} contains the true one. With y = x − τ on S, the τ′ = τ + δ solving
+    Σ_S (y − δ) = 1 or Σ_S (y − δ)² = 1 (smaller root, written without cancellation) is τ* exactly when
+    {x > τ′} still has |S| elements (nested sets, so then it is S itself): the sort-based value. Rows not yet
+    there take a Newton step on F^{1/β} − 1 from below, which never overshoots. The check starts at step
+    ``first_check`` (from τ = −1 the first support is almost never final). With whole rows, once most rows
+    are settled the rest continue on their own (a gather of few rows beats more passes over all).
+    """
+    beta = 1.0 / (alpha - 1.0)
+    tau = start
+    diff = torch.empty_like(x)  # reused: fresh large buffers cost page faults
+    square = torch.empty_like(x) if beta == 2.0 else None
+    for step in range(_MAX_NEWTON_STEPS):
+        torch.sub(x, red.at(tau), out=diff).clamp_min_(0)
+        s1 = red.sum(diff)
+        if square is None:
+            k = red.sum(diff.sign_())
+            exact = newton = tau + (s1 - 1.0) / k.clamp_min(1)
+        else:
+            s2 = red.sum(torch.mul(diff, diff, out=square))
+            k = red.sum(diff.sign_())  # |S|; sign of a float, cheaper than counting a boolean mask
+            root = (s1 * s1 - k * (s2 - 1.0)).clamp_min(0).sqrt()
+            exact = tau + (s2 - 1.0) / (s1 + root).masked_fill(s1 + root == 0, 1.0)
+            newton = tau + (s2 - s2.sqrt()) / s1.masked_fill(s1 == 0, 1.0)
+        if step < first_check:
+            tau = newton
+            continue
+        done = red.sum(torch.sub(x, red.at(exact), out=diff).clamp_min_(0).sign_()) == k
+        tau = torch.where(done, exact, newton)
+        left = int(done.numel() - done.sum())
+        if left == 0:
+            break
+        if red is _WholeRows and 2 * left <= done.numel():
+            rest = (~done).flatten().nonzero().squeeze(1)  # (left,) rows still searching
+            flat = tau.flatten()  # a copy or a view of the fresh τ: safe to write into
+            sub = x.reshape(-1, x.shape[-1]).index_select(0, rest)  # (left, M)
+            flat[rest] = _support_threshold(sub, flat[rest], alpha, red, first_check=0)
+            return flat.view(tau.shape)
+    return tau
+
+
+def _normalise(
+    scores: torch.Tensor, alpha: float, red: Reducer, *, inplace: bool, keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """p = α-entmax(s) per query (softmax for α = 1) over the entries ``red`` gathers, overwriting scores
+    when ``inplace``. A query without keys gets zeros.
+
+    α-entmax(s)_j = [(α − 1)(s_j − max s) − τ]₊^{1/(α−1)} with τ such that Σ_j p_j = 1.
+
+    Entries off the mask hold −inf, or, when ``keep`` (1 on the mask, 0 off it) is given, ``_MASKED`` or
+    less: exp then runs on arguments clamped to ``_EXP_FLOOR`` (below it exp underflows, and on CPU takes a
+    slow path) and ``keep`` zeroes the entries off the mask exactly.
+    """
+    q_max = red.max(scores)
+    q_max = q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)  # empty queries: any finite shift
+    shifted = scores.sub_(red.at(q_max)) if inplace else scores - red.at(q_max)  # ≤ 0 off empty queries
+    if alpha == 1.0:
+        probs = shifted.exp_() if keep is None else shifted.clamp_min_(_EXP_FLOOR).exp_().mul_(keep)
+    else:
+        x = shifted.mul_(alpha - 1.0)
+        if alpha in (1.5, 2.0):
+            tau = _support_threshold(x, torch.full_like(q_max, -1.0), alpha, red)
+        else:
+            count = red.count(x > 0.5 * _MASKED, x.dtype) if keep is None else red.sum(keep)
+            tau = _newton_threshold(x, count, alpha, red)
+        probs = x.sub_(red.at(tau)).clamp_min_(0)
+        if alpha == 1.5:
+            probs.square_()
+        elif alpha != 2.0:
+            probs.pow_(1.0 / (alpha - 1.0))
+    total = red.sum(probs)
+    return probs.div_(red.at(total.masked_fill(total == 0, 1.0)))
+
+
+def entmax_gradient_weight(probs: torch.Tensor, alpha: float) -> torch.Tensor:
+    """g = p^{2−α} of α-entmax probabilities p, elementwise: p itself for softmax (the same tensor, not a
+    copy), the support's indicator for sparsemax, 0 off the support. The Jacobian of p = α-entmax(s) is
+    diag(g) − g gᵀ / Σ g."""
+    if alpha == 1.0:
+        return probs
+    if alpha == 2.0:
+        return (probs > 0).to(probs.dtype)
+    if alpha == 1.5:
+        return probs.sqrt()
+    return torch.where(probs > 0, probs, 1.0).pow(2.0 - alpha).masked_fill(probs == 0, 0)
+
+
+def _normalise_backward(probs: torch.Tensor, grad: torch.Tensor, alpha: float, red: Reducer) -> torch.Tensor:
+    """ds from dp for p = α-entmax(s): with g = :func:`entmax_gradient_weight`, ds = g·(dp − Σ g·dp / Σ g)
+    per query. Overwrites ``grad``."""
+    weight = entmax_gradient_weight(probs, alpha)
+    wg = grad.mul_(weight)
+    den = red.sum(weight)
+    ratio = red.sum(wg) / den.masked_fill(den == 0, 1.0)
+    if weight is probs:
+        return wg.addcmul_(weight, red.at(ratio), value=-1.0)
+    return wg.sub_(weight.mul_(red.at(ratio)))
 
 
 class BlockEntmax(torch.autograd.Function):
@@ -302,24 +457,7 @@ class BlockEntmax(torch.autograd.Function):
     def forward(
         ctx, scores: torch.Tensor, rows: torch.Tensor, num_queries: int, alpha: float
     ) -> torch.Tensor:
-        row_max = scores.amax(-1)  # (tasks, TILE)
-        q_max = scores.new_full((num_queries + 1,), float("-inf"))
-        q_max = q_max.scatter_reduce_(0, rows.reshape(-1), row_max.reshape(-1), "amax")
-        q_max = q_max.masked_fill(torch.isneginf(q_max), 0.0)  # empty queries: any finite shift
-        shifted = scores - q_max[rows][:, :, None]  # (tasks, TILE, TILE), ≤ 0 or −inf
-        if alpha == 1.0:
-            probs = shifted.exp_()
-        else:
-            x = shifted.mul_(alpha - 1.0)
-            count = _per_query(torch.isfinite(x).sum(-1).to(x.dtype), rows, num_queries)
-            tau = _entmax_threshold(x, rows, count, alpha)
-            probs = x.sub_(tau[rows][:, :, None]).clamp_min_(0)
-            if alpha == 1.5:
-                probs.square_()
-            elif alpha != 2.0:
-                probs.pow_(1.0 / (alpha - 1.0))
-        total = _per_query(probs.sum(-1), rows, num_queries)
-        probs.div_(total.masked_fill(total == 0, 1.0)[rows][:, :, None])
+        probs = _normalise(scores, alpha, _SpreadRows(rows, num_queries), inplace=False)
         ctx.save_for_backward(probs, rows)
         ctx.num_queries, ctx.alpha = num_queries, alpha
         return probs
@@ -328,22 +466,8 @@ class BlockEntmax(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         probs, rows = ctx.saved_tensors
-        alpha = ctx.alpha
-        if alpha == 1.0:
-            weight = probs
-        elif alpha == 2.0:
-            weight = (probs > 0).to(probs.dtype)
-        elif alpha == 1.5:
-            weight = probs.sqrt()
-        else:
-            weight = torch.where(probs > 0, probs, 1.0).pow(2.0 - alpha).masked_fill(probs == 0, 0)
-        wg = weight * grad  # (tasks, TILE, TILE)
-        num = _per_query(wg.sum(-1), rows, ctx.num_queries)
-        den = _per_query(weight.sum(-1), rows, ctx.num_queries)
-        ratio = num / den.masked_fill(den == 0, 1.0)
-        if weight is probs:
-            return wg.addcmul_(weight, ratio[rows][:, :, None], value=-1.0), None, None, None
-        return wg.sub_(weight.mul_(ratio[rows][:, :, None])), None, None, None
+        ds = _normalise_backward(probs, grad.clone(), ctx.alpha, _SpreadRows(rows, ctx.num_queries))
+        return ds, None, None, None
 
 
 def _group_chunks(
@@ -405,6 +529,122 @@ def _attend(
     return out[:-1].view(b, h, n, dv)
 
 
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of x (N, d) at index (c, L): (c, L, d)."""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, x.shape[1])
+
+
+def _chunks(blocks: BlockClass) -> list[tuple[int, int]]:
+    """Consecutive block ranges of about ``CHUNK_ENTRIES`` score entries (cache-sized)."""
+    count, rows = blocks.queries.shape
+    step = max(1, CHUNK_ENTRIES // (rows * blocks.keys.shape[1]))
+    return [(a, min(a + step, count)) for a in range(0, count, step)]
+
+
+def _block_scores(
+    q: torch.Tensor, k: torch.Tensor, blocks: BlockClass, a: int, b: int, out: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores s = q_i·k_j of blocks a..b, ``_MASKED`` added off the attended set, and the mask as floats
+    (1 on it, 0 off it; None when the class has no entry off it). q (N, d), k (M, d) flat over groups;
+    s (c, L, M)."""
+    scores = torch.bmm(_rows(q, blocks.queries[a:b]), _rows(k, blocks.keys[a:b]).transpose(1, 2), out=out)
+    if not blocks.masked:
+        return scores, None
+    # Positions are whole numbers, so their difference clamped to [0, 1] is the indicator of key_pos > limit:
+    # float arithmetic, cheaper than a boolean mask on CPU.
+    off = torch.sub(blocks.key_pos[a:b, None, :], blocks.query_limit[a:b, :, None]).clamp_(0, 1)  # (c, L, M)
+    scores.add_(off, alpha=_MASKED)
+    return scores, off.neg_().add_(1.0)
+
+
+def _blocks_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """o_i = Σ_j p_ij v_j over the plan's blocks, a cache-sized chunk at a time; q (N, d), k (M, d),
+    v (M, d_v) flat over groups. Returns o (N, d_v) and, when ``keep``, p per class (blocks, L, M)."""
+    out = v.new_zeros(plan.num_queries, v.shape[1])
+    kept = []
+    for blocks in plan.classes:
+        probs = q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) if keep else None
+        for a, b in _chunks(blocks):
+            scores, on = _block_scores(q, k, blocks, a, b, None if probs is None else probs[a:b])
+            p = _normalise(scores, alpha, _WholeRows, inplace=True, keep=on)
+            vb = _rows(v, blocks.keys[a:b])
+            out.index_add_(0, blocks.queries[a:b].reshape(-1), torch.bmm(p, vb).flatten(0, 1))
+        if probs is not None:
+            kept.append(probs)
+    return out, kept
+
+
+class BucketBlockAttention(torch.autograd.Function):
+    """Attention over a :class:`~kernels.bucket_blocks.BlockPlan`: every query's keys in one block row.
+
+    q (N, d) already scaled, k (M, d), v (M, d_v) flat over groups; returns o (N, d_v). Saves p (the
+    attended pairs plus padding); the backward recomputes nothing but the gathers:
+    dv = pᵀ·do, dp = do·vᵀ, ds = entmax′(dp), dq = ds·k, dk = dsᵀ·q.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float
+    ) -> torch.Tensor:
+        out, probs = _blocks_forward(q, k, v, plan, alpha, keep=True)
+        ctx.save_for_backward(q, k, v, *probs)
+        ctx.plan, ctx.alpha = plan, alpha
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+        q, k, v, *probs = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for blocks, p_all in zip(ctx.plan.classes, probs, strict=True):
+            for a, b in _chunks(blocks):
+                p, rows, cols = p_all[a:b], blocks.queries[a:b], blocks.keys[a:b]
+                qb, kb, vb, gb = _rows(q, rows), _rows(k, cols), _rows(v, cols), _rows(grad, rows)
+                dv.index_add_(0, cols.reshape(-1), torch.bmm(p.transpose(1, 2), gb).flatten(0, 1))
+                ds = _normalise_backward(p, torch.bmm(gb, vb.transpose(1, 2)), ctx.alpha, _WholeRows)
+                dq.index_add_(0, rows.reshape(-1), torch.bmm(ds, kb).flatten(0, 1))
+                dk.index_add_(0, cols.reshape(-1), torch.bmm(ds.transpose(1, 2), qb).flatten(0, 1))
+        return dq, dk, dv, None, None
+
+
+def _single_ids(buckets: torch.Tensor) -> torch.Tensor | None:
+    """Ids (batch, heads, tokens, T) as (batch·heads, tokens) int64 when every token holds at most one
+    distinct id ≥ 0 (−1 where none), else None."""
+    b, h, n, T = buckets.shape
+    ids = buckets.reshape(b * h, n, T).long()
+    if T > 1:
+        ids = _drop_repeated_ids(ids)
+        if bool(((ids >= 0).sum(-1) > 1).any()):
+            return None
+    return ids.amax(-1)
+
+
+def _block_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_ids: torch.Tensor,
+    k_ids: torch.Tensor,
+    *,
+    alpha: float,
+    causal: bool,
+) -> torch.Tensor:
+    """The single-bucket path; q (b, h, n, d) in the compute dtype, already scaled; ids (b·h, n | m) int64."""
+    b, h, n, d = q.shape
+    m, dv = k.shape[2], v.shape[3]
+    G = b * h
+    plan = plan_blocks(q_ids, k_ids, causal=causal)
+    flat = q.reshape(G * n, d), k.reshape(G * m, d), v.reshape(G * m, dv)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in flat):
+        out = BucketBlockAttention.apply(*flat, plan, alpha)
+    else:
+        out = _blocks_forward(*flat, plan, alpha, keep=False)[0]
+    return out.view(b, h, n, dv)
+
+
 def torch_bucketed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -439,6 +679,10 @@ def torch_bucketed_attention(
         q_buckets.reshape(1, b * h, n, q_buckets.shape[3]),
         k_buckets.reshape(1, b * h, m, k_buckets.shape[3]),
     )
+    q_single, k_single = _single_ids(q_buckets), _single_ids(k_buckets)
+    if q_single is not None and k_single is not None and radius < 0 and global_tokens == 0:
+        out = _block_attention(*parts[:3], q_single, k_single, alpha=float(alpha), causal=causal)
+        return out.view(b, h, n, dv).to(q.dtype)
     sizes = _group_chunks(q_buckets, k_buckets, radius, global_tokens)
     opts = dict(alpha=float(alpha), causal=causal, radius=radius, global_tokens=global_tokens)
     outs = [_attend(*chunk, **opts) for chunk in zip(*(x.split(sizes, dim=1) for x in parts), strict=True)]

@@ -26,27 +26,48 @@ def test_density_counts_valid_pairs():
 def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
     assert bench.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert report["device"] == "cpu" and report["quick"] is True
-    assert report["settings"]["buckets"] == 16 and report["settings"]["alpha"] == 1.5
-    sizes = bench.CPU_QUICK["sizes"]
-    assert {(r["n"], r["method"]) for r in report["results"]} == {
-        (n, m) for n in sizes for m in ("ours", "dense_entmax")
+    assert report["device"] == "cpu" and report["quick"] is True and report["settings"]["threads"] == 1
+    assert report["settings"]["buckets"] == 16 and report["settings"]["alphas"] == [1.0, 1.5]
+    rows = report["results"]
+    cfg = bench.CPU_QUICK
+    expected = {
+        (n, c, m, None, None, a)
+        for n in cfg["sizes"]
+        for c in (False, True)
+        for m, a in (("sdpa", 1.0), ("dense_entmax", 1.5))
     }
-    for row in report["results"]:
+    expected |= {
+        (n, c, "ours", t, p, a)
+        for n in cfg["sizes"]
+        for c in (False, True)
+        for t in cfg["tops"]
+        for p in (False, True)
+        for a in (1.0, 1.5)
+    }
+    assert {(r["n"], r["causal"], r["method"], r["top"], r["pattern"], r["alpha"]) for r in rows} == expected
+    sdpa = {(r["n"], r["causal"]): r for r in rows if r["method"] == "sdpa"}
+    for row in rows:
         assert row["status"] == "ok", row
         assert row["forward_ms"] > 0 and row["forward_backward_ms"] > 0
         assert row["extra_mb_forward_backward"] >= 0 and row["peak_rss_mb_forward_backward"] > 0
-        assert row["pairs"] == row["n"] ** 2 // 16 * report["settings"]["heads"]
-        assert row["density"] == pytest.approx(1 / 16)
-    assert [s["n"] for s in report["summary"]] == sizes
-    for summary in report["summary"]:
-        assert summary["speedup_forward"] > 0 and summary["speedup_forward_backward"] > 0
-        assert {"memory_ratio_forward", "memory_ratio_forward_backward"} <= set(summary)
+        if row["method"] != "ours":
+            assert row["density"] == 1.0
+            continue
+        assert 0 < row["density"] < 1
+        if row["top"] == 1 and not row["pattern"]:
+            per_head = row["n"] ** 2 // 16 if not row["causal"] else None
+            assert per_head is None or row["pairs"] == per_head * report["settings"]["heads"]
+        dense = sdpa[(row["n"], row["causal"])]
+        for phase in ("forward", "forward_backward"):
+            assert row[f"speedup_{phase}"] == pytest.approx(dense[f"{phase}_ms"] / row[f"{phase}_ms"])
+            assert row[f"efficiency_{phase}"] == pytest.approx(row[f"speedup_{phase}"] * row["density"])
+            assert row[f"entmax_over_softmax_{phase}"] > 0
     png = (tmp_path / "bench.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
     printed = capsys.readouterr().out
-    assert "dense_entmax" in printed and "faster forward" in printed
+    assert "dense_entmax" in printed and "eff f+b" in printed
+    sizes = bench.INDEX_SIZES["quick"]
     indexed = report["indexed"]
     assert indexed["settings"]["rank"] == bench.INDEX_RANK and indexed["settings"]["threads"] == 1
     methods = ("sdpa", "dense_entmax", "indexed_certified", "indexed_approximate")
@@ -68,10 +89,10 @@ def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
 def test_only_indexed_runs_just_the_indexed_comparison(tmp_path, capsys):
     assert bench.main(["--device", "cpu", "--quick", "--only", "indexed", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert report["results"] == [] and report["summary"] == []
+    assert report["results"] == []
     assert {r["status"] for r in report["indexed"]["results"]} == {"ok"}
     printed = capsys.readouterr().out
-    assert "indexed_certified" in printed and "faster forward" not in printed
+    assert "indexed_certified" in printed and "eff f+b" not in printed
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--suite", "gpu", "--only", "indexed", "--out", str(tmp_path)])
 

@@ -1,0 +1,134 @@
+"""The single-bucket fast path (``kernels.bucket_blocks`` plans, ``BucketBlockAttention`` computes) against
+the dense reference: exact pair coverage, values and gradients at awkward shapes, gradcheck in float64."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from entmax import entmax15, sparsemax
+
+from kernels import bucket_blocks, bucketed_attention, torch_bucketed
+from kernels.attended import attended_mask
+from kernels.bucket_blocks import ladder, plan_blocks
+from kernels.reference import dense_bucketed_attention
+from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+attention = functools.partial(bucketed_attention, backend="torch")
+
+
+def skewed_ids(heads: int, n: int, *, seed: int) -> torch.Tensor:
+    """(1, heads, n, 1) ids: one bucket with about half the tokens, a few small ones, and some −1."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 5, (1, heads, n, 1), generator=gen, dtype=torch.int32)
+    ids[torch.rand(ids.shape, generator=gen) < 0.5] = 0
+    ids[torch.rand(ids.shape, generator=gen) < 0.1] = -1
+    return ids
+
+
+def test_ladder_rounds_up_by_at_most_a_quarter():
+    x = torch.arange(1, 5000)
+    up = ladder(x)
+    assert (up >= x).all() and (up <= torch.maximum(x + 3, (x * 5) // 4)).all()
+    assert len(set(ladder(torch.arange(257, 513)).tolist())) == 4  # four sizes per octave
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "causal"),
+    [(n, n, c) for n in (1, 17, 97, 130, 300) for c in (False, True)] + [(97, 40, False), (17, 130, False)],
+)
+def test_blocks_hold_each_attended_pair_once(n, m, causal):
+    qb, kb = skewed_ids(3, n, seed=n), skewed_ids(3, m, seed=m + 1)
+    plan = plan_blocks(qb.reshape(3, n).long(), kb.reshape(3, m).long(), causal=causal)
+    found = torch.zeros(3 * n, m, dtype=torch.int64)
+    for blocks in plan.classes:
+        hit = blocks.key_pos[:, None, :] <= blocks.query_limit[:, :, None]  # (blocks, L, M)
+        b, r, c = hit.nonzero(as_tuple=True)
+        found.index_put_((blocks.queries[b, r], blocks.keys[b, c] % m), torch.ones_like(b), accumulate=True)
+        assert blocks.masked or hit.all()
+    mask = attended_mask(qb, kb, causal=causal)[0].reshape(3 * n, m)
+    assert torch.equal(found, mask.long())
+    assert plan.num_pairs == int(mask.sum())
+    assert plan.num_entries <= 4 * plan.num_pairs + 3 * n * 8  # ladder rounding and short buckets only
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("alpha", [1.0, 1.3, 1.5, 2.0])
+@pytest.mark.parametrize("d", [32, 64])
+@pytest.mark.parametrize("n", [1, 17, 97, 130])
+def test_values_and_gradients_match_reference(n, d, alpha, causal):
+    gen = torch.Generator().manual_seed(n + d)
+    q, k, v = (torch.randn(1, 3, n, d, generator=gen) for _ in "qkv")
+    qb = kb = skewed_ids(3, n, seed=n)
+    qb = qb.clone()
+    qb[0, 0, : n // 3] = 7  # a bucket no key holds: rows with no key
+    opts = dict(alpha=alpha, causal=causal)
+    assert_close_to_truth(
+        attention(q, k, v, qb, kb, **opts),
+        dense_bucketed_attention(q, k, v, qb, kb, **opts),
+        dense64(q, k, v, qb, kb, **opts),
+    )
+    grad_out = torch.randn(q.shape, generator=gen)
+    grads = []
+    for fn, dtype in (
+        (attention, torch.float32),
+        (dense_bucketed_attention, torch.float32),
+        (dense64, torch.float64),
+    ):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        fn(*leaves, qb, kb, **opts).backward(grad_out.to(dtype))
+        grads.append([x.grad for x in leaves])
+    for ours, ref, truth in zip(*grads, strict=True):
+        assert_close_to_truth(ours, ref, truth)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.7])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradcheck_over_several_chunks(alpha, causal, monkeypatch):
+    monkeypatch.setattr(torch_bucketed, "CHUNK_ENTRIES", 8)  # one block per chunk
+    monkeypatch.setattr(bucket_blocks, "ROWS", 3)
+    monkeypatch.setattr(bucket_blocks, "CAUSAL_ROWS", 2)  # buckets span several query chunks
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (
+        torch.randn(1, 2, 11, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in "qkv"
+    )
+    ids = skewed_ids(2, 11, seed=3)
+    assert len(plan_blocks(ids.reshape(2, 11).long(), ids.reshape(2, 11).long(), causal=causal).classes) > 1
+
+    def fn(q, k, v):
+        return attention(q, k, v, ids, ids, alpha=alpha, causal=causal)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+def test_single_bucket_ids_take_the_block_path(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tile planner ran")
+
+    monkeypatch.setattr(torch_bucketed, "plan_tiles", refuse)
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in "qkv")
+    ids = skewed_ids(2, 40, seed=0)
+    out = attention(q, k, v, ids, ids, alpha=1.5, causal=True)
+    torch.testing.assert_close(out, dense_bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True))
+    # Extra slots that hold −1 or repeat the token's id add no bucket: still one id per token.
+    wide = torch.cat([ids, torch.full_like(ids, -1), ids], dim=-1)
+    wide[0, 0, ::3, 1], wide[0, 0, ::3, 0] = wide[0, 0, ::3, 0], -1
+    torch.testing.assert_close(attention(q, k, v, wide, wide, alpha=1.5, causal=True), out)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+@pytest.mark.parametrize("spread", [0.3, 1.0, 4.0])
+def test_row_normaliser_equals_sort_based_entmax(alpha, spread):
+    """Whole-row α-entmax (support check, rows that settle late continuing on their own) against the
+    sort-based entmax15 / sparsemax, with −inf entries and an empty row."""
+    gen = torch.Generator().manual_seed(int(spread * 10))
+    scores = torch.randn(6, 64, 50, generator=gen, dtype=torch.float64) * spread
+    scores[scores < -1.5 * spread] = float("-inf")
+    scores[0, 0] = float("-inf")
+    expected = (entmax15 if alpha == 1.5 else sparsemax)(scores.masked_fill(scores.isinf(), -1e300), dim=-1)
+    expected[0, 0] = 0
+    probs = torch_bucketed._normalise(scores.clone(), alpha, torch_bucketed._WholeRows, inplace=True)
+    torch.testing.assert_close(probs, expected, rtol=0, atol=1e-12)
