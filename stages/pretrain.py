@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"pretrain.model.max_positions = {params.model.max_positions}: {params.data} holds sequences "
                 f"of up to {longest} tokens; allowed: at least {longest} (or a lower prepare.max_length)"
             )
-        model = build_marian(params.model, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+        model = build_marian(
+            params.model, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, params.train.seed
+        )
         parent = None
     else:
         with loading(init, "pretrain.init"):

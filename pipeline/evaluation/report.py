@@ -527,7 +527,9 @@ def _students_section(evaluation: dict) -> str:
     lines += [
         "",
         "Δ is against the teacher; *before fine-tuning* is the teacher with the student's predictor; "
-        "computed per layer is the share of valid query–key pairs the student computes in each layer; train "
+        "computed per layer is the share of valid query–key pairs the student computes in each self-attention "
+        "layer it restricts (encoder layers first, then decoder layers; SAMSA's learned support vectors are "
+        "not pairs of the sentence); train "
         "step is the student's forward and backward time over the teacher's, measured side by side; decode "
         "is time relative to the teacher's.",
     ]

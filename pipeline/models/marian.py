@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import torch
 from transformers import (
     AutoConfig,
     AutoModelForSeq2SeqLM,
@@ -14,8 +16,14 @@ from transformers import (
 from pipeline.params import Evaluation, ModelShape
 
 
-def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int) -> MarianMTModel:
-    """A fresh Marian model with tied embeddings (shared source/target vocabulary and output layer)."""
+def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int, seed: int) -> MarianMTModel:
+    """A fresh Marian model with tied embeddings (shared source/target vocabulary and output layer), its
+    weights initialised from ``seed`` (the Trainer seeds only what happens after the model exists).
+
+    The weights draw from a stream of their own, derived from ``seed``: the Trainer restarts the global
+    generator from ``seed`` itself for dropout and data order, and weights drawn from that very stream
+    would be correlated with them.
+    """
     config = MarianConfig(
         vocab_size=vocab_size,
         decoder_vocab_size=vocab_size,
@@ -38,7 +46,10 @@ def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int) -
         tie_word_embeddings=True,
         scale_embedding=True,
     )
-    return MarianMTModel(config)
+    init_seed = int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        return MarianMTModel(config)
 
 
 def load_seq2seq(source: str, attn_implementation: str | None = None, **config_overrides) -> PreTrainedModel:
