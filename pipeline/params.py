@@ -30,6 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from yaml.constructor import ConstructorError
 
 from pipeline.errors import UserError
+from pipeline.par.pattern import Stack, parse_pattern
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -517,6 +518,40 @@ class SamsaStudent(StudentInstance):
     kinds: SelfKinds = ["encoder_self", "decoder_self"]
 
 
+def _pattern_of(stack: Stack) -> AfterValidator:
+    def check(text: str) -> str:
+        parse_pattern(text, stack)
+        return text
+
+    return AfterValidator(check)
+
+
+# PAR patterns as written ('(sff)x2 (f)x2'): s self-attention, f feed-forward, c cross-attention (decoder)
+EncoderPattern = Annotated[str, _pattern_of("encoder")]
+DecoderPattern = Annotated[str, _pattern_of("decoder")]
+
+
+class ParStudent(StudentInstance):
+    """PAR: the teacher's stacks rebuilt to a pattern of sublayers (``s`` self-attention, ``f``
+    feed-forward, ``c`` the decoder's cross-attention), distilled like every student. From the teacher
+    with both patterns given, or from a ``par_search`` folder, which holds its searched patterns (give
+    neither)."""
+
+    attention: Literal["par"] = "par"
+    init: str = "artifacts/models/par-searched"
+    encoder: EncoderPattern | None = None
+    decoder: DecoderPattern | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> ParStudent:
+        if (self.encoder is None) != (self.decoder is None):
+            raise ValueError(
+                "give both encoder and decoder patterns (init: the teacher), or neither (init: a par_search "
+                "folder, which holds its patterns)"
+            )
+        return self
+
+
 class EntmaxStudent(StudentInstance):
     """The control: the teacher fine-tuned and distilled exactly like the others, with its own dense
     α-entmax, so that a sparse student's gap to it is the cost of its sparsity alone, not of the extra
@@ -527,7 +562,7 @@ class EntmaxStudent(StudentInstance):
 
 
 StudentSpec = Annotated[
-    SparsefinderStudent | SsaStudent | SbmStudent | SamsaStudent | EntmaxStudent,
+    SparsefinderStudent | SsaStudent | SbmStudent | SamsaStudent | ParStudent | EntmaxStudent,
     Field(discriminator="attention"),
 ]
 # an instance name is a DVC foreach key (student@NAME) and part of file names
@@ -551,6 +586,7 @@ class Student(Section):
             "ssa": SsaStudent,
             "sbm": SbmStudent,
             "samsa": SamsaStudent,
+            "par": ParStudent,
             "dense": EntmaxStudent,
         }.items()
     }
@@ -594,6 +630,44 @@ class StudentRun(Section):
     metrics: str
 
 
+class ParArchitecture(Section):
+    """How the supernet's mixing parameters θ learn (the PAR paper's search: lr 1e-2, weight decay 5e-4,
+    θ held uniform while the blocks first adapt to being mixed)."""
+
+    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-2
+    weight_decay: Annotated[float, Field(ge=0.0)] = 5e-4
+    frozen_steps: NonNegativeInt = 50  # θ stays at its start (uniform) for the first steps
+    temperature: Annotated[float, Field(gt=0.0)] = 1.0  # τ of the Gumbel-softmax
+
+
+class ParSearch(Section):
+    """PAR's architecture search: a supernet from the teacher, distilled from it; the most probable choice
+    per position becomes the searched model (``out``, the teacher's blocks rearranged), with the mixing
+    weights in ``mixing`` and ``plot``."""
+
+    teacher: str = "artifacts/models/teacher"
+    data: str = "artifacts/data"
+    distill: Distillation = Distillation()
+    # the blocks' settings (the paper: weight decay 1e-4); the seed also draws blocks beyond the teacher's
+    train: Training = Training(max_steps=200, lr=2e-4, warmup_steps=20, weight_decay=1e-4)
+    architecture: ParArchitecture = ParArchitecture()
+    eval: Evaluation = Evaluation()  # the searched model's generation settings
+    run_dir: str = "artifacts/runs/par-search"
+    out: str = "artifacts/models/par-searched"
+    mixing: str = "artifacts/par/mixing.json"
+    plot: str = "artifacts/plots/par_search.png"
+    metrics: str = "artifacts/metrics/par_search.json"
+
+    @model_validator(mode="after")
+    def _frozen_within_training(self) -> ParSearch:
+        if self.architecture.frozen_steps >= self.train.max_steps:
+            raise ValueError(
+                f"architecture.frozen_steps {self.architecture.frozen_steps} leaves no step of the "
+                f"{self.train.max_steps} to search in; allowed: fewer than train.max_steps"
+            )
+        return self
+
+
 SECTIONS: dict[str, type[Section]] = {
     "prepare": Prepare,
     "pretrain": Pretrain,
@@ -603,6 +677,7 @@ SECTIONS: dict[str, type[Section]] = {
     "cluster": Cluster,
     "evaluate": Evaluate,
     "configure": Configure,
+    "par_search": ParSearch,
     "student": Student,
     "report": Report,
 }

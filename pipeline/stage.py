@@ -14,7 +14,7 @@ from pipeline.errors import UserError
 from pipeline.params import load_section
 
 # params keys that name what a stage writes (files or folders), at any depth of its section
-OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir")
+OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir", "mixing")
 
 
 def stage_params(name: str, argv: list[str] | None = None) -> Any:

@@ -17,6 +17,7 @@ import yaml
 
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore
+from pipeline.par.pattern import parse_pattern
 
 ROOT = Path(__file__).resolve().parents[1]
 SPARSE = 0.4  # the least mean sparsity of the micro teacher's decoder self-attention
@@ -91,7 +92,8 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
         f"| {stage} |" in dag
         for stage in (
             "prepare", "pretrain", "teacher", "extract", "project", "cluster", "configure",
-            "student@sparsefinder", "student@ssa", "student@sbm", "student@samsa", "evaluate", "report",
+            "student@sparsefinder", "student@ssa", "student@sbm", "student@samsa", "par_search",
+            "student@par", "student@par-hand", "evaluate", "report",
         )
     )  # fmt: skip
     dvc(project, "repro")
@@ -192,7 +194,7 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     assert set(headline["methods"]) == set(methods) and headline["teacher_bleu"] == teacher_quality["bleu"]
     assert "report.json" in dvc(project, "metrics", "show").stdout
     for name in ("sparsity_recall.png", "sparsity_bleu.png", "sparsity_perplexity.png", "recall_heatmap.png",
-                 "pareto_recall.csv", "quality.csv"):  # fmt: skip
+                 "speed_bleu.png", "pareto_recall.csv", "quality.csv"):  # fmt: skip
         assert (project / "artifacts/plots/report" / name).stat().st_size > 0
 
     # students: each starts from its init folder, is distilled from the teacher, and loads back alone
@@ -205,7 +207,8 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
         assert math.isfinite(metrics["test"]["bleu"]) and metrics["valid"]["perplexity"] > 1.0
         assert not (project / f"artifacts/runs/student-{name}").exists()
     students = {row["student"]: row for row in evaluation["students"]}
-    assert set(students) == names
+    par_students = {"par-hand": {"encoder": "sff", "decoder": "scfcff"}}
+    assert set(students) == names | set(par_students) | {"par"}
     assert students["ssa"]["sparsity"] == 0.0  # SSA samples in training only
     for name in ("sparsefinder", "sbm", "samsa"):  # these decode on graphs of their own
         assert 0.0 < students[name]["sparsity"] < 1.0, name
@@ -215,7 +218,30 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     assert len(students["samsa"]["computed_fraction_per_layer"]) == 3
     assert [e["samples"] for e in students["ssa"]["ensembles"]] == [1, 2]
     assert all(math.isfinite(e["perplexity"]) for e in students["ssa"]["ensembles"])
-    assert "## Students" in report and set(headline["students"]) == names
+    assert "## Students" in report and set(headline["students"]) == set(students)
+
+    # PAR: the search writes its patterns, mixing weights and a starting folder; both PAR students reload
+    mixing = load(project, "artifacts/par/mixing.json")
+    searched = {stack: parse_pattern(mixing["patterns"][stack], stack) for stack in ("encoder", "decoder")}
+    assert [len(mixing["mixing_weights"][stack]) for stack in ("encoder", "decoder")] == [2, 6]
+    assert all(
+        math.isclose(sum(p.values()), 1.0, abs_tol=1e-3)
+        for positions in mixing["mixing_weights"].values()
+        for p in positions
+        if p != "c"
+    )
+    assert (project / "artifacts/plots/par_search.png").stat().st_size > 0
+    assert load(project, "artifacts/models/par-searched/config.json")["par"] == searched
+    for name, patterns in {**par_students, "par": searched}.items():
+        manifest = load(project, f"artifacts/students/{name}/manifest.json")
+        assert manifest["attn_implementation"] == "entmax" and manifest["stage"] == f"student@{name}"
+        assert load(project, f"artifacts/students/{name}/config.json")["par"] == patterns
+        row = students[name]["par"]
+        attention = sum(pattern.count("s") for pattern in patterns.values())
+        assert row["attention_sublayers"] == attention
+        assert row["attention_fraction"] == round(attention / 3, 4)
+        assert students[name]["sparsity"] == 0.0 and math.isfinite(students[name]["bleu"])
+    assert "| par-hand | s (f)x2 | s (cf)x2 f | 0.67 |" in report  # the PAR table
 
     assert "up to date" in dvc(project, "status").stdout
     # outputs are byte-reproducible: forcing extract and project to run again changes nothing DVC tracks

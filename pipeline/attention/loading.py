@@ -15,6 +15,7 @@ from pipeline.attention.entmax import ENTMAX
 from pipeline.attention.interface import attach_state
 from pipeline.checkpoint import verify_checkpoint
 from pipeline.errors import UserError
+from pipeline.par.stacks import build_configured_stacks
 
 
 def _load_state_dict(folder: Path) -> dict[str, Tensor]:
@@ -37,10 +38,11 @@ def load_model(
     """Load a ``save_pretrained`` folder strictly, with the attention state ``from_pretrained`` drops.
 
     The model is built from the folder's config (class from ``config.architectures`` unless ``model_cls``
-    is given) with ``attn_implementation`` — it is not stored in config.json — gets the attention state its
-    config asks for (every registered state attacher runs: learned α, predictors), and then loads
-    model.safetensors (or its shards). Every stored tensor must find a parameter, and every parameter must
-    be stored except those ``save_pretrained`` leaves out on purpose (tied weights, keys ignored on save).
+    is given) with ``attn_implementation`` — it is not stored in config.json — gets the stacks its config
+    asks for (a PAR pattern, :mod:`pipeline.par.stacks`), then the attention state its config asks for
+    (every registered state attacher runs: learned α, predictors), and then loads model.safetensors (or
+    its shards). Every stored tensor must find a parameter, and every parameter must be stored except
+    those ``save_pretrained`` leaves out on purpose (tied weights, keys ignored on save).
     The weights are first checked against the folder's manifest
     (:func:`~pipeline.checkpoint.verify_checkpoint`). Returns the model in eval mode.
     """
@@ -52,6 +54,7 @@ def load_model(
     else:
         config = model_cls.config_class.from_pretrained(folder)
     model = model_cls._from_config(config, attn_implementation=attn_implementation)
+    build_configured_stacks(model)
     attach_state(model)
 
     missing, unexpected = model.load_state_dict(_load_state_dict(folder), strict=False)

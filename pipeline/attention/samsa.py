@@ -126,7 +126,7 @@ class SAMSAHead(PairCounter):
         hidden = torch.einsum("bhmd,hde->bhme", x, self.hidden_weight.float()) + self.hidden_bias[:, None]
         hidden = nn.functional.gelu(hidden)
         out = torch.einsum("bhmd,hde->bhme", hidden, self.output_weight.float()) + self.output_bias[:, None]
-        normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.norm_weight[:, None]
+        normed = nn.functional.rms_norm(out, out.shape[-1:], eps=NORM_EPS) * self.norm_weight[:, None]
         return torch.einsum("bhmd,hd->bhm", x + normed, self.score_weight.float()) + self.score_bias[:, None]
 
 

@@ -209,11 +209,13 @@ def _dense(
     position_bias: Tensor | None,
     q_members: Tensor,
     k_members: Tensor,
+    allowed: Tensor,
     *,
     scaling: float,
     dropout: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(output (b, h, n, d), probs ⊙ M (b, h, n, m), edges per head (h,)) on the n × m layout."""
+    """(output (b, h, n, d), probs ⊙ M (b, h, n, m), edges per head (h,)) on the n × m layout, ``allowed``
+    (b, 1 | h, n, m) the pairs the mask allows (:func:`_allowed`)."""
     b, h, n, _ = query.shape
     m = key.shape[-2]
     rates = _rates(q_members, head.blocks(), k_members)  # (b, h, n, m)
@@ -225,9 +227,7 @@ def _dense(
         graph = bernoulli_graph(rates, draw, graphs, rows[:, None], cols)
     else:
         graph = _eval_graph(head, rates.detach(), rows, m)
-    graph = (graph | _own_keys(n, m, query.device)) & _allowed(
-        attention_mask, b, n, m, causal=head.causal, device=query.device
-    )
+    graph = (graph | _own_keys(n, m, query.device)) & allowed
 
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (b, h, n, m)
     if position_bias is not None:
@@ -365,9 +365,11 @@ def sbm_attention_forward(
     if m > head.sparse_above:
         output, edges = _sparse(*inputs, *members, scaling=scaling, dropout=dropout)
         probs = None
+        valid = _valid_pairs(attention_mask, b, n, m, causal=head.causal, device=query.device)
     else:
-        output, probs, edges = _dense(*inputs, *members, scaling=scaling, dropout=dropout)
-    valid = _valid_pairs(attention_mask, b, n, m, causal=head.causal, device=query.device)
+        allowed = _allowed(attention_mask, b, n, m, causal=head.causal, device=query.device)
+        output, probs, edges = _dense(*inputs, *members, allowed, scaling=scaling, dropout=dropout)
+        valid = allowed.sum().float()
     if module.training:
         head.density = edges / valid.clamp(min=1)
     if head.measuring:

@@ -527,16 +527,15 @@ def _students_section(evaluation: dict) -> str:
     lines += [
         "",
         "Δ is against the teacher; *before fine-tuning* is the teacher with the student's predictor; "
-        "computed per layer is the share of valid query–key pairs the student computes in each self-attention "
-        "layer it restricts (encoder layers first, then decoder layers; SAMSA's learned support vectors are "
-        "not pairs of the sentence); train "
-        "step is the student's forward and backward time over the teacher's, measured side by side; decode "
-        "is time relative to the teacher's.",
+        "computed per layer is the share of valid query–key pairs the student computes in each "
+        "self-attention layer it restricts (encoder layers first, then decoder layers; SAMSA's learned "
+        "support vectors are not pairs of the sentence); train step is the student's forward and backward "
+        "time over the teacher's, measured side by side; decode is time relative to the teacher's.",
     ]
     parts = ["\n".join(lines)]
-    ensembles = _ensemble_table(students, teacher)
-    if ensembles:
-        parts.append(ensembles)
+    for table in (_ensemble_table(students, teacher), _par_table(students, teacher)):
+        if table:
+            parts.append(table)
     sentences = [
         _best_student_sentence(students, teacher),
         _fine_tuning_sentence(students),
@@ -580,6 +579,45 @@ def _ensemble_table(students: Sequence[dict], teacher: dict) -> str:
     return "\n".join(lines)
 
 
+def _par_table(students: Sequence[dict], teacher: dict) -> str:
+    """Each PAR student's patterns, the share of the teacher's self-attention sublayers it keeps, its quality
+    and decoding time beside the dense control's ("" without PAR students)."""
+    header = [
+        "student",
+        "encoder",
+        "decoder",
+        "attention kept",
+        "BLEU",
+        "Δ BLEU",
+        "perplexity",
+        "Δ ppl",
+        "decode",
+    ]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    control = dense_control(students)
+    for row in [*(row for row in students if row.get("par")), *([control] if control else [])]:
+        par = row.get("par") or {}
+        cells = [
+            _cell(row["student"]),
+            _cell(par.get("encoder", "teacher's")),
+            _cell(par.get("decoder", "teacher's")),
+            _num(par.get("attention_fraction", 1.0), 2),
+            *_versus(row, teacher),
+            _ratio(row.get("decode_seconds"), teacher.get("decode_seconds")),
+        ]
+        lines.append(_table_row(cells))
+    if not any(row.get("par") for row in students):
+        return ""
+    lines += [
+        "",
+        "PAR students: s self-attention, f feed-forward, c cross-attention sublayers, from the embeddings "
+        "up; attention kept is the self-attention sublayers over the teacher's; Δ is against the teacher; "
+        "decode is time relative to the teacher's. The dense control (the teacher's architecture, trained "
+        "the same way) is the last row when there is one.",
+    ]
+    return "\n".join(lines)
+
+
 def _best_student_sentence(students: Sequence[dict], teacher: dict) -> str:
     """Which student has the highest BLEU (ties: the sparser), at what sparsity, against the teacher."""
     best = best_at_least(students, x="sparsity", y="bleu", x_min=-math.inf)
@@ -607,10 +645,15 @@ def _fine_tuning_sentence(students: Sequence[dict]) -> str:
     return f"Fine-tuning with its own predicted graph takes {'; '.join(clauses)}." if clauses else ""
 
 
+def dense_control(students: Sequence[dict]) -> dict | None:
+    """The dense control: the student with the teacher's own α-entmax and the teacher's architecture."""
+    return next((row for row in students if row.get("attention") == "entmax" and not row.get("par")), None)
+
+
 def _control_sentence(students: Sequence[dict]) -> str:
     """Each sparse student against the dense control (a student with the teacher's own α-entmax, trained the
     same way): the cost of the sparsity alone ("" without a control)."""
-    control = next((row for row in students if row.get("attention") == "entmax"), None)
+    control = dense_control(students)
     if control is None or finite_number(control["bleu"]) is None:
         return ""
     clauses = [

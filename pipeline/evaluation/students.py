@@ -11,7 +11,8 @@ one forward and backward pass per batch (cross-entropy, no distillation), timed 
 student alternately on the same training batches, so the ratio compares the attentions alone. A student
 with SSA heads is also evaluated as a self-ensemble of S sampled sub-models for each S asked for, and a
 ``sparsefinder`` student beside its untrained twin: the teacher with the same predictor, which is what
-fine-tuning started from.
+fine-tuning started from. A PAR student's row also names its patterns and its self-attention sublayers as a
+fraction of the teacher's (the PAR paper's "fewer attention blocks"); its speed is its decoding time.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkp
 from pipeline.errors import UserError
 from pipeline.evaluation.quality import translation_quality
 from pipeline.metrics.translation import corpus_bleu
+from pipeline.par.pattern import attention_sublayers, compact_pattern
+from pipeline.par.stacks import PAR
 from pipeline.students.attention import STUDENT_ATTENTIONS
 from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate
 from pipeline.training.batches import padded_batches
@@ -144,6 +147,15 @@ def student_quality(
         "train_step_seconds": round(student_step, 4),
         "teacher_train_step_seconds": round(teacher_step, 4),
     }
+    patterns = getattr(student.config, PAR, None)
+    if patterns is not None:
+        teacher_attention = teacher.config.encoder_layers + teacher.config.decoder_layers
+        attention = sum(attention_sublayers(pattern) for pattern in patterns.values())
+        row[PAR] = {
+            **{stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
+            "attention_sublayers": attention,
+            "attention_fraction": round(attention / teacher_attention, 4),
+        }
     if untrained is not None:
         before = translation_quality(untrained, tokenizer, test, batch_size=batch_size)
         row["untrained"] = {key: before[key] for key in ("bleu", "perplexity", "sparsity")}

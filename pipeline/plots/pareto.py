@@ -10,14 +10,13 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pipeline.atomic import atomic_path, write_text
@@ -31,6 +30,7 @@ from pipeline.evaluation.report import (
     student_rows,
     teacher_quality,
 )
+from pipeline.plots.canvas import new_figure, save_png
 
 COLORS = matplotlib.colormaps["tab10"].colors
 # baselines in muted tab10 colours, the learned predictors in strong ones
@@ -56,6 +56,7 @@ FILES = {
     "sparsity_bleu": "sparsity_bleu.png",
     "sparsity_perplexity": "sparsity_perplexity.png",
     "recall_heatmap": "recall_heatmap.png",
+    "speed_bleu": "speed_bleu.png",
     "pareto_recall": "pareto_recall.csv",
     "quality": "quality.csv",
 }
@@ -64,6 +65,7 @@ CAPTIONS = {
     "sparsity_bleu": "Sparsity–BLEU with predicted graphs and students",
     "sparsity_perplexity": "Sparsity–perplexity with predicted graphs and students",
     "recall_heatmap": "Recall per layer and head at the operating point",
+    "speed_bleu": "Decoding time–BLEU of the students (PAR: the share of attention sublayers kept)",
 }
 
 
@@ -83,6 +85,7 @@ def write_report_plots(
         plot_recall_heatmap(
             evaluation, operating_point(evaluation, recall_target), tmp / FILES["recall_heatmap"]
         )
+        plot_speed_quality(evaluation, tmp / FILES["speed_bleu"])
         write_pareto_csv(evaluation, tmp / FILES["pareto_recall"])
         write_quality_csv(evaluation, tmp / FILES["quality"])
     return {name: out_dir / file for name, file in FILES.items()}
@@ -102,15 +105,8 @@ def method_style(method: str) -> tuple[tuple[float, float, float], str]:
 
 
 def _figure(width: float = 8.0, height: float = 5.0) -> tuple[Figure, Axes]:
-    figure = Figure(figsize=(width, height), dpi=110)
-    FigureCanvasAgg(figure)
+    figure = new_figure(width, height)
     return figure, figure.add_subplot()
-
-
-def _save(figure: Figure, path: str | os.PathLike) -> None:
-    with atomic_path(path) as tmp:
-        # "tight" keeps a legend placed outside the axes inside the image
-        figure.savefig(tmp, format="png", bbox_inches="tight")
 
 
 def _message(path: str | os.PathLike, title: str, text: str) -> None:
@@ -119,7 +115,7 @@ def _message(path: str | os.PathLike, title: str, text: str) -> None:
     ax.set_axis_off()
     ax.set_title(title, fontsize=10)
     ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=12, transform=ax.transAxes)
-    _save(figure, path)
+    save_png(figure, path)
 
 
 def _subtitle(evaluation: dict) -> str:
@@ -146,11 +142,17 @@ def _fronts(ax: Axes, rows: Sequence[dict], x: str, y: str, maximize: tuple[bool
         ax.plot(xs[front], ys[front], color=color, marker=marker, markersize=5, linewidth=1.4, label=method)
 
 
-def _students(ax: Axes, students: Sequence[dict], metric: str) -> None:
-    """Each student with a sparsity and a ``metric`` as one black-edged diamond, named beside it and in the
-    legend as ``student: NAME``."""
+def _students(
+    ax: Axes,
+    students: Sequence[dict],
+    metric: str,
+    x_of: Callable[[dict], Any] = lambda row: row["sparsity"],
+    label: Callable[[dict], str] = lambda row: row["student"],
+) -> None:
+    """Each student with an x (its sparsity) and a ``metric`` as one black-edged diamond, named beside it
+    and in the legend as ``student: NAME``."""
     for i, row in enumerate(students):
-        x, y = finite_number(row["sparsity"]), finite_number(row.get(metric))
+        x, y = finite_number(x_of(row)), finite_number(row.get(metric))
         if x is None or y is None:
             continue
         ax.scatter(
@@ -164,7 +166,7 @@ def _students(ax: Axes, students: Sequence[dict], metric: str) -> None:
             zorder=5,
             label=f"student: {row['student']}",
         )
-        ax.annotate(row["student"], (x, y), xytext=(7, 5), textcoords="offset points", fontsize=8)
+        ax.annotate(label(row), (x, y), xytext=(7, 5), textcoords="offset points", fontsize=8)
 
 
 def _legend(ax: Axes) -> None:
@@ -185,7 +187,7 @@ def plot_sparsity_recall(evaluation: dict, path: str | os.PathLike) -> None:
     ax.set_title(f"Sparsity–recall Pareto fronts\n{_subtitle(evaluation)}", fontsize=10)
     ax.grid(alpha=0.3)
     _legend(ax)
-    _save(figure, path)
+    save_png(figure, path)
 
 
 def plot_quality(evaluation: dict, metric: Literal["bleu", "perplexity"], path: str | os.PathLike) -> None:
@@ -219,7 +221,44 @@ def plot_quality(evaluation: dict, metric: Literal["bleu", "perplexity"], path: 
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     _legend(ax)
-    _save(figure, path)
+    save_png(figure, path)
+
+
+def _relative(value: Any, reference: float) -> float | None:
+    value = finite_number(value)
+    return None if value is None else value / reference
+
+
+def _speed_label(row: dict) -> str:
+    par = row.get("par")
+    return row["student"] if not par else f"{row['student']} (attention ×{par['attention_fraction']:.2f})"
+
+
+def plot_speed_quality(evaluation: dict, path: str | os.PathLike) -> None:
+    """Each student's decoding time relative to the teacher's against its BLEU, the teacher at 1 as a star;
+    a PAR student's label gives its self-attention sublayers as a share of the teacher's."""
+    title = f"Decoding time–BLEU of the students\n{_subtitle(evaluation)}"
+    teacher = teacher_quality(evaluation)
+    reference = finite_number(teacher.get("decode_seconds"))
+    students = student_rows(evaluation)
+
+    def speed(row: dict) -> float | None:
+        return None if reference is None else _relative(row.get("decode_seconds"), reference)
+
+    if not finite_points([{"x": speed(row), "y": row.get("bleu")} for row in students], "x", "y")[0]:
+        _message(path, title, "no timed students")
+        return
+    figure, ax = _figure()
+    _students(ax, students, "bleu", x_of=speed, label=_speed_label)
+    teacher_bleu = finite_number(teacher.get("bleu"))
+    if teacher_bleu is not None:
+        ax.scatter([1.0], [teacher_bleu], marker="*", s=220, color="black", zorder=4, label="teacher")
+    ax.set_xlabel("decoding time relative to the teacher's (lower is faster)")
+    ax.set_ylabel("BLEU")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    save_png(figure, path)
 
 
 def plot_recall_heatmap(evaluation: dict, setting: dict | None, path: str | os.PathLike) -> None:
@@ -249,7 +288,7 @@ def plot_recall_heatmap(evaluation: dict, setting: dict | None, path: str | os.P
         f"sparsity {_format(setting.get('sparsity'))}, recall {_format(setting.get('recall'))}",
         fontsize=10,
     )
-    _save(figure, path)
+    save_png(figure, path)
 
 
 def _ink(value: float) -> str:

@@ -9,6 +9,9 @@ student's attention in place.
   (:class:`DenseFinetune`).
 - ``sbm`` and ``samsa``: start from the teacher, with freshly initialised (seeded) SBM or SAMSA heads in its
   self-attention (:func:`~pipeline.students.attention.attach_student_attention`).
+- ``par``: the teacher's stacks rearranged to a pattern of sublayers
+  (:func:`~pipeline.par.from_teacher.rebuild_from_teacher`), or the ``par_search`` stage's folder, which
+  already is.
 - ``entmax``: the control, the teacher trained on with its own dense α-entmax.
 """
 
@@ -22,7 +25,10 @@ from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.attention.ssa import set_sampling
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError
-from pipeline.params import SsaStudent, StudentRun, StudentSpec
+from pipeline.par.from_teacher import rebuild_from_teacher
+from pipeline.par.pattern import parse_pattern
+from pipeline.par.stacks import PAR, STACKS
+from pipeline.params import ParStudent, SsaStudent, StudentRun, StudentSpec
 from pipeline.students.attention import attach_student_attention
 
 
@@ -45,13 +51,34 @@ def build_student(
             f"{wanted} attention ({spec.attention} students start from one)"
         )
     with loading(init, key):
-        model = load_model(init, attn_implementation=spec.attention)
+        model = load_model(init, attn_implementation=ENTMAX if spec.attention == PAR else spec.attention)
         tokenizer = AutoTokenizer.from_pretrained(init)
+    if isinstance(spec, ParStudent):
+        arrange_par(model, spec, key, seed=seed)
     attach_student_attention(model, spec, seed=seed)
     for name, parameter in model.named_parameters():
         if f".{SPARSEFINDER}." in name:  # the predictor is fixed; see the module docstring
             parameter.requires_grad_(False)
     return model.train(), tokenizer
+
+
+def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int) -> None:
+    """Rebuild the teacher ``model`` to ``spec``'s patterns; a model that already has PAR stacks (a
+    ``par_search`` folder) must come without patterns, a teacher with both."""
+    searched = getattr(model.config, PAR, None)
+    if searched is not None and spec.encoder is not None:
+        raise UserError(
+            f"{key} = {spec.init!r} already holds a PAR model ({searched}); allowed: no encoder and decoder "
+            "patterns with it, or the teacher as init"
+        )
+    if searched is None and spec.encoder is None:
+        raise UserError(
+            f"{key} = {spec.init!r} is no PAR model; allowed: encoder and decoder patterns to rebuild it "
+            "to, or a par_search folder as init"
+        )
+    if searched is None:
+        patterns = {stack: parse_pattern(getattr(spec, stack), stack) for stack in STACKS}
+        rebuild_from_teacher(model, patterns, seed=seed)
 
 
 class DenseFinetune(TrainerCallback):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import DatasetDict, load_from_disk
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
@@ -22,7 +23,7 @@ from pipeline.errors import UserError
 from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.models.marian import set_generation
-from pipeline.params import Evaluation, Pretrain, StudentRun, Teacher
+from pipeline.params import Evaluation, ParSearch, Pretrain, StudentRun, Teacher
 from pipeline.timings import write_metrics
 from pipeline.training.batches import padded_batches
 from pipeline.training.seq2seq import is_main_process, train_seq2seq
@@ -91,6 +92,38 @@ def evaluate_translation(
     return metrics
 
 
+def train_stage(
+    params: Pretrain | Teacher | StudentRun | ParSearch,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DatasetDict,
+    parent: dict[str, Any] | None,
+    *,
+    teacher: PreTrainedModel | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
+    optimizer: torch.optim.Optimizer | None = None,
+) -> tuple[PreTrainedModel, float, str]:
+    """Train ``model`` with ``params.train`` in ``params.run_dir``, resuming a run of the same params, data
+    and parent; with a ``teacher``, distilled with ``params.distill``. Returns the trained model, the
+    seconds it took and the data folder's sha256."""
+    data_sha256 = folder_sha256(params.data)
+    fingerprint = value_sha256({"params": params.model_dump(), "data": data_sha256, "parent": parent})
+    started = time.perf_counter()
+    model = train_seq2seq(
+        model,
+        tokenizer,
+        data,
+        params.run_dir,
+        params.train,
+        fingerprint,
+        teacher=teacher,
+        distillation=getattr(params, "distill", None),
+        callbacks=callbacks,
+        optimizer=optimizer,
+    )
+    return model, time.perf_counter() - started, data_sha256
+
+
 def train_and_evaluate(
     stage: str,
     params: Pretrain | Teacher | StudentRun,
@@ -102,26 +135,13 @@ def train_and_evaluate(
     teacher: PreTrainedModel | None = None,
     callbacks: Sequence[TrainerCallback] = (),
 ) -> None:
-    """Train ``model`` with ``params.train``, save it to ``params.out`` and write ``params.metrics``.
+    """Train ``model`` (:func:`train_stage`), save it to ``params.out`` and write ``params.metrics``.
 
     A student passes its ``teacher`` (distilled with ``params.distill``) and its own training callbacks.
     """
-    data_sha256 = folder_sha256(params.data)
-    fingerprint = value_sha256({"params": params.model_dump(), "data": data_sha256, "parent": parent})
-    started = time.perf_counter()
-    distillation = getattr(params, "distill", None)
-    model = train_seq2seq(
-        model,
-        tokenizer,
-        data,
-        params.run_dir,
-        params.train,
-        fingerprint,
-        teacher=teacher,
-        distillation=distillation,
-        callbacks=callbacks,
+    model, train_seconds, data_sha256 = train_stage(
+        params, model, tokenizer, data, parent, teacher=teacher, callbacks=callbacks
     )
-    train_seconds = time.perf_counter() - started
     if not is_main_process():
         return
     set_generation(model, params.eval)

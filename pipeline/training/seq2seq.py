@@ -137,11 +137,14 @@ def train_seq2seq(
     teacher: PreTrainedModel | None = None,
     distillation: Distillation | None = None,
     callbacks: Sequence[TrainerCallback] = (),
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> PreTrainedModel:
     """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible.
 
     With a ``teacher`` the loss also distils the teacher's token distributions into ``model``
-    (:class:`~pipeline.students.distill.DistillationTrainer`, weighted by ``distillation``).
+    (:class:`~pipeline.students.distill.DistillationTrainer`, weighted by ``distillation``). An
+    ``optimizer`` replaces the Trainer's AdamW (its parameter groups keep their own learning rates and
+    weight decay; the schedule scales them all).
     """
     args = training_arguments(run_dir, settings)
     _ = args.device  # sets up the process group under torchrun, so the run folder check can synchronise
@@ -157,6 +160,7 @@ def train_seq2seq(
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         processing_class=tokenizer,
         callbacks=[FiniteLoss(), *callbacks],
+        optimizers=(optimizer, None),
     )
     if teacher is None:
         trainer = Seq2SeqTrainer(**options)

@@ -47,12 +47,13 @@ def test_stage_writes_report_metrics_and_plots(tmp_path: Path):
         "sparsity_bleu.png",
         "sparsity_perplexity.png",
         "sparsity_recall.png",
+        "speed_bleu.png",
     ]
     markdown = (out / "report.md").read_text()
     assert "| kmeans | 0.960 (kmeans(buckets=4, top_k=1) w=3) |" in markdown
     # figures are linked relative to the report, and each link resolves
     links = [line[line.index("](") + 2 : -1] for line in markdown.splitlines() if line.startswith("![")]
-    assert "plots/report/sparsity_recall.png" in links and len(links) == 4
+    assert "plots/report/sparsity_recall.png" in links and len(links) == 5
     assert all((out / link).is_file() for link in links)
     headline = json.loads((out / "metrics" / "report.json").read_text())
     assert headline["best"]["method"] == "kmeans" and headline["best"]["bleu"] == 19.25

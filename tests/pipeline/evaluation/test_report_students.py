@@ -178,13 +178,13 @@ def test_quality_csv_lists_the_students_after_the_points(tmp_path: Path):
 def drawn(monkeypatch: pytest.MonkeyPatch, evaluation: dict, metric: str, path: Path) -> Figure:
     """The figure :func:`plot_quality` draws (it is still saved to ``path``)."""
     figures: list[Figure] = []
-    save = pareto._save
+    save = pareto.save_png
 
     def keep(figure: Figure, target: Path) -> None:
         figures.append(figure)
         save(figure, target)
 
-    monkeypatch.setattr(pareto, "_save", keep)
+    monkeypatch.setattr(pareto, "save_png", keep)
     plot_quality(evaluation, metric, path)
     return figures[-1]
 
@@ -320,3 +320,48 @@ def test_untrained_twin_and_dense_control_are_reported_beside_the_students():
     # without a control or a twin neither sentence is written
     plain = section(build_report(with_students())[0], "Students")
     assert "before fine-tuning" not in plain.split("\n\n")[0] and "dense control" not in plain
+
+
+def with_par_students() -> dict:
+    """:func:`with_students` plus a PAR student placed before the dense control (both entmax students)."""
+    evaluation = with_students()
+    par = student("par", 0.0, 19.0, 5.4, 7.0, 0.15)
+    par["attention"] = "entmax"
+    par["par"] = {"encoder": "sff sf", "decoder": "scff (cf)x2", "attention_sublayers": 3,
+                  "attention_fraction": 0.75}  # fmt: skip
+    control = student("dense", 0.0, 19.5, 5.2, 10.0, 0.2)
+    control["attention"] = "entmax"
+    evaluation["students"] += [par, control]
+    return evaluation
+
+
+def test_par_students_have_a_table_of_their_patterns_beside_the_dense_control():
+    body = section(build_report(with_par_students())[0], "Students")
+    assert "| student | encoder | decoder | attention kept | BLEU |" in body
+    assert tables(body)[2] == [
+        ["par", "sff sf", "scff (cf)x2", "0.75", "19.00", "-1.00", "5.40", "+0.40", "0.70×"],
+        ["dense", "teacher's", "teacher's", "1.00", "19.50", "-0.50", "5.20", "+0.20", "1.00×"],
+    ]
+    # the control is the dense student, not the PAR student that also runs α-entmax
+    assert "Against the dense control (dense: " in body and "par -0.50 BLEU, +0.20 perplexity" in body
+    assert "attention kept" not in section(build_report(with_students())[0], "Students")
+
+
+def test_the_speed_figure_places_students_by_decoding_time_and_labels_par_students(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    figures: list[Figure] = []
+    save = pareto.save_png
+    monkeypatch.setattr(
+        pareto, "save_png", lambda figure, target: (figures.append(figure), save(figure, target))
+    )
+    pareto.plot_speed_quality(with_par_students(), tmp_path / "speed.png")
+    ax = figures[-1].axes[0]
+    assert [text.get_text() for text in ax.texts] == ["sparsefinder", "ssa", "par (attention ×0.75)", "dense"]
+    points = [tuple(collection.get_offsets()[0]) for collection in ax.collections]
+    assert points == [(1.25, 19.1), (0.9, 18.0), (0.7, 19.0), (1.0, 19.5), (1.0, 20.0)]  # teacher last
+    assert_picture(tmp_path / "speed.png")
+    evaluation = with_par_students()
+    del evaluation["quality"]["teacher"]["decode_seconds"]
+    pareto.plot_speed_quality(evaluation, tmp_path / "untimed.png")
+    assert figures[-1].axes[0].texts[0].get_text() == "no timed students"

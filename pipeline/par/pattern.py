@@ -1,0 +1,114 @@
+"""PAR patterns: which sublayers a stack is made of, written as in the PAR paper.
+
+A pattern is a sequence of sublayer letters, read left to right from the embeddings up:
+
+- ``s``: self-attention, ``x ← LayerNorm(x + SelfAttention(x))``;
+- ``f``: feed-forward, ``x ← LayerNorm(x + W₂ act(W₁ x))``;
+- ``c``: cross-attention to the encoder's output (decoder only), ``x ← LayerNorm(x + CrossAttention(x, h))``.
+
+Letters may be grouped and repeated, ``(sff)x2 (f)x2`` = ``sffsffff``; spaces between items are
+ignored. A Marian stack
+of L layers is ``(sf)xL`` (encoder) and ``(scf)xL`` (decoder). The paper's letters are ``s`` and ``f``
+(its models are decoder-only); ``c`` keeps an encoder–decoder's cross-attention where the pattern puts it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+Stack = Literal["encoder", "decoder"]
+
+SELF, FEED_FORWARD, CROSS = "s", "f", "c"
+LETTERS: dict[Stack, str] = {"encoder": SELF + FEED_FORWARD, "decoder": SELF + CROSS + FEED_FORWARD}
+# an item: a run of letters, or a parenthesised run with a repeat count
+_ITEM = re.compile(
+    r"\s*(?:(?P<run>[a-z]+)|\((?P<group>[a-z]*)(?P<close>\)?)(?P<times>\s*x)?\s*(?P<count>\d*))"
+)
+
+
+def teacher_pattern(stack: Stack, layers: int) -> str:
+    """The pattern of a Marian stack with ``layers`` layers (each layer's sublayers, in order)."""
+    return ("sf" if stack == "encoder" else "scf") * layers
+
+
+def _syntax(text: str, position: int, what: str, stack: Stack) -> ValueError:
+    allowed = ", ".join(LETTERS[stack])
+    return ValueError(
+        f"{stack} pattern {text!r}, position {position + 1}: {what}; allowed: the letters {allowed} and "
+        "groups '(letters)xN', e.g. '(sff)x2 ff'"
+    )
+
+
+def parse_pattern(text: str, stack: Stack) -> str:
+    """The flat letter string of ``text`` (``'(sf)x2 f'`` → ``'sfsff'``), checked for ``stack``.
+
+    Raises ValueError naming the first position that is not a letter of the stack, a well-formed group or a
+    repeat count of at least 1. A decoder pattern must hold a ``c`` (or it would never read the source) and
+    an ``s`` (or a target token would never see the ones before it).
+    """
+    flat: list[str] = []
+    position = 0
+    while position < len(text):
+        if text[position:].strip() == "":
+            break
+        match = _ITEM.match(text, position)
+        if match is None:
+            start = len(text) - len(text[position:].lstrip())
+            raise _syntax(text, start, f"unexpected {text[start]!r}", stack)
+        letters = match["run"] if match["run"] is not None else match["group"]
+        offset = match.start("run") if match["run"] is not None else match.start("group")
+        for i, letter in enumerate(letters):
+            if letter not in LETTERS[stack]:
+                raise _syntax(text, offset + i, f"{letter!r} is not a sublayer of the {stack}", stack)
+        if match["run"] is not None:
+            flat.append(letters)
+        else:
+            if not match["close"]:
+                raise _syntax(text, match.end("group"), "the group is not closed by ')'", stack)
+            if not letters:
+                raise _syntax(text, match.start("group") - 1, "an empty group", stack)
+            if not match["times"] or not match["count"] or int(match["count"]) < 1:
+                what = "a group needs a repeat count 'xN' (N ≥ 1) after its ')'"
+                raise _syntax(text, match.end("close"), what, stack)
+            flat.append(letters * int(match["count"]))
+        position = match.end()
+    pattern = "".join(flat)
+    if not pattern:
+        raise _syntax(text, 0, "no sublayers", stack)
+    if stack == "decoder" and CROSS not in pattern:
+        raise _syntax(text, 0, "no 'c': the decoder would never read the encoder's output", stack)
+    if stack == "decoder" and SELF not in pattern:
+        raise _syntax(text, 0, "no 's': a target token would never see the tokens before it", stack)
+    return pattern
+
+
+def compact_pattern(pattern: str) -> str:
+    """A short way to write a flat pattern: each maximal repeat of the shortest period as ``(…)xN``,
+    e.g. ``'sfsfsfff'`` → ``'(sf)x3 (f)x2'``; parses back to ``pattern``."""
+    items: list[str] = []
+    start = 0
+    while start < len(pattern):
+        best = (1, 1)  # (period, repeats) covering the most letters, shortest period first
+        for period in range(1, (len(pattern) - start) // 2 + 1):
+            unit = pattern[start : start + period]
+            repeats = 1
+            while pattern.startswith(unit, start + repeats * period):
+                repeats += 1
+            if repeats > 1 and period * repeats > best[0] * best[1]:
+                best = (period, repeats)
+        period, repeats = best
+        unit = pattern[start : start + period]
+        if repeats > 1:
+            items.append(f"({unit})x{repeats}")
+        elif items and not items[-1].startswith("("):
+            items[-1] += unit
+        else:
+            items.append(unit)
+        start += period * repeats
+    return " ".join(items)
+
+
+def attention_sublayers(pattern: str) -> int:
+    """How many self-attention sublayers a flat pattern has."""
+    return pattern.count(SELF)

@@ -1,0 +1,138 @@
+"""Stage ``par_search``: PAR's architecture search on the teacher.
+
+The teacher becomes a supernet (:mod:`pipeline.par.supernet`) whose every self-attention and feed-forward
+position mixes {self-attention, feed-forward, identity}; it is distilled from the teacher with two parameter
+groups: the blocks (``train.lr``, ``train.weight_decay``) and the mixing parameters θ
+(``architecture.lr``, ``architecture.weight_decay``), θ held at its start for ``architecture.frozen_steps``.
+The most probable choice per position gives the searched patterns; the teacher rearranged to them
+(:func:`~pipeline.par.from_teacher.rebuild_from_teacher`) is saved as ``out``, for ``student@par`` to
+start from. ``mixing`` keeps the mixing weights per position, ``plot`` draws them.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+from transformers import AutoTokenizer, TrainerCallback
+
+from pipeline.atomic import write_json
+from pipeline.attention import load_model
+from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint, save_checkpoint
+from pipeline.errors import exits_cleanly
+from pipeline.models.marian import set_generation
+from pipeline.par.from_teacher import rebuild_from_teacher
+from pipeline.par.pattern import attention_sublayers, compact_pattern, teacher_pattern
+from pipeline.par.supernet import architecture_parameters, build_supernet, mixing_weights, searched_patterns
+from pipeline.params import ParSearch
+from pipeline.plots.par import plot_mixing_weights
+from pipeline.stage import stage_params
+from pipeline.timings import write_metrics
+from pipeline.training.run import encode_with, load_corpus, train_stage
+from pipeline.training.seq2seq import is_main_process
+
+
+class FrozenArchitecture(TrainerCallback):
+    """θ stays at its start for the first ``steps`` optimizer steps: its gradients are zeroed as they are
+    computed (so they add nothing to the norm the other gradients are clipped by) and dropped before the
+    step (so AdamW leaves θ and its moments untouched, weight decay included). Safe under DDP: θ keeps
+    ``requires_grad``, only the values change."""
+
+    def __init__(self, parameters: list[torch.nn.Parameter], steps: int) -> None:
+        self.parameters = parameters
+        self.steps = steps
+        self.frozen = steps > 0
+        for parameter in parameters:
+            parameter.register_hook(self._gradient)
+
+    def _gradient(self, gradient: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(gradient) if self.frozen else gradient
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self.frozen = state.global_step < self.steps
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs) -> None:
+        if self.frozen:
+            for parameter in self.parameters:
+                parameter.grad = None
+
+
+@exits_cleanly
+def main(argv: list[str] | None = None) -> None:
+    params: ParSearch = stage_params("par_search", argv)
+    teacher_folder = resolve_checkpoint(params.teacher, "par_search.teacher", local=True)
+    data, _ = load_corpus(params.data, "par_search.data")
+    with loading(teacher_folder, "par_search.teacher"):
+        teacher = load_model(teacher_folder)
+        supernet = load_model(teacher_folder)
+        tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
+    build_supernet(supernet, params.architecture.temperature)
+    supernet.train()
+    architecture = architecture_parameters(supernet)
+    blocks = [p for p in supernet.parameters() if all(p is not a for a in architecture)]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": blocks, "lr": params.train.lr, "weight_decay": params.train.weight_decay},
+            {
+                "params": architecture,
+                "lr": params.architecture.lr,
+                "weight_decay": params.architecture.weight_decay,
+            },
+        ]
+    )
+    data = encode_with(tokenizer, data, supernet.config.max_position_embeddings)
+    parent = {"teacher": describe_parent(teacher_folder)}
+    supernet, train_seconds, _ = train_stage(
+        params,
+        supernet,
+        tokenizer,
+        data,
+        parent,
+        teacher=teacher,
+        callbacks=[FrozenArchitecture(architecture, params.architecture.frozen_steps)],
+        optimizer=optimizer,
+    )
+    if not is_main_process():
+        return
+
+    table = mixing_weights(supernet)
+    patterns = searched_patterns(table)
+    with loading(teacher_folder, "par_search.teacher"):
+        searched = load_model(teacher_folder)
+    copied = rebuild_from_teacher(searched, patterns, seed=params.train.seed)
+    set_generation(searched, params.eval)
+    save_checkpoint(
+        params.out,
+        searched,
+        tokenizer,
+        {"stage": "par_search", "params": params.model_dump(), "parent": parent},
+    )
+    config = teacher.config
+    teachers = {"encoder": config.encoder_layers, "decoder": config.decoder_layers}
+    write_json(
+        params.mixing,
+        {
+            "patterns": {stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
+            "teacher_patterns": {
+                stack: compact_pattern(teacher_pattern(stack, layers)) for stack, layers in teachers.items()
+            },
+            "mixing_weights": table,
+            "sublayers_from_teacher": copied,
+        },
+    )
+    plot_mixing_weights(table, patterns, params.plot)
+    attention = sum(attention_sublayers(pattern) for pattern in patterns.values())
+    write_metrics(
+        params.metrics,
+        {
+            "attention_sublayers": attention,
+            "attention_fraction": round(attention / sum(teachers.values()), 4),
+            "sublayers": sum(len(pattern) for pattern in patterns.values()),
+            "train_seconds": round(train_seconds, 1),
+        },
+    )
+    shutil.rmtree(params.run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
