@@ -66,10 +66,16 @@ def pattern_pairs(
 
 def shared_bucket_pairs(q_buckets: torch.Tensor, k_buckets: torch.Tensor) -> torch.Tensor:
     """(batch, heads, n, m) S from bucket ids (batch, heads, n | m, T) with −1 for none."""
-    # (b, h, n, 1, T, 1) == (b, h, 1, m, 1, T′) -> any over the T×T′ id pairs
-    qb = q_buckets[..., :, None, :, None]
-    kb = k_buckets[..., None, :, None, :]
-    return ((qb == kb) & (qb >= 0)).flatten(-2).any(-1)
+    n, m = q_buckets.shape[-2], k_buckets.shape[-2]
+    leading = torch.broadcast_shapes(q_buckets.shape[:-2], k_buckets.shape[:-2])
+    shared = torch.zeros(*leading, n, m, dtype=torch.bool, device=q_buckets.device)
+    # one (…, n, m) comparison per pair of id slots, OR-ed in place: comparing all T × T′ slots at once
+    # would build a (…, n, m, T, T′) tensor and reduce it, T·T′ times the memory and most of the time
+    q_ids = q_buckets.masked_fill(q_buckets < 0, -2)  # "none" (−1) then never equals a key's id or none
+    for t in range(q_buckets.shape[-1]):
+        for u in range(k_buckets.shape[-1]):
+            shared |= q_ids[..., :, t, None] == k_buckets[..., None, :, u]
+    return shared
 
 
 def valid_pairs(q_valid: torch.Tensor, k_valid: torch.Tensor, *, causal: bool) -> torch.Tensor:
