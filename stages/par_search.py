@@ -11,6 +11,7 @@ start from. ``mixing`` keeps the mixing weights per position, ``plot`` draws the
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import torch
@@ -22,7 +23,7 @@ from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint, sa
 from pipeline.errors import exits_cleanly
 from pipeline.models.marian import set_generation
 from pipeline.par.from_teacher import rebuild_from_teacher
-from pipeline.par.pattern import attention_sublayers, compact_pattern, teacher_pattern
+from pipeline.par.pattern import attention_share, compact_pattern, teacher_pattern
 from pipeline.par.supernet import architecture_parameters, build_supernet, mixing_weights, searched_patterns
 from pipeline.params import ParSearch
 from pipeline.plots.par import plot_mixing_weights
@@ -64,12 +65,12 @@ def main(argv: list[str] | None = None) -> None:
     data, _ = load_corpus(params.data, "par_search.data")
     with loading(teacher_folder, "par_search.teacher"):
         teacher = load_model(teacher_folder)
-        supernet = load_model(teacher_folder)
         tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
+    supernet, searched = copy.deepcopy(teacher), copy.deepcopy(teacher)  # the teacher is read once
     build_supernet(supernet, params.architecture.temperature)
     supernet.train()
     architecture = architecture_parameters(supernet)
-    blocks = [p for p in supernet.parameters() if all(p is not a for a in architecture)]
+    blocks = [p for p in supernet.parameters() if not any(p is a for a in architecture)]
     optimizer = torch.optim.AdamW(
         [
             {"params": blocks, "lr": params.train.lr, "weight_decay": params.train.weight_decay},
@@ -97,8 +98,6 @@ def main(argv: list[str] | None = None) -> None:
 
     table = mixing_weights(supernet)
     patterns = searched_patterns(table)
-    with loading(teacher_folder, "par_search.teacher"):
-        searched = load_model(teacher_folder)
     copied = rebuild_from_teacher(searched, patterns, seed=params.train.seed)
     set_generation(searched, params.eval)
     save_checkpoint(
@@ -121,12 +120,12 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     plot_mixing_weights(table, patterns, params.plot)
-    attention = sum(attention_sublayers(pattern) for pattern in patterns.values())
+    attention, share = attention_share(patterns, sum(teachers.values()))
     write_metrics(
         params.metrics,
         {
             "attention_sublayers": attention,
-            "attention_fraction": round(attention / sum(teachers.values()), 4),
+            "attention_fraction": share,
             "sublayers": sum(len(pattern) for pattern in patterns.values()),
             "train_seconds": round(train_seconds, 1),
         },

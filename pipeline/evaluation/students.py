@@ -34,7 +34,7 @@ from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkp
 from pipeline.errors import UserError
 from pipeline.evaluation.quality import translation_quality
 from pipeline.metrics.translation import corpus_bleu
-from pipeline.par.pattern import attention_sublayers, compact_pattern
+from pipeline.par.pattern import attention_share, compact_pattern
 from pipeline.par.stacks import PAR
 from pipeline.students.attention import STUDENT_ATTENTIONS
 from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate
@@ -149,12 +149,13 @@ def student_quality(
     }
     patterns = getattr(student.config, PAR, None)
     if patterns is not None:
-        teacher_attention = teacher.config.encoder_layers + teacher.config.decoder_layers
-        attention = sum(attention_sublayers(pattern) for pattern in patterns.values())
+        attention, share = attention_share(
+            patterns, teacher.config.encoder_layers + teacher.config.decoder_layers
+        )
         row[PAR] = {
             **{stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
             "attention_sublayers": attention,
-            "attention_fraction": round(attention / teacher_attention, 4),
+            "attention_fraction": share,
         }
     if untrained is not None:
         before = translation_quality(untrained, tokenizer, test, batch_size=batch_size)

@@ -15,6 +15,7 @@ of L layers is ``(sf)xL`` (encoder) and ``(scf)xL`` (decoder). The paper's lette
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Literal
 
 Stack = Literal["encoder", "decoder"]
@@ -112,3 +113,10 @@ def compact_pattern(pattern: str) -> str:
 def attention_sublayers(pattern: str) -> int:
     """How many self-attention sublayers a flat pattern has."""
     return pattern.count(SELF)
+
+
+def attention_share(patterns: Mapping[Stack, str], teacher_layers: int) -> tuple[int, float]:
+    """(self-attention sublayers of the flat ``patterns``, their share of a teacher's ``teacher_layers``
+    self-attentions, rounded to 4 places): the PAR paper's "fewer attention blocks"."""
+    attention = sum(attention_sublayers(pattern) for pattern in patterns.values())
+    return attention, round(attention / teacher_layers, 4)

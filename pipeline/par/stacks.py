@@ -16,6 +16,7 @@ the weights.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -59,7 +60,7 @@ class Context(NamedTuple):
     kwargs: dict  # the attention interface's own arguments, passed through
 
 
-class Sublayer(GradientCheckpointingLayer):
+class Sublayer(GradientCheckpointingLayer, ABC):
     """One residual sublayer, x ← LN(x + dropout(F(x))); called with a Marian layer's arguments.
 
     ``PARTS`` names the submodules a teacher layer's part of the same name loads into.
@@ -87,9 +88,9 @@ class Sublayer(GradientCheckpointingLayer):
             layer_idx=self.index,
         )
 
+    @abstractmethod
     def update(self, hidden_states: Tensor, context: Context) -> Tensor | None:
         """F(x), or None for no change (cross-attention without an encoder output)."""
-        raise NotImplementedError
 
     def forward(
         self,

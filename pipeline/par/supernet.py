@@ -65,13 +65,14 @@ def build_supernet(model: PreTrainedModel, temperature: float) -> None:
     built: dict[Stack, list[nn.Module]] = {}
     for stack, layers in teachers.items():
         built[stack] = []
+        mixed = 0  # the searched positions so far: the next one's cache slot
         for layer_index, _ in enumerate(layers):
             for letter in teacher_pattern(stack, 1):
                 if letter == CROSS:
                     built[stack].append(CrossAttention(config, stack, layer_index))
                     continue
-                position = sum(isinstance(m, MixedSublayer) for m in built[stack])
-                candidates = SelfAttention(config, stack, position), FeedForward(config, stack, position)
+                candidates = SelfAttention(config, stack, mixed), FeedForward(config, stack, mixed)
+                mixed += 1
                 built[stack].append(MixedSublayer(*candidates, temperature))
     for stack, module in stack_modules(model).items():
         module.layers = nn.ModuleList(built[stack]).train(module.training)
