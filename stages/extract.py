@@ -15,7 +15,14 @@ from pipeline.attention import load_model
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.graphs import GraphStore, attention_kind
-from pipeline.graphs.extract import extract_graphs, kind_shapes, query_lengths, teacher_fingerprint
+from pipeline.graphs.extract import (
+    Layout,
+    extract_graphs,
+    kind_shapes,
+    model_layout,
+    query_lengths,
+    teacher_fingerprint,
+)
 from pipeline.graphs.summary import summarize
 from pipeline.params import Extract
 from pipeline.stage import stage_params
@@ -24,8 +31,12 @@ from pipeline.training.run import encode_with, load_corpus
 
 
 def check_kinds(params: Extract, model: PreTrainedModel) -> None:
-    """Raise :class:`UserError` unless every kind asked for has the same layers, heads and head size."""
-    shapes = kind_shapes(model, [attention_kind(k) for k in params.kinds])
+    """Raise :class:`UserError` unless the teacher has every kind asked for, all of one shape (layers,
+    heads and head size)."""
+    try:
+        shapes = kind_shapes(model, [attention_kind(k) for k in params.kinds])
+    except ValueError as err:
+        raise UserError(f"extract.kinds = {params.kinds}: {err}") from None
     if len(set(shapes.values())) > 1:
         described = ", ".join(f"{k} {s[0]} layers × {s[1]} heads × {s[2]} dims" for k, s in shapes.items())
         raise UserError(
@@ -34,14 +45,14 @@ def check_kinds(params: Extract, model: PreTrainedModel) -> None:
         )
 
 
-def check_lengths(params: Extract, name: str, dataset: Any) -> None:
+def check_lengths(params: Extract, name: str, dataset: Any, layout: Layout) -> None:
     """Raise :class:`UserError` unless some sentence of store ``name``'s split is ``min_length`` long."""
     store = params.stores[name]
     key = f"extract.stores.{name}"
     if len(dataset) == 0:
         raise UserError(f"{key}.split = {store.split!r}: that split of {params.data} is empty")
     kinds = [attention_kind(k) for k in params.kinds]
-    lengths = query_lengths(dataset, kinds)
+    lengths = query_lengths(dataset, kinds, layout)
     if lengths.max() < store.min_length:
         sides = " and ".join(sorted({k.query_side for k in kinds}))
         raise UserError(
@@ -62,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     check_kinds(params, model)
     data = encode_with(tokenizer, data, model.config.max_position_embeddings)
     for name, store in params.stores.items():
-        check_lengths(params, name, data[store.split])
+        check_lengths(params, name, data[store.split], model_layout(model))
     fingerprint = teacher_fingerprint(model, teacher)
     summaries = {}
     for name, store in params.stores.items():

@@ -135,6 +135,15 @@ def module_heads(module: nn.Module) -> int:
     raise ValueError(f"cannot tell how many attention heads {type(module).__name__} has")
 
 
+def module_head_dim(module: nn.Module) -> int:
+    """The size of one head of an attention module: ``head_dim`` (BERT-likes: ``attention_head_size``)."""
+    for attribute in ("head_dim", "attention_head_size"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"cannot tell the head size of {type(module).__name__}")
+
+
 def attach_to_modules(
     model: PreTrainedModel, attribute: str, make: Callable[[str, nn.Module], nn.Module]
 ) -> list[str]:

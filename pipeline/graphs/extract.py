@@ -1,10 +1,18 @@
-"""Run an encoder–decoder teacher with teacher forcing and store its queries, keys and attention graphs.
+"""Run a teacher on a dataset and store its queries, keys and attention graphs.
 
-Queries and keys are captured by forward hooks on every attention module's ``q_proj`` / ``k_proj``, so they
-are exactly what the attention function received: after the projection, before the module's ``scaling``
-(which goes into the manifest). The gold graphs are the probabilities the attention implementation returns
-with ``output_attentions=True``; with α-entmax they are exactly sparse, so the graph is {(i, j) : p_ij > 0}.
-Padding is stripped per sentence before storing.
+What is stored is captured inside the registered attention function itself (:func:`capture_attention`):
+the queries and keys the scores were really computed from — after rotary embeddings in a Llama, after
+GPT-2's fused ``c_attn``, before the module's ``scaling`` (which goes into the manifest) — and the
+probabilities the function returned. With α-entmax they are exactly sparse, so the graph is
+{(i, j) : p_ij > 0}, and it is reproduced exactly by the stored q and k. Grouped keys are repeated to the
+query heads. Padding is stripped per sentence before storing.
+
+Three model layouts, told apart by the model itself (:func:`model_layout`):
+
+- ``encoder_decoder`` (Marian, BART): rows hold ``input_ids`` (source) and ``labels`` (target); the decoder
+  reads shift_tokens_right(labels). Kinds: ``encoder_self``, ``decoder_self``, ``cross``.
+- ``decoder_only`` (GPT-2, Llama): rows hold ``input_ids``, the target side. Kind: ``decoder_self``.
+- ``encoder_only`` (BERT, RoBERTa): rows hold ``input_ids``, the source side. Kind: ``encoder_self``.
 """
 
 from __future__ import annotations
@@ -13,27 +21,39 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.marian.modeling_marian import shift_tokens_right
 
+from pipeline.attention.interface import attention_modules, module_head_dim, module_heads
 from pipeline.fingerprint import cached_file_sha256
 from pipeline.graphs.kinds import AttentionKind, attention_kind
 from pipeline.graphs.store import AttentionGraph, GraphStore, GraphStoreWriter
 
-# attention implementations whose attention function returns the probabilities it used
-_NO_PROBABILITIES = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
-# model output field holding each kind's per-layer (batch, heads, n, m) probabilities
-_OUTPUT_FIELD = {
-    "decoder_self": "decoder_attentions",
-    "encoder_self": "encoder_attentions",
-    "cross": "cross_attentions",
+# implementations that return no probabilities, and eager, which the models call without the registry
+_UNRECORDABLE = (
+    "eager",
+    "sdpa",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+    "flex_attention",
+)
+Layout = Literal["encoder_decoder", "decoder_only", "encoder_only"]
+# per layout, the dataset column each side of a row is read from
+SIDE_COLUMNS: dict[Layout, dict[str, str]] = {
+    "encoder_decoder": {"source": "input_ids", "target": "labels"},
+    "decoder_only": {"target": "input_ids"},
+    "encoder_only": {"source": "input_ids"},
 }
+# (kind, layer) → (q, k, probs) the attention function computed with: (b, h, n, d), (b, h, m, d), (b, h, n, m)
+Captured = dict[tuple[str, int], tuple[Tensor, Tensor, Tensor]]
 
 
 def teacher_fingerprint(model: PreTrainedModel, checkpoint: str | os.PathLike) -> dict[str, Any]:
@@ -49,8 +69,38 @@ def teacher_fingerprint(model: PreTrainedModel, checkpoint: str | os.PathLike) -
     }
 
 
+def model_layout(model: PreTrainedModel) -> Layout:
+    """The layout of ``model``: encoder–decoder, decoder-only (it generates) or encoder-only."""
+    if model.config.is_encoder_decoder:
+        return "encoder_decoder"
+    return "decoder_only" if model.can_generate() else "encoder_only"
+
+
+def layout_kinds(layout: Layout) -> list[str]:
+    """The attention kinds a model of ``layout`` has."""
+    return [name for name in ("decoder_self", "encoder_self", "cross") if _has_kind(layout, name)]
+
+
+def _has_kind(layout: Layout, name: str) -> bool:
+    kind = attention_kind(name)
+    return {kind.query_side, kind.key_side} <= set(SIDE_COLUMNS[layout])
+
+
 def attention_layers(model: PreTrainedModel, kind: AttentionKind) -> list[nn.Module]:
-    """The attention module of every layer for ``kind`` (Marian/BART layout: ``layers[i].self_attn`` ...)."""
+    """The attention module of every layer for ``kind``, bottom up.
+
+    Encoder–decoders have the Marian/BART layout (``layers[i].self_attn``, ``layers[i].encoder_attn``); a
+    decoder- or encoder-only model has one kind, whose modules are those dispatching through the attention
+    interface. A kind the model lacks is a ValueError naming the kinds it has.
+    """
+    layout = model_layout(model)
+    if not _has_kind(layout, kind.name):
+        raise ValueError(
+            f"a {layout.replace('_', '-')} model has no {kind.name} attention; allowed: "
+            f"{', '.join(layout_kinds(layout))}"
+        )
+    if layout != "encoder_decoder":
+        return [module for _, module in attention_modules(model)]
     if kind.name == "encoder_self":
         return [layer.self_attn for layer in model.get_encoder().layers]
     if kind.name == "decoder_self":
@@ -66,13 +116,13 @@ def kind_shapes(
     for kind in kinds:
         modules = attention_layers(model, kind)
         first = modules[0]
-        shapes[kind.name] = (len(modules), first.num_heads, first.head_dim, float(first.scaling))
+        shapes[kind.name] = (len(modules), module_heads(first), module_head_dim(first), float(first.scaling))
     return shapes
 
 
-def query_lengths(dataset: Any, kinds: Sequence[AttentionKind]) -> np.ndarray:
+def query_lengths(dataset: Any, kinds: Sequence[AttentionKind], layout: Layout) -> np.ndarray:
     """(rows,) int64: each row's fewest queries over ``kinds``, the length ``min_length`` is compared with."""
-    columns = {"source": "input_ids", "target": "labels"}
+    columns = SIDE_COLUMNS[layout]
     sides = sorted({k.query_side for k in kinds})
     return np.minimum.reduce([np.array([len(ids) for ids in dataset[columns[s]]], np.int64) for s in sides])
 
@@ -81,6 +131,7 @@ def select_rows(
     dataset: Any,
     kinds: Sequence[AttentionKind],
     *,
+    layout: Layout,
     min_length: int,
     max_sentences: int | None,
     seed: int | None,
@@ -90,7 +141,7 @@ def select_rows(
     At most ``max_sentences`` of them: a seeded uniform sample when ``seed`` is given (so a corpus stored
     in reading order is not cut to its first chapters), else the first ones.
     """
-    rows = np.flatnonzero(query_lengths(dataset, kinds) >= min_length)
+    rows = np.flatnonzero(query_lengths(dataset, kinds, layout) >= min_length)
     if max_sentences is not None and len(rows) > max_sentences:
         if seed is None:
             rows = rows[:max_sentences]
@@ -100,32 +151,46 @@ def select_rows(
 
 
 @contextmanager
-def capture_projections(
-    modules: Mapping[tuple[str, int], nn.Module],
-) -> Iterator[dict[tuple[str, int, str], torch.Tensor]]:
-    """Record the q_proj/k_proj outputs of attention modules keyed (kind, layer) while the block runs.
+def capture_attention(
+    model: PreTrainedModel, modules: Mapping[tuple[str, int], nn.Module]
+) -> Iterator[Captured]:
+    """Record what the attention function computes with in ``modules`` (keyed (kind, layer)) while the block
+    runs, by wrapping the model's registered attention function; yields a :data:`Captured` filled on every
+    forward, keys repeated to the query heads, everything detached.
 
-    Yields a dict filled on every forward: (kind, layer, "q" | "k") → (batch, heads, length, head_dim).
+    Needs an implementation that returns its probabilities (this project's, or any registered one that
+    does): ``sdpa`` and the flash kernels return none, and ``eager`` is not looked up in the registry.
     """
-    captured: dict[tuple[str, int, str], torch.Tensor] = {}
+    name = model.config._attn_implementation
+    if name in _UNRECORDABLE or name not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(
+            f"attention implementation {name!r} cannot be recorded (it returns no attention probabilities, "
+            "or is not in the attention registry); load the teacher with attn_implementation='entmax'"
+        )
+    original = ALL_ATTENTION_FUNCTIONS[name]
+    where = {id(module): key for key, module in modules.items()}
+    captured: Captured = {}
 
-    def hook(key: tuple[str, int, str], heads: int):
-        def record(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
-            b, t, _ = output.shape
-            captured[key] = output.detach().view(b, t, heads, -1).transpose(1, 2)
+    def recording(module: nn.Module, query: Tensor, key: Tensor, *args: Any, **kwargs: Any):
+        output, probs = original(module, query, key, *args, **kwargs)
+        if id(module) in where:
+            if probs is None:
+                raise RuntimeError(f"attention implementation {name!r} returned no probabilities")
+            groups = query.shape[1] // key.shape[1]  # grouped-query attention shares keys between heads
+            captured[where[id(module)]] = (
+                query.detach(),
+                key.detach().repeat_interleave(groups, dim=1),
+                probs.detach(),
+            )
+        return output, probs
 
-        return record
-
-    handles = []
-    for (kind, layer), module in modules.items():
-        for name in ("q", "k"):
-            projection = getattr(module, f"{name}_proj")
-            handles.append(projection.register_forward_hook(hook((kind, layer, name), module.num_heads)))
+    # an item set on the interface instance is a local override of the registered function, which
+    # deleting it uncovers again
+    ALL_ATTENTION_FUNCTIONS[name] = recording
     try:
         yield captured
     finally:
-        for handle in handles:
-            handle.remove()
+        del ALL_ATTENTION_FUNCTIONS[name]
 
 
 def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,20 +222,15 @@ def extract_graphs(
 ) -> dict[str, Any]:
     """Write the graph store of ``model`` over ``dataset`` to ``out_folder``; returns its manifest.
 
-    ``dataset`` has unpadded ``input_ids`` (source) and ``labels`` (target) columns and supports
-    ``dataset[column]`` and ``dataset[row]`` (a ``datasets.Dataset``). The decoder reads
+    ``dataset`` has the unpadded columns of the model's layout (:data:`SIDE_COLUMNS`) and supports
+    ``dataset[column]`` and ``dataset[row]`` (a ``datasets.Dataset``). An encoder–decoder's decoder reads
     shift_tokens_right(labels), so decoder position i is the prefix ending with label i − 1; its tokens are
     what the store shows on the target side. ``fingerprint`` identifies the teacher
     (:func:`teacher_fingerprint`); ``split`` names the corpus split ``dataset`` is, for the manifest.
     See :func:`select_rows` for ``min_length``, ``max_sentences``, ``seed``; ``desc`` labels the progress bar.
     """
     specs = [attention_kind(k) for k in kinds]
-    config = model.config
-    if config._attn_implementation in _NO_PROBABILITIES:
-        raise ValueError(
-            f"attention implementation {config._attn_implementation!r} returns no attention probabilities; "
-            "load the teacher with attn_implementation='entmax' (or 'eager')"
-        )
+    layout = model_layout(model)
     per_kind = {k.name: attention_layers(model, k) for k in specs}
     shapes = set(kind_shapes(model, specs).values())
     if len(shapes) != 1:
@@ -180,12 +240,12 @@ def extract_graphs(
     layers, heads, head_dim, scaling = shapes.pop()
     modules = {(name, i): m for name, ms in per_kind.items() for i, m in enumerate(ms)}
 
-    rows = select_rows(dataset, specs, min_length=min_length, max_sentences=max_sentences, seed=seed)
+    rows = select_rows(
+        dataset, specs, layout=layout, min_length=min_length, max_sentences=max_sentences, seed=seed
+    )
     if not rows:
         raise ValueError(f"no dataset row has every requested kind at least {min_length} tokens long")
 
-    device = next(model.parameters()).device
-    pad_id, start_id = config.pad_token_id, config.decoder_start_token_id
     writer = GraphStoreWriter(
         out_folder,
         teacher_fingerprint=fingerprint,
@@ -198,33 +258,28 @@ def extract_graphs(
         dtype=dtype,
         shard_sentences=shard_sentences,
     )
+    columns = SIDE_COLUMNS[layout]
+    # padding is masked, so its id only matters to models that have one (GPT-2 has none)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     was_training = model.training
     model.eval()
     try:
-        with writer, capture_projections(modules) as captured, torch.inference_mode():
+        with capture_attention(model, modules) as captured, writer, torch.inference_mode():
             progress = tqdm(total=len(rows), unit="sentence", desc=desc)
             for begin in range(0, len(rows), batch_size):
                 batch_rows = rows[begin : begin + batch_size]
                 examples = [dataset[row] for row in batch_rows]
-                source, source_mask = _pad([list(e["input_ids"]) for e in examples], pad_id)
-                labels, target_mask = _pad([list(e["labels"]) for e in examples], pad_id)
-                decoder_input = shift_tokens_right(labels, pad_id, start_id)
-                outputs = model(
-                    input_ids=source.to(device),
-                    attention_mask=source_mask.to(device),
-                    decoder_input_ids=decoder_input.to(device),
-                    decoder_attention_mask=target_mask.to(device),
-                    output_attentions=True,
-                    use_cache=False,
-                )
-                batch_graphs = {k.name: _batch_graph(k, layers, captured, outputs) for k in specs}
+                sides = {
+                    side: _pad([list(e[column]) for e in examples], pad_id)
+                    for side, column in columns.items()
+                }
+                shown = _forward(model, layout, sides)
+                batch_graphs = {k.name: _batch_graph(k, layers, captured) for k in specs}
                 for b, row in enumerate(batch_rows):
-                    lengths = {"source": int(source_mask[b].sum()), "target": int(target_mask[b].sum())}
+                    lengths = {side: int(mask[b].sum()) for side, (_, mask) in sides.items()}
                     tokens = {
-                        "source": tokenizer.convert_ids_to_tokens(source[b, : lengths["source"]].tolist()),
-                        "target": tokenizer.convert_ids_to_tokens(
-                            decoder_input[b, : lengths["target"]].tolist()
-                        ),
+                        side: tokenizer.convert_ids_to_tokens(ids[b, : lengths[side]].tolist())
+                        for side, ids in shown.items()
                     }
                     graphs = {
                         k.name: _sentence(batch_graphs[k.name], b, lengths[k.query_side], lengths[k.key_side])
@@ -238,28 +293,43 @@ def extract_graphs(
     return GraphStore(out_folder).manifest
 
 
-def _batch_graph(
-    kind: AttentionKind,
-    layers: int,
-    captured: Mapping[tuple[str, int, str], torch.Tensor],
-    outputs: Any,
-) -> AttentionGraph:
+def _forward(
+    model: PreTrainedModel, layout: Layout, sides: Mapping[str, tuple[Tensor, Tensor]]
+) -> dict[str, Tensor]:
+    """Run ``model`` on one batch of padded (ids, mask) per side; returns the ids each side's positions
+    read, (B, T) per side."""
+    device = next(model.parameters()).device
+    if layout != "encoder_decoder":
+        ((side, (ids, mask)),) = sides.items()
+        model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+        return {side: ids}
+    (source, source_mask), (labels, target_mask) = sides["source"], sides["target"]
+    config = model.config
+    decoder_input = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+    model(
+        input_ids=source.to(device),
+        attention_mask=source_mask.to(device),
+        decoder_input_ids=decoder_input.to(device),
+        decoder_attention_mask=target_mask.to(device),
+        use_cache=False,
+    )
+    return {"source": source, "target": decoder_input}
+
+
+def _batch_graph(kind: AttentionKind, layers: int, captured: Captured) -> AttentionGraph:
     """One kind's batch as float32 numpy arrays, padding included, copied off the device in one go.
 
     Shapes: q (B, L, H, n, d), k (B, L, H, m, d), probs (B, L, H, n, m).
     """
-    probabilities = getattr(outputs, _OUTPUT_FIELD[kind.name])
-    if probabilities is None or any(p is None for p in probabilities):
-        raise RuntimeError(f"the teacher returned no {kind.name} attention probabilities")
+    missing = [layer for layer in range(layers) if (kind.name, layer) not in captured]
+    if missing:
+        raise RuntimeError(f"the teacher's {kind.name} attention of layers {missing} never ran")
 
-    def stack(tensors: Sequence[torch.Tensor]) -> np.ndarray:
-        return torch.stack(list(tensors), dim=1).float().cpu().numpy()
+    def stack(part: int) -> np.ndarray:
+        tensors = [captured[kind.name, layer][part] for layer in range(layers)]
+        return torch.stack(tensors, dim=1).float().cpu().numpy()
 
-    return AttentionGraph(
-        q=stack([captured[kind.name, i, "q"] for i in range(layers)]),
-        k=stack([captured[kind.name, i, "k"] for i in range(layers)]),
-        probs=stack(probabilities),
-    )
+    return AttentionGraph(q=stack(0), k=stack(1), probs=stack(2))
 
 
 def _sentence(batch: AttentionGraph, b: int, n: int, m: int) -> AttentionGraph:

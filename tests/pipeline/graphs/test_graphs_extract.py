@@ -143,17 +143,25 @@ def test_padding_is_stripped(teacher, dataset, tmp_path: Path) -> None:
 def test_select_rows(dataset) -> None:
     kinds = [KINDS["decoder_self"]]
     long_enough = [i for i, r in enumerate(dataset) if len(r["labels"]) >= 6]
-    assert select_rows(dataset, kinds, min_length=6, max_sentences=None, seed=0) == long_enough
-    assert select_rows(dataset, kinds, min_length=6, max_sentences=3, seed=None) == long_enough[:3]
-    sampled = select_rows(dataset, kinds, min_length=6, max_sentences=3, seed=1)
+    assert (
+        select_rows(dataset, kinds, layout="encoder_decoder", min_length=6, max_sentences=None, seed=0)
+        == long_enough
+    )
+    assert (
+        select_rows(dataset, kinds, layout="encoder_decoder", min_length=6, max_sentences=3, seed=None)
+        == long_enough[:3]
+    )
+    sampled = select_rows(dataset, kinds, layout="encoder_decoder", min_length=6, max_sentences=3, seed=1)
     assert len(sampled) == 3 and set(sampled) <= set(long_enough) and sampled == sorted(sampled)
-    assert sampled == select_rows(dataset, kinds, min_length=6, max_sentences=3, seed=1)
+    assert sampled == select_rows(
+        dataset, kinds, layout="encoder_decoder", min_length=6, max_sentences=3, seed=1
+    )
 
 
 def test_rejects_teachers_without_probabilities(teacher, dataset, tmp_path: Path) -> None:
     model, tokenizer, _ = teacher
     sdpa = MarianMTModel._from_config(copy.deepcopy(model.config), attn_implementation="sdpa")
-    with pytest.raises(ValueError, match="returns no attention probabilities"):
+    with pytest.raises(ValueError, match="cannot be recorded"):
         extract_graphs(sdpa, tokenizer, dataset, tmp_path / "graphs", fingerprint={}, split="train")
     with pytest.raises(ValueError, match="no dataset row"):
         extract_graphs(
