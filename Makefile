@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 EXTRAS ?= dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-SWORD_MODULES := /usr/share/sword/mods.d/engWEB2015eb.conf /usr/share/sword/mods.d/spaRV1909eb.conf
+SWORD_MODULES := $(addprefix /usr/share/sword/mods.d/,engWEB2015eb.conf spaRV1909eb.conf engKJV2006eb.conf)
 STAMP := $(VENV)/.installed-$(EXTRAS)
 
 .PHONY: setup corpus repro test lint clean
@@ -21,12 +21,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
 	touch $@
 
-# The default corpus: World English Bible and Reina-Valera 1909 SWORD modules (Debian packages).
+# The corpora: World English Bible, Reina-Valera 1909 and King James Version SWORD modules (Debian packages).
 corpus:
 	@for f in $(SWORD_MODULES); do [ -f $$f ] || missing=1; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing SWORD modules (sword-text-web sword-text-sparv)"; \
-	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q sword-text-web sword-text-sparv; \
+	  echo "installing SWORD modules (sword-text-web sword-text-sparv sword-text-kjv)"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q sword-text-web sword-text-sparv sword-text-kjv; \
 	fi
 
 repro: setup corpus

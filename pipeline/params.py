@@ -57,6 +57,10 @@ class SwordSource(Section):
     path: str = "/usr/share/sword"
     source_module: str = "engWEB2015eb"
     target_module: str = "spaRV1909eb"
+    # lm/mlm: the modules whose chapters are the documents (World English Bible, King James Version),
+    # and the books read (OSIS names such as "Gen"; null: all)
+    modules: Annotated[list[str], Field(min_length=1)] = ["engWEB2015eb", "engKJV2006eb"]
+    books: Annotated[list[str], Field(min_length=1)] | None = None
 
 
 class TextSource(Section):
@@ -74,16 +78,26 @@ class HubSource(Section):
     target_column: str | None = None
     id_column: str | None = None
     use_dataset_splits: bool = True
+    # lm/mlm: the column of text rows; `lines`: rows are lines of articles starting at WikiText's
+    # " = Title = " lines (else one document per row)
+    text_column: str | None = None
+    lines: bool = True
 
     @model_validator(mode="after")
     def _columns(self) -> HubSource:
         flat = self.source_column is not None and self.target_column is not None
-        if self.translation_column is None and not flat:
-            raise ValueError("set translation_column, or both source_column and target_column")
+        if self.translation_column is None and not flat and self.text_column is None:
+            raise ValueError(
+                "set translation_column, or both source_column and target_column (or text_column)"
+            )
         return self
 
 
 class Prepare(Section):
+    """A translation corpus of sentence pairs, or (``task`` lm / mlm) a corpus of ``context``-token blocks
+    cut from long documents: chapters of ``sword.modules``, or the articles of ``hf.text_column``."""
+
+    task: Literal["translation", "lm", "mlm"] = "translation"
     source: Literal["sword", "text", "hf"] = "sword"
     sword: SwordSource = SwordSource()
     text: TextSource | None = None
@@ -98,6 +112,7 @@ class Prepare(Section):
     max_length: PositiveInt = 64
     max_length_ratio: Annotated[float, Field(ge=1.0)] | None = None
     max_examples: PositiveInt | None = None
+    context: Annotated[int, Field(ge=2)] = 1024
     out: str = "artifacts/data"
     metrics: str = "artifacts/metrics/prepare.json"
 
@@ -111,6 +126,10 @@ class Prepare(Section):
             raise ValueError(f"min_length {self.min_length} exceeds max_length {self.max_length}")
         if self.valid_fraction + self.test_fraction >= 1.0:
             raise ValueError("valid_fraction + test_fraction must leave room for training data")
+        if self.task != "translation" and self.source == "text":
+            raise ValueError(f"source 'text' reads sentence pairs; allowed for task {self.task!r}: sword, hf")
+        if self.task != "translation" and self.source == "hf" and self.hf.text_column is None:
+            raise ValueError(f"task {self.task!r} reads documents from a text column; set hf.text_column")
         return self
 
 

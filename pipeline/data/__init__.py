@@ -6,7 +6,7 @@ from pipeline.data.filter import LengthFilter
 from pipeline.data.hf_source import read_hf
 from pipeline.data.osis import clean_osis
 from pipeline.data.pair import Pair, SourceRead
-from pipeline.data.split import assign_split, cap_pairs, split_pairs
+from pipeline.data.split import assign_split, cap_examples, split_pairs
 from pipeline.data.sword import open_module, read_sword, read_verses
 from pipeline.data.text_source import read_text_pair
 from pipeline.data.tokenizer import load_tokenizer, train_tokenizer
@@ -17,7 +17,7 @@ __all__ = [
     "SourceRead",
     "assign_split",
     "build_corpus",
-    "cap_pairs",
+    "cap_examples",
     "clean_osis",
     "load_tokenizer",
     "open_module",

@@ -1,7 +1,8 @@
 """Build the training corpus: read a source, split, train the tokenizer, tokenise, filter, save.
 
 The result on disk is a ``datasets.DatasetDict`` (``train``/``valid``/``test``; columns ``id``, ``src``,
-``tgt``, ``input_ids``, ``labels``) saved with ``save_to_disk``, plus the tokenizer in ``<out>/tokenizer``.
+``tgt``, ``input_ids``, ``labels``) saved with ``save_to_disk``, plus the tokenizer in ``<out>/tokenizer``
+and ``<out>/corpus.json`` naming the task (:mod:`pipeline.corpus_card`).
 The folder is written under a temporary name and renamed, so it is either whole or absent.
 """
 
@@ -18,10 +19,11 @@ import datasets
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.atomic import atomic_path
+from pipeline.corpus_card import write_corpus_card
 from pipeline.data.filter import REASONS, LengthFilter
 from pipeline.data.hf_source import read_hf
 from pipeline.data.pair import Pair, SourceRead
-from pipeline.data.split import SPLITS, cap_pairs, check_cap, check_fractions, split_pairs
+from pipeline.data.split import SPLITS, cap_examples, check_cap, check_fractions, split_pairs
 from pipeline.data.sword import read_sword
 from pipeline.data.text_source import read_text_pair
 from pipeline.data.tokenizer import check_vocab_size, train_tokenizer
@@ -175,7 +177,7 @@ def build_corpus(
     read_source = _source_reader(source, source_options or {}, src_lang=src_lang, tgt_lang=tgt_lang)
 
     read = read_source()
-    pairs = cap_pairs(read.pairs, max_examples, split_seed)
+    pairs = cap_examples(read.pairs, max_examples, split_seed)
     splits = split_pairs(
         pairs,
         valid_fraction=valid_fraction,
@@ -213,7 +215,9 @@ def build_corpus(
     with atomic_path(out_dir, directory=True) as tmp:
         corpus.save_to_disk(os.fspath(tmp))
         tokenizer.save_pretrained(os.fspath(tmp / TOKENIZER_DIR))
+        write_corpus_card(tmp, task="translation")
     return {
+        "task": "translation",
         "source": source,
         "src_lang": src_lang,
         "tgt_lang": tgt_lang,

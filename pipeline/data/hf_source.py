@@ -25,7 +25,7 @@ from pipeline.errors import UserError
 SPLIT_NAMES = {"train": "train", "validation": "valid", "valid": "valid", "dev": "valid", "test": "test"}
 
 
-def _load(name: str, config: str | None, split: str | None) -> dict[str, datasets.Dataset]:
+def load_splits(name: str, config: str | None, split: str | None) -> dict[str, datasets.Dataset]:
     """Load ``name`` as a mapping from split name to dataset."""
     path = Path(name)
     try:
@@ -49,7 +49,7 @@ def _load(name: str, config: str | None, split: str | None) -> dict[str, dataset
     return dict(loaded)
 
 
-def _require_columns(name: str, dataset: datasets.Dataset, columns: Sequence[str | None]) -> None:
+def require_columns(name: str, dataset: datasets.Dataset, columns: Sequence[str | None]) -> None:
     for column in columns:
         if column is not None and column not in dataset.column_names:
             raise UserError(
@@ -90,9 +90,9 @@ def read_hf(
     if not flat and translation_column is None:
         raise UserError(f"dataset {name}: set translation_column, or source_column and target_column")
     read = SourceRead()
-    for split_name, dataset in _load(name, config, split).items():
-        _require_columns(name, dataset, [source_column, target_column] if flat else [translation_column])
-        _require_columns(name, dataset, [id_column])
+    for split_name, dataset in load_splits(name, config, split).items():
+        require_columns(name, dataset, [source_column, target_column] if flat else [translation_column])
+        require_columns(name, dataset, [id_column])
         if flat:
             sources, targets = list(dataset[source_column]), list(dataset[target_column])
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Protocol, TypeVar
 
 from pipeline.data.pair import Pair
 from pipeline.errors import UserError
@@ -70,13 +71,21 @@ def check_cap(max_examples: int | None) -> None:
         raise UserError(f"max_examples = {max_examples} must be at least 1 (or null for no cap)")
 
 
-def cap_pairs(pairs: list[Pair], max_examples: int | None, seed: int) -> list[Pair]:
-    """Keep at most ``max_examples`` pairs: those first in an order fixed by their ids' hashes.
+class Identified(Protocol):
+    id: str
+
+
+Example = TypeVar("Example", bound=Identified)
+
+
+def cap_examples(examples: list[Example], max_examples: int | None, seed: int) -> list[Example]:
+    """Keep at most ``max_examples`` examples (pairs, blocks): those first in an order fixed by their ids'
+    hashes.
 
     The order is salted apart from the split hash, so a capped corpus still spreads over all splits.
     """
     check_cap(max_examples)
-    if max_examples is None or len(pairs) <= max_examples:
-        return pairs
-    ranked = sorted(pairs, key=lambda pair: id_hash(pair.id, seed, purpose="cap"))
+    if max_examples is None or len(examples) <= max_examples:
+        return examples
+    ranked = sorted(examples, key=lambda example: id_hash(example.id, seed, purpose="cap"))
     return ranked[:max_examples]

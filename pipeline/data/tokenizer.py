@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 
 from pipeline.errors import UserError
 
-PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
+PAD, EOS, UNK, MASK = "<pad>", "</s>", "<unk>", "<mask>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)
 # Below this a vocabulary is little more than the special tokens and the alphabet: a typo, not a choice.
 MIN_VOCAB_SIZE = 64
@@ -29,12 +29,14 @@ def check_vocab_size(vocab_size: int) -> None:
 
 
 def train_tokenizer(
-    texts: Iterable[str], *, vocab_size: int, min_frequency: int = 2
+    texts: Iterable[str], *, vocab_size: int, min_frequency: int = 2, mask: bool = False
 ) -> PreTrainedTokenizerFast:
     """Train a BPE tokenizer of at most ``vocab_size`` entries on ``texts`` (both languages together).
 
-    Pairs of symbols seen fewer than ``min_frequency`` times are never merged.
+    Pairs of symbols seen fewer than ``min_frequency`` times are never merged. ``mask`` adds ``<mask>``
+    (id 3, after the others) for masked language modelling.
     """
+    specials = [*SPECIAL_TOKENS, MASK] if mask else list(SPECIAL_TOKENS)
     check_vocab_size(vocab_size)
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
@@ -43,7 +45,7 @@ def train_tokenizer(
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=specials,
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer)
@@ -51,7 +53,10 @@ def train_tokenizer(
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS}", pair=f"$A $B {EOS}", special_tokens=[(EOS, eos_id)]
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    extra = {"mask_token": MASK} if mask else {}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK, **extra
+    )
 
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:

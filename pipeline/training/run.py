@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 import pipeline.attention  # noqa: F401  (registers the attention implementations)
 from pipeline.attention.sparsity import collect_marian_sparsity
 from pipeline.checkpoint import save_checkpoint
+from pipeline.corpus_card import Task, read_corpus_card
 from pipeline.errors import UserError
 from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
@@ -31,10 +32,16 @@ from pipeline.training.seq2seq import is_main_process, train_seq2seq
 TOKENIZER_FOLDER = "tokenizer"
 
 
-def load_corpus(folder: str, key: str = "data") -> tuple[DatasetDict, PreTrainedTokenizerBase]:
-    """The prepared DatasetDict and the tokenizer it was encoded with; ``key`` names ``folder`` in errors."""
+def load_corpus(
+    folder: str, key: str = "data", tasks: Sequence[Task] = ("translation",)
+) -> tuple[DatasetDict, PreTrainedTokenizerBase]:
+    """The prepared DatasetDict and the tokenizer it was encoded with; ``key`` names ``folder`` in errors,
+    and the corpus must be of one of ``tasks`` (those the caller trains or evaluates)."""
     if not (Path(folder) / "dataset_dict.json").is_file():
         raise UserError(f"{key} = {folder!r}: no prepared corpus there (run the 'prepare' stage first)")
+    card = read_corpus_card(folder, key)
+    if card.task not in tasks:
+        raise UserError(f"{key} = {folder!r} holds a {card.task!r} corpus; allowed here: {', '.join(tasks)}")
     return load_from_disk(folder), AutoTokenizer.from_pretrained(Path(folder) / TOKENIZER_FOLDER)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.data.pair import Pair
-from pipeline.data.split import assign_split, cap_pairs, split_pairs
+from pipeline.data.split import assign_split, cap_examples, split_pairs
 from pipeline.errors import UserError
 
 FRACTIONS = {"valid_fraction": 0.05, "test_fraction": 0.1}
@@ -55,12 +55,12 @@ def test_bad_fractions_are_user_errors(valid, test):
 
 def test_cap_is_deterministic_and_spreads_over_splits():
     pairs = _pairs([f"v{index}" for index in range(5_000)])
-    capped = cap_pairs(pairs, 1_000, seed=0)
+    capped = cap_examples(pairs, 1_000, seed=0)
     assert [pair.id for pair in capped] == [
-        pair.id for pair in cap_pairs(list(reversed(pairs)), 1_000, seed=0)
+        pair.id for pair in cap_examples(list(reversed(pairs)), 1_000, seed=0)
     ]
     splits = split_pairs(capped, seed=0, **FRACTIONS)
     assert all(len(splits[name]) > 20 for name in ("train", "valid", "test"))
-    assert cap_pairs(pairs, None, seed=0) is pairs
+    assert cap_examples(pairs, None, seed=0) is pairs
     with pytest.raises(UserError, match="max_examples"):
-        cap_pairs(pairs, 0, seed=0)
+        cap_examples(pairs, 0, seed=0)
