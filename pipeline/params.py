@@ -399,6 +399,19 @@ class Quality(Section):
     timing_batches: PositiveInt = 5
 
 
+class Speed(Section):
+    """Block tasks: forward (and forward + backward) tokens/s of the model at each of ``contexts``, side by
+    side — softmax SDPA, the dense α-entmax teacher, and the teacher on ``method``'s predicted graph at its
+    sparsest setting with recall ≥ ``recall_target`` (bucket predictors run on the bucketed kernel) — and
+    the share of the forward spent in attention."""
+
+    contexts: list[Annotated[int, Field(ge=2)]] = []  # empty: not measured
+    method: str = "kmeans"
+    recall_target: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    repeats: PositiveInt = 3
+    backward: bool = True
+
+
 class Evaluate(Section):
     graphs: str = "artifacts/graphs/test"
     projections: str = "artifacts/predictors/projections.safetensors"
@@ -423,6 +436,7 @@ class Evaluate(Section):
     max_sentences: PositiveInt | None = None
     batch_size: PositiveInt = 64
     quality: Quality = Quality()
+    speed: Speed = Speed()
     # the folder of the student stages' model folders (each evaluated next to the teacher); null: none
     students: str | None = "artifacts/students"
     out: str = "artifacts/evaluation/evaluate.json"

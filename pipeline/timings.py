@@ -18,7 +18,7 @@ from pipeline.atomic import write_json
 
 TIMING_KEY = re.compile(r"(^|_)seconds$|_per_second$")
 # keys that say which row a timing belongs to, copied into the timings file beside it
-IDENTITY_KEYS = ("layer", "label", "predictor", "student", "samples")
+IDENTITY_KEYS = ("layer", "label", "predictor", "student", "samples", "model", "context")
 
 
 def timings_path(metrics: str | os.PathLike) -> Path:

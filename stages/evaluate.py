@@ -16,14 +16,24 @@ predicted graphs at each method's best points.
 
 from __future__ import annotations
 
+from functools import partial
+
 from datasets import Dataset
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
+from pipeline.corpus_card import TASKS, read_corpus_card
 from pipeline.errors import UserError, exits_cleanly
-from pipeline.evaluation.quality import choose_points, quality_sweep
+from pipeline.evaluation.quality import (
+    attach_setting,
+    choose_points,
+    language_quality,
+    quality_sweep,
+    translation_quality,
+)
+from pipeline.evaluation.speed import speed_table
 from pipeline.evaluation.students import (
     load_student,
     student_folders,
@@ -33,6 +43,7 @@ from pipeline.evaluation.students import (
 )
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
 from pipeline.graphs import GraphStore
+from pipeline.models.language_model import max_context
 from pipeline.origin import Origin
 from pipeline.params import Evaluate
 from pipeline.predictors.scoring import Setting
@@ -77,6 +88,62 @@ def graph_rows(
     ]
     *rows, full = sweep_graphs(store, kind, settings, projections, indices, batch_size=params.batch_size)
     return kind, projections, rows, full
+
+
+def speed_setting(params: Evaluate, rows: list) -> tuple[Setting, dict]:
+    """The setting the speed table runs the predicted graph with: ``speed.method``'s sparsest setting with
+    recall ≥ ``speed.recall_target``, or its highest-recall one when none reaches it."""
+    found = [(s, r) for s, r in rows if r["method"] == params.speed.method]
+    if not found:
+        methods = sorted({r["method"] for _, r in rows})
+        raise UserError(
+            f"evaluate.speed.method = {params.speed.method!r} is not evaluated; allowed: {', '.join(methods)}"
+        )
+    reaching = [(s, r) for s, r in found if r["recall"] >= params.speed.recall_target]
+    if reaching:
+        return max(reaching, key=lambda point: (point[1]["sparsity"], point[1]["recall"]))
+    return max(found, key=lambda point: (point[1]["recall"], point[1]["sparsity"]))
+
+
+def speed_rows(
+    params: Evaluate,
+    teacher: str,
+    model: PreTrainedModel,
+    kind: str,
+    projections: dict,
+    rows: list,
+    test: Dataset,
+) -> list[dict]:
+    """The speed table (:func:`~pipeline.evaluation.speed.speed_table`) of softmax SDPA, the dense
+    α-entmax teacher and ``model`` (loaded as ``sparsefinder``) on the predicted graph of
+    :func:`speed_setting`, each row with the sparsity of the graph it attends over; [] without contexts."""
+    settings = params.speed
+    if not settings.contexts:
+        return []
+    limit = max_context(model)
+    if limit is not None and max(settings.contexts) > limit:
+        raise UserError(
+            f"evaluate.speed.contexts = {settings.contexts}: the teacher has learned positions for {limit} "
+            f"tokens; allowed: contexts up to {limit} (rotary models take any length)"
+        )
+    setting, row = speed_setting(params, rows)
+    attach_setting(model, setting, kind=kind, projections=projections)
+    with loading(teacher, "evaluate.teacher"):
+        dense = {name: load_model(teacher, attn_implementation=name) for name in ("sdpa", "entmax")}
+    models = {"softmax (sdpa)": dense["sdpa"], "entmax (dense)": dense["entmax"], row["label"]: model}
+    # (sparsity, recall) of the graph each model attends over: the dense ones attend every valid pair
+    graphs = {
+        "softmax (sdpa)": (0.0, 1.0),
+        "entmax (dense)": (0.0, 1.0),
+        row["label"]: (row["sparsity"], row["recall"]),
+    }
+    measured = speed_table(
+        models, test, settings.contexts, repeats=settings.repeats, backward=settings.backward
+    )
+    return [
+        {**entry, "graph_sparsity": graphs[entry["model"]][0], "graph_recall": graphs[entry["model"]][1]}
+        for entry in measured
+    ]
 
 
 def evaluate_students(
@@ -131,7 +198,13 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(
             f"evaluate.teacher = {params.teacher!r} is not the teacher evaluate.graphs was extracted from"
         )
-    data, _ = load_corpus(params.data, "evaluate.data")
+    data, _ = load_corpus(params.data, "evaluate.data", tasks=TASKS)
+    task = read_corpus_card(params.data, "evaluate.data").task
+    if task == "translation" and params.speed.contexts:
+        raise UserError(
+            f"evaluate.speed.contexts = {params.speed.contexts}: {params.data} holds sentence pairs, not "
+            "long sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
+        )
     with loading(teacher, "evaluate.teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
         tokenizer = AutoTokenizer.from_pretrained(teacher)
@@ -141,12 +214,18 @@ def main(argv: list[str] | None = None) -> None:
     gold = gold_sparsity(full[1])
 
     quality = params.quality
-    model.generation_config.num_beams = quality.beams
-    model.generation_config.max_new_tokens = quality.max_new_tokens
-    encoded = encode_with(tokenizer, data, positions)
+    encoded = encode_with(tokenizer, data, positions) if task == "translation" else data
     test = encoded["test"]
     if quality.examples is not None:
         test = test.select(range(min(quality.examples, len(test))))
+    if task == "translation":
+        model.generation_config.num_beams = quality.beams
+        model.generation_config.max_new_tokens = quality.max_new_tokens
+        measure = partial(translation_quality, tokenizer=tokenizer, test=test, batch_size=quality.batch_size)
+    else:
+        measure = partial(
+            language_quality, tokenizer=tokenizer, task=task, test=test, batch_size=quality.batch_size
+        )
     points = choose_points(
         rows,
         kind,
@@ -155,16 +234,13 @@ def main(argv: list[str] | None = None) -> None:
         recall_targets=quality.recall_targets,
     )
     teacher_quality, point_rows = quality_sweep(
-        model,
-        tokenizer,
-        test,
-        [*points, full],
-        kind=kind,
-        projections=projections,
-        batch_size=quality.batch_size,
+        model, [*points, full], measure=measure, kind=kind, projections=projections
     )
     teacher_quality["sparsity"] = gold["sparsity"]
-    students = evaluate_students(params, weights, tokenizer, test, encoded["train"])
+    students = []
+    if task == "translation":
+        students = evaluate_students(params, weights, tokenizer, test, encoded["train"])
+    speed = speed_rows(params, teacher, model, kind, projections, rows, data["test"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
     write_metrics(
         params.out,
@@ -175,8 +251,10 @@ def main(argv: list[str] | None = None) -> None:
             "gold_sparsity": gold["sparsity"],
             "gold_sparsity_per_layer_head": gold["per_layer_head"],
             "graphs": [row for _, row in [*rows, full]],
+            "task": task,
             "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
             "students": students,
+            "speed": speed,
         },
         params.timings,
     )

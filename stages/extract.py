@@ -12,17 +12,12 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedModel
 
 from pipeline.attention import load_model
+from pipeline.attention.recording import Layout, model_layout
 from pipeline.checkpoint import loading, resolve_checkpoint
+from pipeline.corpus_card import TASKS, read_corpus_card
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.graphs import GraphStore, attention_kind
-from pipeline.graphs.extract import (
-    Layout,
-    extract_graphs,
-    kind_shapes,
-    model_layout,
-    query_lengths,
-    teacher_fingerprint,
-)
+from pipeline.graphs.extract import extract_graphs, kind_shapes, query_lengths, teacher_fingerprint
 from pipeline.graphs.summary import summarize
 from pipeline.params import Extract
 from pipeline.stage import stage_params
@@ -66,12 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     """Check every store's split first, then extract the stores in order; one summary per store."""
     params = stage_params("extract", argv)
     teacher = resolve_checkpoint(params.teacher, "extract.teacher", local=True)
-    data, _ = load_corpus(params.data, "extract.data")
+    data, _ = load_corpus(params.data, "extract.data", tasks=TASKS)
     with loading(teacher, "extract.teacher"):
         model = load_model(teacher)
         tokenizer = AutoTokenizer.from_pretrained(teacher)
     check_kinds(params, model)
-    data = encode_with(tokenizer, data, model.config.max_position_embeddings)
+    if read_corpus_card(params.data, "extract.data").task == "translation":
+        data = encode_with(tokenizer, data, model.config.max_position_embeddings)
     for name, store in params.stores.items():
         check_lengths(params, name, data[store.split], model_layout(model))
     fingerprint = teacher_fingerprint(model, teacher)

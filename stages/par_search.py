@@ -30,7 +30,7 @@ from pipeline.plots.par import plot_mixing_weights
 from pipeline.stage import stage_params
 from pipeline.timings import write_metrics
 from pipeline.training.run import encode_with, load_corpus, train_stage
-from pipeline.training.seq2seq import is_main_process
+from pipeline.training.trainer import is_main_process
 
 
 class FrozenArchitecture(TrainerCallback):

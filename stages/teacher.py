@@ -6,8 +6,9 @@ from transformers import AutoTokenizer
 
 from pipeline.attention import ENTMAX, attach_learned_alpha
 from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint
-from pipeline.errors import exits_cleanly
-from pipeline.models.marian import load_seq2seq
+from pipeline.corpus_card import TASKS, read_corpus_card
+from pipeline.errors import UserError, exits_cleanly
+from pipeline.models.pretrained import load_pretrained
 from pipeline.stage import stage_params
 from pipeline.training.run import check_generation_fits, encode_with, load_corpus, train_and_evaluate
 
@@ -16,14 +17,22 @@ from pipeline.training.run import check_generation_fits, encode_with, load_corpu
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("teacher", argv)
     init = resolve_checkpoint(params.init, "teacher.init")
-    data, _ = load_corpus(params.data, "teacher.data")
+    data, corpus_tokenizer = load_corpus(params.data, "teacher.data", tasks=TASKS)
+    task = read_corpus_card(params.data, "teacher.data").task
     with loading(init, "teacher.init"):
-        model = load_seq2seq(init, attn_implementation=ENTMAX, entmax_alpha=params.alpha)
+        model = load_pretrained(init, task, attn_implementation=ENTMAX, entmax_alpha=params.alpha)
         tokenizer = AutoTokenizer.from_pretrained(init)
-    check_generation_fits("teacher", params, model)
     if params.learn_alpha:
         attach_learned_alpha(model)
-    data = encode_with(tokenizer, data, model.config.max_position_embeddings)
+    if task == "translation":
+        check_generation_fits("teacher", params, model)
+        data = encode_with(tokenizer, data, model.config.max_position_embeddings)
+    elif tokenizer.get_vocab() != corpus_tokenizer.get_vocab():
+        # blocks hold token ids, not text: they mean the same only under the same vocabulary
+        raise UserError(
+            f"teacher.init = {params.init!r}: its tokenizer is not the one {params.data} was cut with; "
+            "allowed: a model trained on that corpus (the pretrain stage's)"
+        )
     train_and_evaluate("teacher", params, model, tokenizer, data, describe_parent(init))
 
 

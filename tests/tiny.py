@@ -1,7 +1,12 @@
-"""Tiny models and tokenizers the tests build in memory: a Marian teacher and a word-level tokenizer."""
+"""Tiny models, tokenizers and corpora the tests build: a Marian teacher, a word-level tokenizer, a dataset in
+WikiText's layout."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import datasets
+import numpy as np
 import torch
 from tokenizers import Tokenizer, models
 from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast
@@ -104,3 +109,24 @@ def word_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
         eos_token="</s>",
         unk_token="<unk>",
     )
+
+
+def wikitext_folder(folder: Path, articles: dict[str, dict[str, int]], seed: int = 0) -> Path:
+    """Save a DatasetDict in WikiText-103's layout to ``folder``: per split, rows are lines, and every article
+    (title → words) is a " = Title = " line, a section line and a body of words drawn from a small
+    vocabulary with ``seed``."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(30)]
+
+    def article(title: str, size: int) -> list[str]:
+        body = " ".join(rng.choice(words, size))
+        return [f" = {title} = \n", "\n", " = = Section = = \n", f" {body} \n", "\n"]
+
+    splits = {
+        split: datasets.Dataset.from_dict(
+            {"text": [line for t, n in found.items() for line in article(t, n)]}
+        )
+        for split, found in articles.items()
+    }
+    datasets.DatasetDict(splits).save_to_disk(folder)
+    return folder

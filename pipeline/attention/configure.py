@@ -18,12 +18,12 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedModel
 
+from pipeline.attention.kinds import attention_kind
 from pipeline.attention.loading import load_model
+from pipeline.attention.recording import attention_layers
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_predictor
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint, save_checkpoint
 from pipeline.errors import UserError
-from pipeline.graphs.extract import attention_layers
-from pipeline.graphs.kinds import attention_kind
 from pipeline.origin import Origin
 from pipeline.predictors.base import make_predictor
 from pipeline.predictors.state import select_state

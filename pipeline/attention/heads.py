@@ -18,9 +18,9 @@ from transformers import PreTrainedModel
 
 from pipeline.attention.entmax import attention_inputs, entmax_attention_forward
 from pipeline.attention.interface import AttentionFunction, StateAttacher, module_heads
+from pipeline.attention.kinds import attention_kind
+from pipeline.attention.recording import attention_layers
 from pipeline.errors import UserError
-from pipeline.graphs.extract import attention_layers
-from pipeline.graphs.kinds import attention_kind
 
 SELF_KINDS = ("encoder_self", "decoder_self")
 

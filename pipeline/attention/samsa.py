@@ -65,9 +65,9 @@ from pipeline.attention.heads import (
     state_attacher,
 )
 from pipeline.attention.interface import mask_scores, register_attention, register_state_attacher
+from pipeline.attention.kinds import attention_kind
 from pipeline.attention.topk import gather_items, straight_through_pick, top_k_split
 from pipeline.errors import UserError
-from pipeline.graphs.kinds import attention_kind
 
 SAMSA = "samsa"
 SPEC_KEYS = ("keys", "temperature", "kinds")

@@ -68,9 +68,9 @@ from pipeline.attention.interface import (
     register_loss_penalty,
     register_state_attacher,
 )
+from pipeline.attention.kinds import attention_kind
 from pipeline.attention.sbm_sampling import bernoulli_graph, fastrg_edges, straight_through
 from pipeline.errors import UserError
-from pipeline.graphs.kinds import attention_kind
 
 SBM = "sbm"
 EVALUATIONS = ("expected", "sampled")

@@ -39,9 +39,9 @@ from kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
 from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
 from pipeline.attention.interface import register_attention, register_state_attacher
+from pipeline.attention.kinds import KINDS, attention_kind
+from pipeline.attention.recording import attention_layers
 from pipeline.errors import UserError
-from pipeline.graphs.extract import attention_layers
-from pipeline.graphs.kinds import KINDS, attention_kind
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, make_predictor
 from pipeline.projection.model import HeadProjections
 

@@ -58,8 +58,8 @@ from pipeline.attention.heads import (
     state_attacher,
 )
 from pipeline.attention.interface import mask_scores, register_attention, register_state_attacher
+from pipeline.attention.kinds import attention_kind
 from pipeline.errors import UserError
-from pipeline.graphs.kinds import attention_kind
 
 SSA = "ssa"
 MODES = ("unbiased", "local")

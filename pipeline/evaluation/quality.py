@@ -1,15 +1,16 @@
-"""Translation quality with predicted graphs: BLEU, perplexity, the sparsity used while decoding, and time.
+"""Quality with predicted graphs: BLEU and perplexity (translation), or perplexity and MLM accuracy (the
+block tasks); the sparsity of the graphs actually used, and time.
 
 One model serves every grid point: it is loaded once with ``attn_implementation="sparsefinder"``; without
 predictor heads it is the α-entmax teacher itself, and each point attaches its heads (replacing the previous
-ones) before running the same test sentences. Beam search, perplexity and their wall times run on the same
+ones) before running the same test sentences or blocks. The measures and their wall times run on the same
 batches for the teacher and every point, one after another, so the times compare side by side.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from datasets import Dataset
@@ -17,7 +18,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor
+from pipeline.corpus_card import Task
 from pipeline.evaluation.pareto import pareto_front
+from pipeline.metrics.language_model import token_loss
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.predictors.scoring import Setting
 from pipeline.projection.model import HeadProjections
@@ -91,30 +94,58 @@ def translation_quality(
     }
 
 
+def language_quality(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, test: Dataset, *, batch_size: int
+) -> dict[str, Any]:
+    """Perplexity (and mlm accuracy) over the test blocks, the sparsity of the graphs used (overall and per
+    layer and head; None without predictor heads), and the wall time of a forward pass over them that
+    counts nothing (``forward_seconds``, and ``tokens_per_second`` from it)."""
+    mask_id = tokenizer.mask_token_id
+    with measure_sparsity(model) as measured:
+        scored = token_loss(model, task, test, batch_size, mask_id=mask_id)
+    started = time.perf_counter()
+    token_loss(model, task, test, batch_size, mask_id=mask_id)
+    forward_seconds = time.perf_counter() - started
+    tokens = sum(len(ids) for ids in test["input_ids"])
+    return {
+        **{k: v for k, v in scored.items() if k != "tokens"},
+        "sparsity": measured.get("sparsity"),
+        "sparsity_per_layer_head": measured.get("per_layer_head"),
+        "forward_seconds": round(forward_seconds, 3),
+        "tokens_per_second": round(tokens / forward_seconds, 1),
+    }
+
+
+def attach_setting(
+    model: PreTrainedModel, setting: Setting, *, kind: str, projections: Mapping[int, HeadProjections]
+) -> None:
+    """Give ``model`` (loaded as ``sparsefinder``) the heads of one grid setting, replacing any it has."""
+    attach_predictor(
+        model,
+        setting.predictor,
+        kind=kind,
+        window=setting.window,
+        global_tokens=setting.global_tokens,
+        projections=projections,
+    )
+
+
 def quality_sweep(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    test: Dataset,
     points: Sequence[tuple[Setting, dict[str, Any]]],
     *,
+    measure: Callable[[PreTrainedModel], dict[str, Any]],
     kind: str,
     projections: Mapping[int, HeadProjections],
-    batch_size: int,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(teacher quality, one quality row per point); ``model`` must have been loaded as ``sparsefinder``
+    """(teacher quality, one quality row per point), each ``measure(model)`` (:func:`translation_quality`
+    or :func:`language_quality` with their data bound); ``model`` must have been loaded as ``sparsefinder``
     with no heads attached (it is the teacher until the first point attaches its own)."""
-    teacher = translation_quality(model, tokenizer, test, batch_size=batch_size)
+    teacher = measure(model)
     rows = []
     for setting, graph_row in points:
-        attach_predictor(
-            model,
-            setting.predictor,
-            kind=kind,
-            window=setting.window,
-            global_tokens=setting.global_tokens,
-            projections=projections,
-        )
-        quality = translation_quality(model, tokenizer, test, batch_size=batch_size)
+        attach_setting(model, setting, kind=kind, projections=projections)
+        quality = measure(model)
         identity = {k: graph_row[k] for k in ("method", "knobs", "window", "global_tokens", "label")}
         rows.append(
             {

@@ -1,59 +1,44 @@
 """Run a teacher on a dataset and store its queries, keys and attention graphs.
 
-What is stored is captured inside the registered attention function itself (:func:`capture_attention`):
-the queries and keys the scores were really computed from — after rotary embeddings in a Llama, after
-GPT-2's fused ``c_attn``, before the module's ``scaling`` (which goes into the manifest) — and the
-probabilities the function returned. With α-entmax they are exactly sparse, so the graph is
-{(i, j) : p_ij > 0}, and it is reproduced exactly by the stored q and k. Grouped keys are repeated to the
-query heads. Padding is stripped per sentence before storing.
+What is stored is recorded inside the registered attention function itself
+(:func:`~pipeline.attention.recording.capture_attention`): the queries and keys the scores were really
+computed from — after rotary embeddings in a Llama, after GPT-2's fused ``c_attn``, before the module's
+``scaling`` (which goes into the manifest) — and the probabilities the function returned. With α-entmax
+they are exactly sparse, so the graph is {(i, j) : p_ij > 0}, and it is reproduced exactly by the stored q
+and k. Grouped keys are repeated to the query heads. Padding is stripped per sentence before storing.
 
-Three model layouts, told apart by the model itself (:func:`model_layout`):
-
-- ``encoder_decoder`` (Marian, BART): rows hold ``input_ids`` (source) and ``labels`` (target); the decoder
-  reads shift_tokens_right(labels). Kinds: ``encoder_self``, ``decoder_self``, ``cross``.
-- ``decoder_only`` (GPT-2, Llama): rows hold ``input_ids``, the target side. Kind: ``decoder_self``.
-- ``encoder_only`` (BERT, RoBERTa): rows hold ``input_ids``, the source side. Kind: ``encoder_self``.
+The model's layout (:func:`~pipeline.attention.recording.model_layout`) decides its kinds and the dataset
+column each side is read from (:data:`SIDE_COLUMNS`): an encoder–decoder reads ``input_ids`` (source) and
+``labels`` (target), whose decoder sees shift_tokens_right(labels); a decoder-only model reads
+``input_ids`` as its target side, an encoder-only model as its source side.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.marian.modeling_marian import shift_tokens_right
 
-from pipeline.attention.interface import attention_modules, module_head_dim, module_heads
+from pipeline.attention.interface import module_head_dim, module_heads
+from pipeline.attention.kinds import AttentionKind, attention_kind
+from pipeline.attention.recording import Captured, Layout, attention_layers, capture_attention, model_layout
 from pipeline.fingerprint import cached_file_sha256
-from pipeline.graphs.kinds import AttentionKind, attention_kind
 from pipeline.graphs.store import AttentionGraph, GraphStore, GraphStoreWriter
 
-# implementations that return no probabilities, and eager, which the models call without the registry
-_UNRECORDABLE = (
-    "eager",
-    "sdpa",
-    "flash_attention_2",
-    "flash_attention_3",
-    "flash_attention_4",
-    "flex_attention",
-)
-Layout = Literal["encoder_decoder", "decoder_only", "encoder_only"]
 # per layout, the dataset column each side of a row is read from
 SIDE_COLUMNS: dict[Layout, dict[str, str]] = {
     "encoder_decoder": {"source": "input_ids", "target": "labels"},
     "decoder_only": {"target": "input_ids"},
     "encoder_only": {"source": "input_ids"},
 }
-# (kind, layer) → (q, k, probs) the attention function computed with: (b, h, n, d), (b, h, m, d), (b, h, n, m)
-Captured = dict[tuple[str, int], tuple[Tensor, Tensor, Tensor]]
 
 
 def teacher_fingerprint(model: PreTrainedModel, checkpoint: str | os.PathLike) -> dict[str, Any]:
@@ -67,45 +52,6 @@ def teacher_fingerprint(model: PreTrainedModel, checkpoint: str | os.PathLike) -
         "entmax_alpha": getattr(config, "entmax_alpha", None),
         "entmax_learn_alpha": bool(getattr(config, "entmax_learn_alpha", False)),
     }
-
-
-def model_layout(model: PreTrainedModel) -> Layout:
-    """The layout of ``model``: encoder–decoder, decoder-only (it generates) or encoder-only."""
-    if model.config.is_encoder_decoder:
-        return "encoder_decoder"
-    return "decoder_only" if model.can_generate() else "encoder_only"
-
-
-def layout_kinds(layout: Layout) -> list[str]:
-    """The attention kinds a model of ``layout`` has."""
-    return [name for name in ("decoder_self", "encoder_self", "cross") if _has_kind(layout, name)]
-
-
-def _has_kind(layout: Layout, name: str) -> bool:
-    kind = attention_kind(name)
-    return {kind.query_side, kind.key_side} <= set(SIDE_COLUMNS[layout])
-
-
-def attention_layers(model: PreTrainedModel, kind: AttentionKind) -> list[nn.Module]:
-    """The attention module of every layer for ``kind``, bottom up.
-
-    Encoder–decoders have the Marian/BART layout (``layers[i].self_attn``, ``layers[i].encoder_attn``); a
-    decoder- or encoder-only model has one kind, whose modules are those dispatching through the attention
-    interface. A kind the model lacks is a ValueError naming the kinds it has.
-    """
-    layout = model_layout(model)
-    if not _has_kind(layout, kind.name):
-        raise ValueError(
-            f"a {layout.replace('_', '-')} model has no {kind.name} attention; allowed: "
-            f"{', '.join(layout_kinds(layout))}"
-        )
-    if layout != "encoder_decoder":
-        return [module for _, module in attention_modules(model)]
-    if kind.name == "encoder_self":
-        return [layer.self_attn for layer in model.get_encoder().layers]
-    if kind.name == "decoder_self":
-        return [layer.self_attn for layer in model.get_decoder().layers]
-    return [layer.encoder_attn for layer in model.get_decoder().layers]
 
 
 def kind_shapes(
@@ -148,49 +94,6 @@ def select_rows(
         else:
             rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_sentences, replace=False))
     return rows.tolist()
-
-
-@contextmanager
-def capture_attention(
-    model: PreTrainedModel, modules: Mapping[tuple[str, int], nn.Module]
-) -> Iterator[Captured]:
-    """Record what the attention function computes with in ``modules`` (keyed (kind, layer)) while the block
-    runs, by wrapping the model's registered attention function; yields a :data:`Captured` filled on every
-    forward, keys repeated to the query heads, everything detached.
-
-    Needs an implementation that returns its probabilities (this project's, or any registered one that
-    does): ``sdpa`` and the flash kernels return none, and ``eager`` is not looked up in the registry.
-    """
-    name = model.config._attn_implementation
-    if name in _UNRECORDABLE or name not in ALL_ATTENTION_FUNCTIONS:
-        raise ValueError(
-            f"attention implementation {name!r} cannot be recorded (it returns no attention probabilities, "
-            "or is not in the attention registry); load the teacher with attn_implementation='entmax'"
-        )
-    original = ALL_ATTENTION_FUNCTIONS[name]
-    where = {id(module): key for key, module in modules.items()}
-    captured: Captured = {}
-
-    def recording(module: nn.Module, query: Tensor, key: Tensor, *args: Any, **kwargs: Any):
-        output, probs = original(module, query, key, *args, **kwargs)
-        if id(module) in where:
-            if probs is None:
-                raise RuntimeError(f"attention implementation {name!r} returned no probabilities")
-            groups = query.shape[1] // key.shape[1]  # grouped-query attention shares keys between heads
-            captured[where[id(module)]] = (
-                query.detach(),
-                key.detach().repeat_interleave(groups, dim=1),
-                probs.detach(),
-            )
-        return output, probs
-
-    # an item set on the interface instance is a local override of the registered function, which
-    # deleting it uncovers again
-    ALL_ATTENTION_FUNCTIONS[name] = recording
-    try:
-        yield captured
-    finally:
-        del ALL_ATTENTION_FUNCTIONS[name]
 
 
 def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,9 +50,9 @@ import numpy as np
 import safetensors.numpy
 
 from pipeline.atomic import atomic_path, write_json
+from pipeline.attention.kinds import attention_kind
 from pipeline.errors import UserError
 from pipeline.fingerprint import cached_file_sha256, file_sha256
-from pipeline.graphs.kinds import attention_kind
 from pipeline.graphs.manifest import (
     FORMAT,
     FORMAT_VERSION,

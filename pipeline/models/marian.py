@@ -1,29 +1,16 @@
-"""Marian encoder–decoder built from scratch, or loaded from a Hugging Face checkpoint."""
+"""Marian encoder–decoder built from scratch, and its beam-search settings."""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForSeq2SeqLM,
-    GenerationConfig,
-    MarianConfig,
-    MarianMTModel,
-    PreTrainedModel,
-)
+from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedModel
 
+from pipeline.models.seeding import built_with_seed
 from pipeline.params import Evaluation, ModelShape
 
 
 def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int, seed: int) -> MarianMTModel:
     """A fresh Marian model with tied embeddings (shared source/target vocabulary and output layer), its
-    weights initialised from ``seed`` (the Trainer seeds only what happens after the model exists).
-
-    The weights draw from a stream of their own, derived from ``seed``: the Trainer restarts the global
-    generator from ``seed`` itself for dropout and data order, and weights drawn from that very stream
-    would be correlated with them.
-    """
+    weights initialised from ``seed`` (:func:`~pipeline.models.seeding.built_with_seed`)."""
     config = MarianConfig(
         vocab_size=vocab_size,
         decoder_vocab_size=vocab_size,
@@ -46,19 +33,7 @@ def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int, s
         tie_word_embeddings=True,
         scale_embedding=True,
     )
-    init_seed = int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(init_seed)
-        return MarianMTModel(config)
-
-
-def load_seq2seq(source: str, attn_implementation: str | None = None, **config_overrides) -> PreTrainedModel:
-    """Load an encoder–decoder from a folder or hub id; ``config_overrides`` land on its config."""
-    config = AutoConfig.from_pretrained(source)
-    for name, value in config_overrides.items():
-        setattr(config, name, value)
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return AutoModelForSeq2SeqLM.from_pretrained(source, config=config, **kwargs)
+    return built_with_seed(seed, lambda: MarianMTModel(config))
 
 
 def set_generation(model: PreTrainedModel, evaluation: Evaluation) -> None:

@@ -22,12 +22,13 @@ from pipeline.checkpoint import save_checkpoint
 from pipeline.corpus_card import Task, read_corpus_card
 from pipeline.errors import UserError
 from pipeline.fingerprint import folder_sha256, value_sha256
+from pipeline.metrics.language_model import evaluate_language_model
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.models.marian import set_generation
 from pipeline.params import Evaluation, ParSearch, Pretrain, StudentRun, Teacher
 from pipeline.timings import write_metrics
 from pipeline.training.batches import padded_batches
-from pipeline.training.seq2seq import is_main_process, train_seq2seq
+from pipeline.training.trainer import is_main_process, train_model
 
 TOKENIZER_FOLDER = "tokenizer"
 
@@ -116,13 +117,14 @@ def train_stage(
     data_sha256 = folder_sha256(params.data)
     fingerprint = value_sha256({"params": params.model_dump(), "data": data_sha256, "parent": parent})
     started = time.perf_counter()
-    model = train_seq2seq(
+    model = train_model(
         model,
         tokenizer,
         data,
         params.run_dir,
         params.train,
         fingerprint,
+        task=read_corpus_card(params.data, "data").task,
         teacher=teacher,
         distillation=getattr(params, "distill", None),
         callbacks=callbacks,
@@ -151,16 +153,28 @@ def train_and_evaluate(
     )
     if not is_main_process():
         return
-    set_generation(model, params.eval)
+    task = read_corpus_card(params.data, f"{stage}.data").task
+    if task == "translation":
+        set_generation(model, params.eval)
     save_checkpoint(
         params.out,
         model,
         tokenizer,
         {"stage": stage, "params": params.model_dump(), "data_sha256": data_sha256, "parent": parent},
     )
-    metrics = {
-        "train_seconds": round(train_seconds, 1),
-        **evaluate_translation(model, tokenizer, data, params.eval),
-    }
+    if task == "translation":
+        measured = evaluate_translation(model, tokenizer, data, params.eval)
+    else:
+        settings = params.eval
+        measured = evaluate_language_model(
+            model,
+            tokenizer,
+            task,
+            data,
+            batch_size=settings.batch_size,
+            test_examples=settings.test_examples,
+            sparsity_examples=settings.sparsity_examples,
+        )
+    metrics = {"train_seconds": round(train_seconds, 1), **measured}
     write_metrics(params.metrics, metrics)
     shutil.rmtree(params.run_dir, ignore_errors=True)

@@ -351,7 +351,7 @@ def test_the_loss_guard_and_tensor_files_refuse_non_finite_values(tmp_path):
 def test_the_trainer_callback_stops_on_a_nan_loss():
     from transformers import TrainerControl, TrainerState
 
-    from pipeline.training.seq2seq import FiniteLoss
+    from pipeline.training.trainer import FiniteLoss
 
     state = TrainerState()
     state.global_step = 12
@@ -458,3 +458,10 @@ def test_re_running_extract_and_project_rewrites_identical_bytes(pipeline_run, t
     timings = json.loads(timings_path(tmp_path / "extract.json").read_text())
     assert timings["torch_threads"] == torch.get_num_threads() and timings["train"]["seconds"] >= 0
     assert "seconds" not in json.loads((tmp_path / "extract.json").read_text())["train"]
+
+
+def test_a_speed_table_on_sentence_pairs_is_refused(pipeline_run, tmp_path, capsys):
+    speed = {"contexts": [1024], "method": "kmeans", "recall_target": 0.95, "repeats": 1, "backward": True}
+    line, _ = run_with(tmp_path, pipeline_run, "evaluate", {"evaluate.speed": speed}, capsys)
+    assert "evaluate.speed.contexts = [1024]" in line and "holds sentence pairs, not long sequences" in line
+    assert not (tmp_path / "out").exists()

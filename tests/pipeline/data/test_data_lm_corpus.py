@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import datasets
 import pytest
 
 from pipeline.corpus_card import read_corpus_card
@@ -17,6 +16,7 @@ from pipeline.data.tokenizer import train_tokenizer
 from pipeline.errors import UserError
 from pipeline.params import validate_section
 from pipeline.training.run import load_corpus
+from tests.tiny import wikitext_folder
 
 SWORD = "/usr/share/sword"
 MODULES = ["engWEB2015eb", "engKJV2006eb"]
@@ -107,22 +107,12 @@ def test_context_longer_than_a_split_names_the_key(tmp_path: Path, wikitext_like
 
 @pytest.fixture
 def wikitext_like(tmp_path: Path) -> Path:
-    """A DatasetDict in WikiText-103's layout: rows are lines, articles start at " = Title = " lines."""
-
-    def article(title: str, words: int) -> list[str]:
-        body = " ".join(f"{title.lower()} word{i % 7}" for i in range(words))
-        return [f" = {title} = \n", "\n", " = = Section = = \n", f" {body} \n", "\n"]
-
-    rows = {
-        "train": article("Alpha", 300) + article("Beta", 200),
-        "validation": article("Gamma", 20),
-        "test": article("Delta", 150) + article("Epsilon", 90),
+    articles = {
+        "train": {"Alpha": 600, "Beta": 400},
+        "validation": {"Gamma": 40},
+        "test": {"Delta": 300, "Epsilon": 180},
     }
-    folder = tmp_path / "wikitext-103-raw-v1"
-    datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in rows.items()}).save_to_disk(
-        folder
-    )
-    return folder
+    return wikitext_folder(tmp_path / "wikitext-103-raw-v1", articles)
 
 
 def test_wikitext_articles_keep_the_dataset_splits(wikitext_like: Path, tmp_path: Path) -> None:
@@ -134,7 +124,7 @@ def test_wikitext_articles_keep_the_dataset_splits(wikitext_like: Path, tmp_path
         ("test", "test-0", "test"),
         ("test", "test-1", "test"),
     ]
-    assert documents[1].text.startswith("= Beta = = = Section = = beta word0")
+    assert documents[1].text.startswith("= Beta = = = Section = = w")
     stats = build_lm_corpus(
         tmp_path / "lm",
         task="lm",

@@ -11,10 +11,10 @@ import torch
 from entmax import entmax15
 from transformers import MarianMTModel
 
+from pipeline.attention.kinds import KINDS
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore, epoch_batches, iter_batches
 from pipeline.graphs.extract import extract_graphs, select_rows, teacher_fingerprint
-from pipeline.graphs.kinds import KINDS
 from pipeline.predictors import DistancePredictor
 from pipeline.predictors.scoring import Setting, score_settings
 from pipeline.projection import held_out_loss, train_layer_projections

@@ -21,8 +21,9 @@ from transformers import (
 )
 
 from pipeline.attention import ENTMAX
+from pipeline.attention.recording import model_layout
 from pipeline.graphs import GraphStore
-from pipeline.graphs.extract import extract_graphs, model_layout
+from pipeline.graphs.extract import extract_graphs
 from tests.tiny import word_tokenizer
 
 VOCAB, LAYERS, HEADS, HIDDEN = 40, 2, 4, 32

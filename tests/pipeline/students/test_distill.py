@@ -10,7 +10,7 @@ from datasets import Dataset, DatasetDict
 
 from pipeline.params import Distillation, Training
 from pipeline.students.distill import distillation_loss_sum
-from pipeline.training.seq2seq import train_seq2seq
+from pipeline.training.trainer import train_model
 from tests.tiny import tiny_marian, word_tokenizer
 
 VOCAB = 24
@@ -88,7 +88,7 @@ def test_distilling_moves_the_student_towards_the_teacher(tmp_path):
         max_steps=12, batch_size=8, lr=3e-3, warmup_steps=0, schedule="constant_with_warmup",
         label_smoothing=0.0, eval_steps=6, save_steps=6, logging_steps=3,
     )  # fmt: skip
-    trained = train_seq2seq(
+    trained = train_model(
         student,
         word_tokenizer(VOCAB),
         data,

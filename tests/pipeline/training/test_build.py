@@ -2,21 +2,41 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from pipeline.models.language_model import build_language_model
 from pipeline.models.marian import build_marian
 from pipeline.params import ModelShape
 
 SHAPE = ModelShape(d_model=16, encoder_layers=1, decoder_layers=1, heads=2, ffn_dim=32, max_positions=32)
+BUILDERS = {
+    "translation": lambda seed: build_marian(SHAPE, 50, 0, 1, seed),
+    "lm": lambda seed: build_language_model("lm", SHAPE, 50, pad_id=0, eos_id=1, seed=seed),
+    "mlm": lambda seed: build_language_model("mlm", SHAPE, 50, pad_id=0, eos_id=1, seed=seed),
+}
 
 
-def weights(seed: int, *, before: int) -> dict[str, torch.Tensor]:
+def weights(task: str, seed: int, *, before: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(before)  # whatever the global generator held before must not matter
-    return build_marian(SHAPE, 50, 0, 1, seed).state_dict()
+    return BUILDERS[task](seed).state_dict()
 
 
-def test_the_seed_alone_fixes_the_initial_weights():
-    first, again, other = weights(3, before=0), weights(3, before=1), weights(4, before=0)
+@pytest.mark.parametrize("task", list(BUILDERS))
+def test_the_seed_alone_fixes_the_initial_weights(task: str):
+    first, again, other = weights(task, 3, before=0), weights(task, 3, before=1), weights(task, 4, before=0)
     assert first.keys() == again.keys() == other.keys()
     assert all(torch.equal(first[name], again[name]) for name in first)
     assert not all(torch.equal(first[name], other[name]) for name in first)
+
+
+def test_language_models_have_the_shapes_asked_for():
+    lm = build_language_model("lm", SHAPE, 50, pad_id=0, eos_id=1, seed=0)
+    mlm = build_language_model("mlm", SHAPE, 50, pad_id=0, eos_id=1, seed=0)
+    assert type(lm).__name__ == "LlamaForCausalLM" and lm.config.num_hidden_layers == SHAPE.decoder_layers
+    assert type(mlm).__name__ == "RobertaForMaskedLM" and mlm.config.num_hidden_layers == SHAPE.encoder_layers
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight  # tied
+    ids = torch.randint(3, 50, (2, SHAPE.max_positions))  # a whole context fits
+    assert mlm(input_ids=ids).logits.shape == lm(input_ids=ids).logits.shape == (2, SHAPE.max_positions, 50)
+    with pytest.raises(ValueError, match="allowed: lm, mlm"):
+        build_language_model("translation", SHAPE, 50, pad_id=0, eos_id=1, seed=0)

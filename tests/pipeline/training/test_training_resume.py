@@ -1,11 +1,11 @@
-"""Choosing the checkpoint a re-run resumes from (``pipeline.training.seq2seq``)."""
+"""Choosing the checkpoint a re-run resumes from (``pipeline.training.trainer``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pipeline.training.seq2seq import RUN_FINGERPRINT, last_complete_checkpoint, prepare_run_folder
+from pipeline.training.trainer import RUN_FINGERPRINT, last_complete_checkpoint, prepare_run_folder
 
 
 def checkpoint(run_dir: Path, step: int, state: str | None) -> Path:

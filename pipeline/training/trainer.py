@@ -1,4 +1,4 @@
-"""Sequence-to-sequence training with the Hugging Face Trainer: resumable, DDP-ready, deterministic.
+"""Training with the Hugging Face Trainer, for every task: resumable, DDP-ready, deterministic.
 
 The Trainer brings the parts worth not re-writing: the inverse-square-root schedule with warm-up, label
 smoothing, gradient clipping, DDP under ``torchrun`` (gloo on CPU), progress bars and checkpointing.
@@ -15,10 +15,12 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import DatasetDict
 from transformers import (
+    DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -28,11 +30,14 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from pipeline.corpus_card import Task
 from pipeline.finite import require_finite
 from pipeline.params import Distillation, Training
 from pipeline.students.distill import DistillationTrainer
 
 RUN_FINGERPRINT = "run_fingerprint.json"
+# the share of an mlm block's tokens chosen for prediction (BERT's and RoBERTa's)
+MASKED_FRACTION = 0.15
 
 
 def prepare_run_folder(run_dir: str | os.PathLike, fingerprint: str, *, is_main: bool) -> str | None:
@@ -126,7 +131,23 @@ class FiniteLoss(TrainerCallback):
                 require_finite(float(logs[key]), f"training ({key})", state.global_step)
 
 
-def train_seq2seq(
+def batching(task: Task, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> tuple[list[str], Any]:
+    """The dataset columns a task trains on and the collator that batches them.
+
+    translation: source ids and labels, padded (labels by −100). lm: blocks, labels = inputs (the model
+    shifts them). mlm: blocks with 15 % of the tokens chosen (80 % of those become ``<mask>``, 10 % a
+    random token, 10 % stay), labels there only.
+    """
+    if task == "translation":
+        return ["input_ids", "labels"], DataCollatorForSeq2Seq(
+            tokenizer, model=model, label_pad_token_id=-100
+        )
+    return ["input_ids"], DataCollatorForLanguageModeling(
+        tokenizer, mlm=task == "mlm", mlm_probability=MASKED_FRACTION
+    )
+
+
+def train_model(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     data: DatasetDict,
@@ -134,12 +155,14 @@ def train_seq2seq(
     settings: Training,
     fingerprint: str,
     *,
+    task: Task = "translation",
     teacher: PreTrainedModel | None = None,
     distillation: Distillation | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     optimizer: torch.optim.Optimizer | None = None,
 ) -> PreTrainedModel:
-    """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible.
+    """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible;
+    ``task`` chooses the columns and the collator (:func:`batching`).
 
     With a ``teacher`` the loss also distils the teacher's token distributions into ``model``
     (:class:`~pipeline.students.distill.DistillationTrainer`, weighted by ``distillation``). An
@@ -151,13 +174,13 @@ def train_seq2seq(
     resume_from = prepare_run_folder(run_dir, fingerprint, is_main=is_main_process())
     if resume_from is not None and is_main_process():
         print(f"resuming from {resume_from}", file=sys.stderr)
-    columns = ["input_ids", "labels"]
+    columns, collator = batching(task, tokenizer, model)
     options = dict(
         model=model,
         args=args,
         train_dataset=data["train"].select_columns(columns),
         eval_dataset=data["valid"].select_columns(columns),
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        data_collator=collator,
         processing_class=tokenizer,
         callbacks=[FiniteLoss(), *callbacks],
         optimizers=(optimizer, None),

@@ -1,0 +1,95 @@
+"""Speed inside the model at long context: the seconds of a forward, of the attention inside it, and of a
+forward + backward, for several models of one set of weights measured side by side (tokens per second and
+the attention's share follow from them and the context).
+
+The input is one sequence of ``n`` tokens, the held-out blocks laid end to end. Every model runs one
+warm-up pass, then ``repeats`` timed passes per measure; the median is reported, so one slow pass (the
+allocator growing, another process) does not decide the figure. Models take turns at each length, so the
+ratios between them compare passes run minutes apart at most.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from datasets import Dataset
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from pipeline.attention.recording import synchronize, time_attention
+
+
+def long_sequence(dataset: Dataset, n: int) -> torch.Tensor:
+    """(1, n) int64: the first ``n`` tokens of ``dataset``'s blocks laid end to end; ValueError when they
+    hold fewer."""
+    ids: list[int] = []
+    for block in dataset["input_ids"]:
+        ids += block
+        if len(ids) >= n:
+            return torch.tensor([ids[:n]], dtype=torch.long)
+    raise ValueError(f"the blocks hold {len(ids)} tokens, fewer than the {n} asked for")
+
+
+def _timed(run: Callable[[], None], repeats: int) -> Iterator[float]:
+    """The wall seconds of each of ``repeats`` calls of ``run``, each yielded as soon as that call is done."""
+    for _ in range(repeats):
+        synchronize()
+        started = time.perf_counter()
+        run()
+        synchronize()
+        yield time.perf_counter() - started
+
+
+def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, backward: bool) -> dict[str, Any]:
+    """Seconds of a forward without gradients, of the attention inside it, and (when ``backward``) of
+    forward + backward of the model's own loss (labels = inputs): medians over ``repeats`` passes each.
+    The attention is timed on passes of its own, so that its timer never slows the passes the forward's
+    time comes from."""
+    model.eval()
+    ids = ids.to(next(model.parameters()).device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(input_ids=ids)
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    forward()  # warm-up
+    forward_seconds = statistics.median(_timed(forward, repeats))
+    attention = []
+    with time_attention(model) as spent:
+        for _ in _timed(forward, repeats):
+            attention.append(spent[0])
+            spent[0] = 0.0
+    times = {"forward_seconds": forward_seconds, "attention_seconds": statistics.median(attention)}
+    if backward:
+        forward_backward()  # warm-up
+        times["forward_backward_seconds"] = statistics.median(_timed(forward_backward, repeats))
+        model.zero_grad(set_to_none=True)
+    return {key: round(value, 6) for key, value in times.items()}
+
+
+def speed_table(
+    models: Mapping[str, PreTrainedModel],
+    test: Dataset,
+    contexts: Sequence[int],
+    *,
+    repeats: int,
+    backward: bool,
+) -> list[dict[str, Any]]:
+    """One row per (context, model): :func:`model_speed` of every model in ``models`` (name → model) on the
+    first ``n`` test tokens, for every ``n`` in ``contexts``."""
+    rows = []
+    for n in contexts:
+        ids = long_sequence(test, n)
+        for name, model in tqdm(models.items(), desc=f"speed at n = {n}", unit="model", leave=False):
+            rows.append(
+                {"context": n, "model": name, **model_speed(model, ids, repeats=repeats, backward=backward)}
+            )
+    return rows

@@ -1,0 +1,162 @@
+"""The block tasks through the stages: prepare (a WikiText-format dataset) → pretrain (softmax, from scratch)
+→ teacher (α-entmax) → extract → project → cluster → evaluate, for a causal LM (Llama) and a masked LM
+(RoBERTa)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline.attention import load_model
+from pipeline.graphs import GraphStore
+from pipeline.metrics.language_model import token_loss
+from pipeline.training.run import load_corpus
+from stages import cluster, evaluate, extract, prepare, pretrain, project, teacher
+from tests.tiny import wikitext_folder
+
+ROOT = Path(__file__).resolve().parents[3]
+CONTEXT = 48
+KINDS = {"lm": "decoder_self", "mlm": "encoder_self"}
+
+
+def block_params(task: str, corpus: Path) -> dict:
+    """The micro profile with a block corpus of ``task`` read from the WikiText-format folder ``corpus``."""
+    params = yaml.safe_load((ROOT / "configs" / "micro.yaml").read_text())
+    params["prepare"].update(
+        task=task,
+        source="hf",
+        hf={"name": str(corpus), "text_column": "text"},
+        context=CONTEXT,
+        vocab_size=120,
+    )
+    params["pretrain"]["model"].update(max_positions=CONTEXT, encoder_layers=2)
+    params["pretrain"]["train"].update(max_steps=40, eval_steps=40, save_steps=40)
+    params["teacher"]["train"].update(max_steps=10)
+    params["extract"]["kinds"] = [KINDS[task]]
+    params["project"]["kind"] = KINDS[task]
+    # rotary positions take any length; RoBERTa's learned ones stop at the context
+    contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
+    params["evaluate"]["speed"] = {"contexts": contexts, "method": "kmeans", "repeats": 1}
+    return params
+
+
+@pytest.fixture(scope="module", params=["lm", "mlm"])
+def trained(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    task, folder = request.param, tmp_path_factory.mktemp(request.param)
+    corpus = wikitext_folder(
+        folder / "wikitext",
+        {
+            "train": {f"Train {i}": 400 for i in range(8)},
+            "validation": {"Valid": 300},
+            "test": {"Test": 300},
+        },
+    )
+    (folder / "params.yaml").write_text(yaml.safe_dump(block_params(task, corpus)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        for stage in (prepare, pretrain, teacher, extract, project, cluster, evaluate):
+            stage.main(["--params", "params.yaml"])
+    return task, folder
+
+
+def metrics(folder: Path, stage: str) -> dict:
+    return json.loads((folder / "artifacts" / "metrics" / f"{stage}.json").read_text())
+
+
+def test_perplexity_and_sparsity(trained) -> None:
+    task, folder = trained
+    pretrained, entmax = metrics(folder, "pretrain"), metrics(folder, "teacher")
+    for measured in (pretrained, entmax):
+        for split in ("valid", "test"):
+            assert 1.0 < measured[split]["perplexity"] < 120  # below a uniform guess over the vocabulary
+        assert ("accuracy" in measured["test"]) == (task == "mlm")
+    assert "attention_sparsity" not in pretrained  # softmax: dense by construction
+    sparsity = entmax["attention_sparsity"][KINDS[task]]
+    assert len(sparsity) == 2 and all(0.0 <= s < 1.0 for s in sparsity) and max(sparsity) > 0.0
+
+
+def test_teacher_checkpoint_describes_itself(trained) -> None:
+    task, folder = trained
+    model = load_model(folder / "artifacts" / "models" / "teacher")
+    assert type(model).__name__ == {"lm": "LlamaForCausalLM", "mlm": "RobertaForMaskedLM"}[task]
+    assert model.config._attn_implementation == "entmax" and model.config.entmax_alpha == 1.5
+
+
+def test_the_causal_teacher_never_reads_the_future(trained) -> None:
+    task, folder = trained
+    if task != "lm":
+        pytest.skip("bidirectional by design")
+    model = load_model(folder / "artifacts" / "models" / "teacher")
+    data, _ = load_corpus(str(folder / "artifacts" / "data"), tasks=("lm",))
+    ids = torch.tensor(data["test"]["input_ids"][:2])
+    perturbed = ids.clone()
+    perturbed[:, 20:] = torch.randint(
+        3, model.config.vocab_size, perturbed[:, 20:].shape, generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        before, after = model(input_ids=ids).logits, model(input_ids=perturbed).logits
+    torch.testing.assert_close(before[:, :20], after[:, :20], rtol=0, atol=1e-6)
+    assert not torch.allclose(before[:, 20:], after[:, 20:])
+
+
+def test_the_lm_loss_is_the_models_own(trained) -> None:
+    task, folder = trained
+    if task != "lm":
+        pytest.skip("the causal loss")
+    model = load_model(folder / "artifacts" / "models" / "teacher")
+    data, _ = load_corpus(str(folder / "artifacts" / "data"), tasks=("lm",))
+    measured = token_loss(model, "lm", data["valid"], batch_size=4)
+    ids = torch.tensor(data["valid"]["input_ids"])
+    with torch.no_grad():
+        own = model(input_ids=ids, labels=ids).loss.item()
+    assert measured["tokens"] == ids.shape[0] * (CONTEXT - 1)
+    assert measured["loss"] == pytest.approx(own, abs=1e-4)
+    assert measured["perplexity"] == pytest.approx(math.exp(measured["loss"]), rel=1e-3)
+    assert metrics(folder, "teacher")["valid"]["loss"] == pytest.approx(own, abs=1e-4)
+
+
+def test_extraction_stores_the_task_kind(trained) -> None:
+    task, folder = trained
+    store = GraphStore(folder / "artifacts" / "graphs" / "test")
+    assert store.manifest["attention_kinds"] == [KINDS[task]]
+    assert store.causal(KINDS[task]) == (task == "lm")
+    side = store.sides_of(KINDS[task])[0]
+    assert set(store.lengths(side).tolist()) == {CONTEXT}
+
+
+def test_evaluation_scores_predicted_graphs_by_perplexity(trained) -> None:
+    task, folder = trained
+    evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
+    assert evaluation["task"] == task and evaluation["kind"] == KINDS[task] and evaluation["students"] == []
+    teacher_quality, points = evaluation["quality"]["teacher"], evaluation["quality"]["points"]
+    assert teacher_quality["perplexity"] == metrics(folder, "teacher")["test"]["perplexity"]
+    assert "bleu" not in teacher_quality and ("accuracy" in teacher_quality) == (task == "mlm")
+    *predicted, full = points
+    # sparse-consistency: a window wider than any block attends everything the teacher does
+    assert full["graph_recall"] == 1.0 and full["perplexity"] == teacher_quality["perplexity"]
+    assert predicted and all(math.isfinite(point["perplexity"]) for point in predicted)
+    if task == "lm":  # the lm reads the very blocks the store holds (mlm: with tokens masked)
+        for point in predicted:
+            assert point["sparsity"] == pytest.approx(point["graph_sparsity"], abs=0.05)
+
+
+def test_speed_table_runs_the_three_models_side_by_side(trained) -> None:
+    task, folder = trained
+    evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
+    timings = json.loads((folder / "artifacts" / "evaluation" / "evaluate.timings.json").read_text())
+    rows = evaluation["speed"]
+    contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
+    assert [row["context"] for row in rows] == [n for n in contexts for _ in range(3)]
+    names = [row["model"] for row in rows[:3]]
+    assert names[:2] == ["softmax (sdpa)", "entmax (dense)"] and names[2].startswith("kmeans(")
+    kmeans = [r for r in evaluation["graphs"] if r["label"] == names[2]]
+    assert rows[2]["graph_sparsity"] == kmeans[0]["sparsity"] and rows[0]["graph_recall"] == 1.0
+    # the wall times live beside the metrics, which stay reproducible
+    assert all("forward_seconds" not in row for row in rows)
+    assert [t["model"] for t in timings["speed"]] == [row["model"] for row in rows]
+    assert all(t["forward_seconds"] > 0 and t["forward_backward_seconds"] > 0 for t in timings["speed"])
