@@ -1,6 +1,6 @@
 """The block tasks through the stages: prepare (a WikiText-format dataset) → pretrain (softmax, from scratch)
-→ teacher (α-entmax) → extract → project → cluster → configure → students → evaluate, for a causal LM
-(Llama) and a masked LM (RoBERTa)."""
+→ teacher (α-entmax) → extract → project → cluster → configure → students → evaluate → report, for a causal
+LM (Llama) and a masked LM (RoBERTa)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pipeline.metrics.language_model import token_loss
 from pipeline.params import Distillation
 from pipeline.students.distill import DistillationTrainer
 from pipeline.training.run import load_corpus
-from stages import cluster, configure, evaluate, extract, prepare, pretrain, project, student, teacher
+from stages import cluster, configure, evaluate, extract, prepare, pretrain, project, report, student, teacher
 from tests.tiny import wikitext_folder
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -73,6 +73,7 @@ def trained(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Pat
         for name in STUDENTS:
             student.main([name, "--params", "params.yaml"])
         evaluate.main(["--params", "params.yaml"])
+        report.main(["--params", "params.yaml"])
     return task, folder
 
 
@@ -211,3 +212,16 @@ def test_causal_distillation_scores_each_token_with_the_logits_that_predict_it(t
         trainer._teacher_logits = outputs.logits
         loss = trainer._loss(outputs, ids)
     assert trainer.shifted and loss.item() == pytest.approx(outputs.loss.item(), rel=1e-5)
+
+
+def test_report_speaks_of_the_tasks_measures(trained) -> None:
+    task, folder = trained
+    markdown = (folder / "artifacts" / "report.md").read_text()
+    headline = metrics(folder, "report")
+    assert "## Language-model quality with predicted graphs" in markdown and "BLEU" not in markdown
+    assert "## Speed inside the model" in markdown and "× dense entmax" in markdown
+    assert headline["teacher_perplexity"] == metrics(folder, "teacher")["test"]["perplexity"]
+    assert "teacher_bleu" not in headline and ("teacher_accuracy" in headline) == (task == "mlm")
+    assert set(headline["students"]) == set(STUDENTS)
+    figures = sorted(path.name for path in (folder / "artifacts" / "plots" / "report").glob("*.png"))
+    assert figures == ["recall_heatmap.png", "sparsity_perplexity.png", "sparsity_recall.png"]
