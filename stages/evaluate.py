@@ -16,6 +16,7 @@ predicted graphs at each method's best points.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 from datasets import Dataset
@@ -24,7 +25,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
-from pipeline.corpus_card import TASKS, read_corpus_card
+from pipeline.corpus_card import TASKS, Task, read_corpus_card
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import (
     attach_setting,
@@ -35,7 +36,9 @@ from pipeline.evaluation.quality import (
 )
 from pipeline.evaluation.speed import speed_table
 from pipeline.evaluation.students import (
+    language_ensemble_quality,
     load_student,
+    self_ensemble_quality,
     student_folders,
     student_quality,
     timing_batches,
@@ -52,7 +55,7 @@ from pipeline.predictors.window import WindowPredictor
 from pipeline.projection.model import load_projections
 from pipeline.stage import stage_params
 from pipeline.timings import write_metrics
-from pipeline.training.run import encode_with, load_corpus
+from pipeline.training.run import data_for_model, load_corpus
 
 
 def graph_rows(
@@ -146,17 +149,39 @@ def speed_rows(
     ]
 
 
+def task_measures(
+    params: Evaluate, task: Task, tokenizer: PreTrainedTokenizerBase, test: Dataset
+) -> tuple[Callable, Callable]:
+    """(``measure(model)``, ``ensemble(model, samples)``) on ``test`` for ``task``: BLEU and perplexity by
+    beam search, or perplexity (mlm: and accuracy) over blocks; the teacher, every predictor point and every
+    student are measured by the same one."""
+    quality = params.quality
+    data = {"tokenizer": tokenizer, "test": test, "batch_size": quality.batch_size}
+    if task == "translation":
+        measure = partial(translation_quality, **data)
+        return measure, partial(self_ensemble_quality, **data, seed=quality.ensemble_seed)
+    measure = partial(language_quality, **data, task=task)
+    return measure, partial(language_ensemble_quality, **data, task=task, seed=quality.ensemble_seed)
+
+
 def evaluate_students(
-    params: Evaluate, teacher_sha256: str, tokenizer: PreTrainedTokenizerBase, test: Dataset, train: Dataset
+    params: Evaluate,
+    teacher_sha256: str,
+    task: Task,
+    train: Dataset,
+    measure: Callable,
+    ensemble: Callable,
 ) -> list[dict]:
-    """One row per student folder under ``params.students``, each distilled from this teacher."""
+    """One row per student folder under ``params.students``, each distilled from this teacher, measured
+    by the teacher's ``measure`` (:func:`task_measures`)."""
     folders = student_folders(params.students)
     if not folders:
         return []
     quality = params.quality
     with loading(params.teacher, "evaluate.teacher"):
         teacher = load_model(params.teacher)
-    batches = timing_batches(train, quality.batch_size, quality.timing_batches, teacher.config.pad_token_id)
+    pad_id = teacher.config.pad_token_id
+    batches = timing_batches(train, quality.batch_size, quality.timing_batches, pad_id, task)
     rows = []
     for name, folder in folders.items():
         student = load_student(folder, f"evaluate.students ({name})")
@@ -168,7 +193,7 @@ def evaluate_students(
             )
         untrained = untrained_twin(student, params.teacher)
         for model in (student, untrained):
-            if model is not None:
+            if model is not None and task == "translation":
                 model.generation_config.num_beams = quality.beams
                 model.generation_config.max_new_tokens = quality.max_new_tokens
         rows.append(
@@ -176,12 +201,10 @@ def evaluate_students(
                 name,
                 student,
                 teacher,
-                tokenizer,
-                test,
                 batches,
-                batch_size=quality.batch_size,
+                measure=measure,
+                ensemble=ensemble,
                 ensemble_samples=quality.ensemble_samples,
-                seed=quality.ensemble_seed,
                 untrained=untrained,
             )
         )
@@ -198,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(
             f"evaluate.teacher = {params.teacher!r} is not the teacher evaluate.graphs was extracted from"
         )
-    data, _ = load_corpus(params.data, "evaluate.data", tasks=TASKS)
+    data, corpus_tokenizer = load_corpus(params.data, "evaluate.data", tasks=TASKS)
     task = read_corpus_card(params.data, "evaluate.data").task
     if task == "translation" and params.speed.contexts:
         raise UserError(
@@ -214,18 +237,15 @@ def main(argv: list[str] | None = None) -> None:
     gold = gold_sparsity(full[1])
 
     quality = params.quality
-    encoded = encode_with(tokenizer, data, positions) if task == "translation" else data
+    key = f"evaluate.teacher = {params.teacher!r}"
+    encoded = data_for_model(data, corpus_tokenizer, tokenizer, model, task=task, key=key)
     test = encoded["test"]
     if quality.examples is not None:
         test = test.select(range(min(quality.examples, len(test))))
     if task == "translation":
         model.generation_config.num_beams = quality.beams
         model.generation_config.max_new_tokens = quality.max_new_tokens
-        measure = partial(translation_quality, tokenizer=tokenizer, test=test, batch_size=quality.batch_size)
-    else:
-        measure = partial(
-            language_quality, tokenizer=tokenizer, task=task, test=test, batch_size=quality.batch_size
-        )
+    measure, ensemble = task_measures(params, task, tokenizer, test)
     points = choose_points(
         rows,
         kind,
@@ -237,9 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         model, [*points, full], measure=measure, kind=kind, projections=projections
     )
     teacher_quality["sparsity"] = gold["sparsity"]
-    students = []
-    if task == "translation":
-        students = evaluate_students(params, weights, tokenizer, test, encoded["train"])
+    students = evaluate_students(params, weights, task, encoded["train"], measure, ensemble)
     speed = speed_rows(params, teacher, model, kind, projections, rows, data["test"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
     write_metrics(

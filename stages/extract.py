@@ -22,7 +22,7 @@ from pipeline.graphs.summary import summarize
 from pipeline.params import Extract
 from pipeline.stage import stage_params
 from pipeline.timings import write_metrics
-from pipeline.training.run import encode_with, load_corpus
+from pipeline.training.run import data_for_model, load_corpus
 
 
 def check_kinds(params: Extract, model: PreTrainedModel) -> None:
@@ -61,13 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     """Check every store's split first, then extract the stores in order; one summary per store."""
     params = stage_params("extract", argv)
     teacher = resolve_checkpoint(params.teacher, "extract.teacher", local=True)
-    data, _ = load_corpus(params.data, "extract.data", tasks=TASKS)
+    data, corpus_tokenizer = load_corpus(params.data, "extract.data", tasks=TASKS)
     with loading(teacher, "extract.teacher"):
         model = load_model(teacher)
         tokenizer = AutoTokenizer.from_pretrained(teacher)
     check_kinds(params, model)
-    if read_corpus_card(params.data, "extract.data").task == "translation":
-        data = encode_with(tokenizer, data, model.config.max_position_embeddings)
+    task = read_corpus_card(params.data, "extract.data").task
+    key = f"extract.teacher = {params.teacher!r}"
+    data = data_for_model(data, corpus_tokenizer, tokenizer, model, task=task, key=key)
     for name, store in params.stores.items():
         check_lengths(params, name, data[store.split], model_layout(model))
     fingerprint = teacher_fingerprint(model, teacher)

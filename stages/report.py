@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> None:
     # the report links its figures relative to where it lies, so it renders wherever the folder is opened
     here = Path(params.out).parent
     figures = [
-        (caption, Path(os.path.relpath(files[name], here)).as_posix()) for name, caption in CAPTIONS.items()
+        (caption, Path(os.path.relpath(files[name], here)).as_posix())
+        for name, caption in CAPTIONS.items()
+        if name in files
     ]
     markdown, headline = build_report(
         evaluation,

@@ -7,10 +7,10 @@ from transformers import AutoTokenizer
 from pipeline.attention import ENTMAX, attach_learned_alpha
 from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint
 from pipeline.corpus_card import TASKS, read_corpus_card
-from pipeline.errors import UserError, exits_cleanly
+from pipeline.errors import exits_cleanly
 from pipeline.models.pretrained import load_pretrained
 from pipeline.stage import stage_params
-from pipeline.training.run import check_generation_fits, encode_with, load_corpus, train_and_evaluate
+from pipeline.training.run import check_generation_fits, data_for_model, load_corpus, train_and_evaluate
 
 
 @exits_cleanly
@@ -26,13 +26,9 @@ def main(argv: list[str] | None = None) -> None:
         attach_learned_alpha(model)
     if task == "translation":
         check_generation_fits("teacher", params, model)
-        data = encode_with(tokenizer, data, model.config.max_position_embeddings)
-    elif tokenizer.get_vocab() != corpus_tokenizer.get_vocab():
-        # blocks hold token ids, not text: they mean the same only under the same vocabulary
-        raise UserError(
-            f"teacher.init = {params.init!r}: its tokenizer is not the one {params.data} was cut with; "
-            "allowed: a model trained on that corpus (the pretrain stage's)"
-        )
+    data = data_for_model(
+        data, corpus_tokenizer, tokenizer, model, task=task, key=f"teacher.init = {params.init!r}"
+    )
     train_and_evaluate("teacher", params, model, tokenizer, data, describe_parent(init))
 
 

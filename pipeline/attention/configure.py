@@ -18,6 +18,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedModel
 
+from pipeline.attention.interface import module_head_dim, module_heads
 from pipeline.attention.kinds import attention_kind
 from pipeline.attention.loading import load_model
 from pipeline.attention.recording import attention_layers
@@ -33,7 +34,7 @@ from pipeline.projection.model import load_projections
 def _origin(teacher: str, model: PreTrainedModel, kind: str) -> Origin:
     """What projections and states used with ``teacher``'s ``kind`` attention must have been fitted on."""
     modules = attention_layers(model, attention_kind(kind))
-    return Origin.of_teacher(teacher, len(modules), modules[0].num_heads, modules[0].head_dim)
+    return Origin.of_teacher(teacher, len(modules), module_heads(modules[0]), module_head_dim(modules[0]))
 
 
 def configure_sparsefinder(

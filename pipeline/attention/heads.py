@@ -17,9 +17,9 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from pipeline.attention.entmax import attention_inputs, entmax_attention_forward
-from pipeline.attention.interface import AttentionFunction, StateAttacher, module_heads
+from pipeline.attention.interface import AttentionFunction, StateAttacher, module_head_dim, module_heads
 from pipeline.attention.kinds import attention_kind
-from pipeline.attention.recording import attention_layers
+from pipeline.attention.recording import attention_layers, layout_kinds, model_layout
 from pipeline.errors import UserError
 
 SELF_KINDS = ("encoder_self", "decoder_self")
@@ -93,8 +93,7 @@ def is_finite_number(value: Any) -> bool:
 
 def head_shape(module: nn.Module) -> tuple[int, int]:
     """(query heads, head dimension) of an attention module."""
-    heads = module_heads(module)
-    return heads, getattr(module, "head_dim", module.embed_dim // heads)
+    return module_heads(module), module_head_dim(module)
 
 
 def attach_heads(
@@ -116,7 +115,8 @@ def attach_heads(
         raise ValueError(
             f"{name.upper()} heads need attn_implementation={name!r}; this model runs {implementation!r}"
         )
-    modules = {kind: attention_layers(model, attention_kind(kind)) for kind in SELF_KINDS}
+    present = layout_kinds(model_layout(model))  # a decoder-only model has no encoder_self, ...
+    modules = {kind: attention_layers(model, attention_kind(kind)) for kind in SELF_KINDS if kind in present}
     checked = check(spec, {kind: len(found) for kind, found in modules.items()})
     heads = []
     for kind in checked["kinds"]:

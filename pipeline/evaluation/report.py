@@ -1,5 +1,7 @@
-"""The evaluation's report: per-method sparsity–recall summaries, translation quality at those settings, and a
-few sentences generated from the numbers, plus the small headline JSON declared as a DVC metric.
+"""The evaluation's report: per-method sparsity–recall summaries, quality at those settings (BLEU and
+perplexity for translation; perplexity, and accuracy for mlm, for the block tasks), the speed table of the
+block tasks, and a few sentences generated from the numbers, plus the small headline JSON declared as a DVC
+metric.
 
 Definitions used throughout:
 
@@ -17,6 +19,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +45,38 @@ METHOD_ORDER = (
 REQUIRED_KEYS = ("kind", "store", "gold_sparsity", "graphs", "quality")
 GRAPH_KEYS = ("method", "sparsity", "recall")
 QUALITY_KEYS = ("teacher", "points")
-POINT_KEYS = ("method", "sparsity", "bleu", "perplexity")
-STUDENT_KEYS = ("student", "sparsity", "bleu", "perplexity")
-ENSEMBLE_KEYS = ("samples", "bleu", "perplexity")
 DASH = "—"
+
+
+@dataclass(frozen=True)
+class Score:
+    """A quality measure of the evaluation's task: its key in the rows, its name, digits and direction."""
+
+    key: str
+    name: str
+    short: str
+    digits: int
+    higher_is_better: bool
+
+
+BLEU = Score("bleu", "BLEU", "BLEU", 2, True)
+PERPLEXITY = Score("perplexity", "perplexity", "ppl", 2, False)
+ACCURACY = Score("accuracy", "accuracy", "acc", 3, True)
+# per task, its measures, the one that ranks first (an evaluation without a task is a translation one)
+TASK_SCORES = {"translation": (BLEU, PERPLEXITY), "lm": (PERPLEXITY,), "mlm": (PERPLEXITY, ACCURACY)}
+
+
+def task_scores(evaluation: dict) -> tuple[Score, ...]:
+    """The measures of the evaluation's task (:data:`TASK_SCORES`)."""
+    return TASK_SCORES[evaluation.get("task", "translation")]
+
+
+def _verbs(scores: Sequence[Score]) -> tuple[str, str]:
+    """How a model is run for its measures: ("decoding", "decoded") by beam search when BLEU is measured,
+    else ("running", "run"), a forward over the test blocks."""
+    return ("decoding", "decoded") if BLEU in scores else ("running", "run")
+
+
 # The τ-indexer's goal: recall ≥ INDEXER_RECALL at sparsity ≥ gold − INDEXER_SLACK.
 INDEXER_RECALL, INDEXER_SLACK = 0.99, 0.03
 # A student is compared with the predictor points at sparsity ≥ its own − STUDENT_SLACK.
@@ -68,6 +99,10 @@ def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None =
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: not valid JSON ({err})") from None
     _check_mapping(path, evaluation, "top level", REQUIRED_KEYS)
+    task = evaluation.get("task", "translation")
+    if task not in TASK_SCORES:
+        raise UserError(f"{path}: task = {task!r} is not one of {', '.join(TASK_SCORES)}")
+    scored = tuple(score.key for score in TASK_SCORES[task])
     graphs = evaluation["graphs"]
     if not isinstance(graphs, list) or not graphs:
         raise UserError(f"{path}: 'graphs' must be a non-empty list of graph settings")
@@ -78,9 +113,9 @@ def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None =
     if not isinstance(quality["points"], list):
         raise UserError(f"{path}: 'quality.points' must be a list")
     for i, row in enumerate(quality["points"]):
-        _check_row(path, row, f"quality.points[{i}]", POINT_KEYS)
+        _check_row(path, row, f"quality.points[{i}]", ("method", "sparsity", *scored))
     if "students" in evaluation:
-        _check_students(path, evaluation["students"])
+        _check_students(path, evaluation["students"], scored)
     timings = Path(timings or timings_path(path))
     if not timings.is_file():
         return evaluation
@@ -107,14 +142,14 @@ def _check_row(path: Path, row: Any, where: str, keys: Sequence[str]) -> None:
             raise UserError(f"{path}: {where}.{key} = {value!r} is not a number")
 
 
-def _check_students(path: Path, students: Any) -> None:
+def _check_students(path: Path, students: Any, scored: Sequence[str]) -> None:
     """Each student row has a name of its own and its quality numbers; its self-ensembles, if any, theirs."""
     if not isinstance(students, list):
         raise UserError(f"{path}: 'students' must be a list of student rows, got {type(students).__name__}")
     names: set[str] = set()
     for i, row in enumerate(students):
         where = f"students[{i}]"
-        _check_row(path, row, where, STUDENT_KEYS)
+        _check_row(path, row, where, ("student", "sparsity", *scored))
         name = row["student"]
         if not isinstance(name, str) or not name or name in names:
             raise UserError(f"{path}: {where}.student = {name!r} is not a name of its own")
@@ -124,7 +159,7 @@ def _check_students(path: Path, students: Any) -> None:
         if not isinstance(row["ensembles"], list):
             raise UserError(f"{path}: {where}.ensembles must be a list of self-ensemble rows")
         for j, ensemble in enumerate(row["ensembles"]):
-            _check_row(path, ensemble, f"{where}.ensembles[{j}]", ENSEMBLE_KEYS)
+            _check_row(path, ensemble, f"{where}.ensembles[{j}]", ("samples", *scored))
             samples = ensemble["samples"]
             if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
                 raise UserError(
@@ -220,11 +255,12 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
     each student's quality when there are students.
 
     ``best`` is the sparsest setting of any method with recall ≥ ``recall_target`` (its fields are null when
-    no setting reaches it), with the BLEU and perplexity of decoding with it when that was measured.
-    ``students`` maps each student's name to its BLEU, perplexity and decoding sparsity; no wall times, so
+    no setting reaches it), with the task's measures (:func:`task_scores`) of running with it when they
+    were measured. ``students`` maps each student's name to its measures and sparsity; no wall times, so
     the headline stays a function of the inputs.
     """
     teacher = teacher_quality(evaluation)
+    keys = [score.key for score in task_scores(evaluation)]
     methods = {}
     for method, rows in rows_by_method(evaluation["graphs"]).items():
         values = {
@@ -239,23 +275,20 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
     point = quality_at(evaluation, best)
     summary = {
         "gold_sparsity": finite_number(evaluation["gold_sparsity"]),
-        "teacher_bleu": finite_number(teacher.get("bleu")),
-        "teacher_perplexity": finite_number(teacher.get("perplexity")),
+        **{f"teacher_{key}": finite_number(teacher.get(key)) for key in keys},
         "methods": methods,
         "best": {
             "method": best["method"] if best else None,
             "label": _label(best) if best else None,
             "sparsity": _field(best, "sparsity"),
             "recall": _field(best, "recall"),
-            "bleu": _field(point, "bleu"),
-            "perplexity": _field(point, "perplexity"),
+            **{key: _field(point, key) for key in keys},
         },
     }
     students = student_rows(evaluation)
     if students:
         summary["students"] = {
-            row["student"]: {key: _field(row, key) for key in ("bleu", "perplexity", "sparsity")}
-            for row in students
+            row["student"]: {key: _field(row, key) for key in (*keys, "sparsity")} for row in students
         }
     return summary
 
@@ -283,14 +316,17 @@ def build_report(
 
     ``figures`` are (caption, path relative to the report) pairs shown at the end of the report.
     """
+    task = evaluation.get("task", "translation")
     sections = [
         f"# Learned sparse attention: {evaluation['kind']}",
         _facts(evaluation),
         "## Sparsity and recall per method",
         _method_table(evaluation, sparsity_levels, recall_target),
-        "## Translation quality with predicted graphs",
+        f"## {'Translation' if task == 'translation' else 'Language-model'} quality with predicted graphs",
         _quality_table(evaluation),
     ]
+    if evaluation.get("speed"):
+        sections += ["## Speed inside the model", _speed_table(evaluation)]
     if student_rows(evaluation):
         sections += ["## Students", _students_section(evaluation)]
     sections += [
@@ -325,13 +361,17 @@ def _facts(evaluation: dict) -> str:
         else ""
     )
     signature = f" (`{teacher['signature']}`)" if teacher.get("signature") else ""
+    measures = ", ".join(
+        f"{score.name} {_num(teacher.get(score.key), score.digits)}" + (signature if score is BLEU else "")
+        for score in task_scores(evaluation)
+    )
+    unit = "sentences" if evaluation.get("task", "translation") == "translation" else "blocks"
+    gerund = _verbs(task_scores(evaluation))[0]
     lines = [
         f"- attention: **{evaluation['kind']}**, graphs from `{store.get('path', DASH)}` "
-        f"({store.get('split', DASH)} split, {store.get('sentences', DASH)} sentences{shape})",
+        f"({store.get('split', DASH)} split, {store.get('sentences', DASH)} {unit}{shape})",
         f"- gold sparsity of the teacher's α-entmax graphs: {_num(evaluation['gold_sparsity'], 3)}",
-        f"- teacher: BLEU {_num(teacher.get('bleu'), 2)}{signature}, "
-        f"perplexity {_num(teacher.get('perplexity'), 2)}, "
-        f"decoding sparsity {_num(teacher.get('sparsity'), 3)}",
+        f"- teacher: {measures}, {gerund} sparsity {_num(teacher.get('sparsity'), 3)}",
     ]
     if evaluation.get("projector"):
         lines.append(f"- learned projections: {_projector(evaluation['projector'])}")
@@ -347,19 +387,25 @@ def _projector(config: dict) -> str:
     return f"rank {config.get('rank')}, a {kind} per head for queries and another for keys"
 
 
+def _score_header(evaluation: dict) -> str:
+    """``BLEU / ppl`` (translation), ``ppl`` (lm), ``ppl / acc`` (mlm)."""
+    return " / ".join(score.short for score in task_scores(evaluation))
+
+
 def _method_table(evaluation: dict, levels: Sequence[float], target: float) -> str:
+    scores = _score_header(evaluation)
     header = ["method"]
     for level in levels:
-        header += [f"recall @ sparsity ≥ {level:g}", "BLEU / ppl"]
-    header += [f"sparsity @ recall ≥ {target:g}", "BLEU / ppl"]
+        header += [f"recall @ sparsity ≥ {level:g}", scores]
+    header += [f"sparsity @ recall ≥ {target:g}", scores]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
     for method, rows in rows_by_method(evaluation["graphs"]).items():
         cells = [method]
         for level in levels:
             row = recall_at_sparsity(rows, level)
-            cells += [_setting_cell(row, "recall"), _quality_cell(quality_at(evaluation, row))]
+            cells += [_setting_cell(row, "recall"), _quality_cell(evaluation, quality_at(evaluation, row))]
         row = sparsity_at_recall(rows, target)
-        cells += [_setting_cell(row, "sparsity"), _quality_cell(quality_at(evaluation, row))]
+        cells += [_setting_cell(row, "sparsity"), _quality_cell(evaluation, quality_at(evaluation, row))]
         lines.append(_table_row(cells))
     lines.append(_table_row(_teacher_cells(evaluation, levels)))
     return "\n".join(lines)
@@ -368,7 +414,7 @@ def _method_table(evaluation: dict, levels: Sequence[float], target: float) -> s
 def _teacher_cells(evaluation: dict, levels: Sequence[float]) -> list[str]:
     """The gold graph has recall 1 at the gold sparsity; the teacher decodes with it."""
     gold = finite_number(evaluation["gold_sparsity"])
-    quality = _quality_cell(teacher_quality(evaluation))
+    quality = _quality_cell(evaluation, teacher_quality(evaluation))
     cells = ["teacher (gold graph)"]
     for level in levels:
         reached = gold is not None and gold >= level
@@ -385,12 +431,12 @@ def _setting_cell(row: dict | None, key: str) -> str:
     return DASH if row is None else f"{_num(row[key], 3)} ({_cell(_label(row))})"
 
 
-def _quality_cell(point: dict | None) -> str:
-    if point is None or (
-        finite_number(point.get("bleu")) is None and finite_number(point.get("perplexity")) is None
-    ):
+def _quality_cell(evaluation: dict, point: dict | None) -> str:
+    """The task's measures of ``point``, ``18.33 / 25.20``; a dash when it has none."""
+    scores = task_scores(evaluation)
+    if point is None or all(finite_number(point.get(score.key)) is None for score in scores):
         return DASH
-    return f"{_num(point.get('bleu'), 2)} / {_num(point.get('perplexity'), 2)}"
+    return " / ".join(_num(point.get(score.key), score.digits) for score in scores)
 
 
 def _quality_table(evaluation: dict) -> str:
@@ -398,38 +444,96 @@ def _quality_table(evaluation: dict) -> str:
     points = evaluation["quality"]["points"]
     if not points:
         return "No setting was decoded with its predicted graphs."
+    scores = task_scores(evaluation)
+    primary = scores[0]
+    decodes = evaluation.get("task", "translation") == "translation"
     header = [
         "setting",
-        "decoding sparsity",
+        f"{_verbs(scores)[0]} sparsity",
         "graph recall",
-        "BLEU",
-        "Δ BLEU",
-        "perplexity",
+        primary.name,
+        f"Δ {primary.name}",
+        *(score.name for score in scores[1:]),
         "forward",
-        "decode",
+        *(["decode"] if decodes else []),
     ]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
+
+    def numbers(point: dict, recall: Any) -> list[str]:
+        cells = [_num(point.get("sparsity"), 3), _num(recall, 3), *_versus(point, teacher, scores, deltas=1)]
+        cells.append(_ratio(point.get("forward_seconds"), teacher.get("forward_seconds")))
+        if decodes:
+            cells.append(_ratio(point.get("decode_seconds"), teacher.get("decode_seconds")))
+        return cells
+
     if teacher:
-        lines.append(_table_row(["teacher", *_quality_numbers(teacher, teacher, recall=1.0)]))
+        lines.append(_table_row(["teacher", *numbers(teacher, 1.0)]))
     for rows in rows_by_method(points).values():
         for point in sorted(rows, key=lambda p: (finite_number(p["sparsity"]) or 0.0, _label(p))):
-            cells = _quality_numbers(point, teacher, recall=point.get("graph_recall"))
-            lines.append(_table_row([_cell(_label(point)), *cells]))
+            lines.append(_table_row([_cell(_label(point)), *numbers(point, point.get("graph_recall"))]))
     lines.append("")
-    lines.append("Δ BLEU is against the teacher; forward and decode are times relative to the teacher's.")
+    times = (
+        "forward and decode are times" if decodes else "forward is the time of a pass over the test blocks"
+    )
+    lines.append(f"Δ {primary.name} is against the teacher; {times} relative to the teacher's.")
     return "\n".join(lines)
 
 
-def _quality_numbers(point: dict, teacher: dict, *, recall: Any) -> list[str]:
-    return [
-        _num(point.get("sparsity"), 3),
-        _num(recall, 3),
-        _num(point.get("bleu"), 2),
-        _signed(_difference(point.get("bleu"), teacher.get("bleu")), 2),
-        _num(point.get("perplexity"), 2),
-        _ratio(point.get("forward_seconds"), teacher.get("forward_seconds")),
-        _ratio(point.get("decode_seconds"), teacher.get("decode_seconds")),
+def _speed_table(evaluation: dict) -> str:
+    """Tokens per second of each model at each context, side by side, with its ratios to the dense α-entmax
+    teacher and to softmax SDPA, and the share of its forward spent in attention."""
+    header = [
+        "n",
+        "model",
+        "graph sparsity",
+        "graph recall",
+        "forward tokens/s",
+        "× dense entmax",
+        "× softmax SDPA",
+        "forward + backward tokens/s",
+        "× dense entmax",
+        "attention share",
     ]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    rows = evaluation["speed"]
+    for n in sorted({row["context"] for row in rows}):
+        at_n = {row["model"]: row for row in rows if row["context"] == n}
+        entmax, sdpa = at_n.get("entmax (dense)", {}), at_n.get("softmax (sdpa)", {})
+        for name, row in at_n.items():
+            forward, both = row.get("forward_seconds"), row.get("forward_backward_seconds")
+            lines.append(
+                _table_row(
+                    [
+                        str(n),
+                        _cell(name),
+                        _num(row.get("graph_sparsity"), 3),
+                        _num(row.get("graph_recall"), 3),
+                        _per_second(n, forward),
+                        _ratio(entmax.get("forward_seconds"), forward),
+                        _ratio(sdpa.get("forward_seconds"), forward),
+                        _per_second(n, both),
+                        _ratio(entmax.get("forward_backward_seconds"), both),
+                        _num(_share(row.get("attention_seconds"), row.get("attention_pass_seconds")), 2),
+                    ]
+                )
+            )
+    lines += [
+        "",
+        "One sequence of n test tokens, medians of timed passes, the models taking turns at each n; × is "
+        "how many times faster than the dense α-entmax teacher or the same weights with softmax SDPA; the "
+        "attention share is the part of a forward spent inside the attention function.",
+    ]
+    return "\n".join(lines)
+
+
+def _per_second(tokens: int, seconds: Any) -> str:
+    value = finite_number(seconds)
+    return DASH if value is None or value <= 0 else f"{tokens / value:,.0f}"
+
+
+def _share(part: Any, whole: Any) -> float | None:
+    a, b = finite_number(part), finite_number(whole)
+    return None if a is None or b is None or b <= 0 else a / b
 
 
 def _difference(value: Any, reference: Any) -> float | None:
@@ -448,7 +552,7 @@ def _ratio(value: Any, reference: Any) -> str:
 
 def _indexer_table(evaluation: dict) -> str:
     """Per rank and fitting of the τ-indexer: recall at sparsity ≥ gold − slack and sparsity at recall ≥ the
-    goal, with BLEU / ppl where decoded, and which fitting wins each rank ("" without indexer rows)."""
+    goal, with the task's measures where run, and which fitting wins each rank ("" without indexer rows)."""
     rows = [row for row in evaluation["graphs"] if row["method"] == "indexer"]
     gold = finite_number(evaluation["gold_sparsity"])
     if not rows or gold is None:
@@ -462,9 +566,9 @@ def _indexer_table(evaluation: dict) -> str:
         "rank",
         "fitting",
         f"recall @ sparsity ≥ {level:.3f}",
-        "BLEU / ppl",
+        _score_header(evaluation),
         f"sparsity @ recall ≥ {INDEXER_RECALL:g}",
-        "BLEU / ppl",
+        _score_header(evaluation),
     ]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
     winners = {}
@@ -478,9 +582,9 @@ def _indexer_table(evaluation: dict) -> str:
                     str(rank),
                     str(fitting),
                     _setting_cell(at_level, "recall"),
-                    _quality_cell(quality_at(evaluation, at_level)),
+                    _quality_cell(evaluation, quality_at(evaluation, at_level)),
                     _setting_cell(at_goal, "sparsity"),
-                    _quality_cell(quality_at(evaluation, at_goal)),
+                    _quality_cell(evaluation, quality_at(evaluation, at_goal)),
                 ]
             )
         )
@@ -497,16 +601,15 @@ def _students_section(evaluation: dict) -> str:
     """The students against the teacher, their self-ensembles against themselves, and what stands out."""
     teacher = teacher_quality(evaluation)
     students = student_rows(evaluation)
+    scores = task_scores(evaluation)
+    time = "decode" if evaluation.get("task", "translation") == "translation" else "forward"
     header = [
         "student",
-        "decoding sparsity",
+        f"{_verbs(scores)[0]} sparsity",
         "computed per layer",
-        "BLEU",
-        "Δ BLEU",
-        "perplexity",
-        "Δ ppl",
+        *_score_columns(scores),
         "train step",
-        "decode",
+        time,
     ]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
     for row in students:
@@ -515,57 +618,63 @@ def _students_section(evaluation: dict) -> str:
             _cell(row["student"]),
             _num(row["sparsity"], 3),
             " / ".join(_num(value, 2) for value in computed) if computed else DASH,
-            *_versus(row, teacher),
+            *_versus(row, teacher, scores),
             _ratio(row.get("train_step_seconds"), row.get("teacher_train_step_seconds")),
-            _ratio(row.get("decode_seconds"), teacher.get("decode_seconds")),
+            _ratio(row.get(f"{time}_seconds"), teacher.get(f"{time}_seconds")),
         ]
         lines.append(_table_row(cells))
         untrained = row.get("untrained")
         if untrained:
             cells = [f"{_cell(row['student'])}, before fine-tuning", _num(untrained.get("sparsity"), 3), DASH]
-            lines.append(_table_row([*cells, *_versus(untrained, teacher), DASH, DASH]))
+            lines.append(_table_row([*cells, *_versus(untrained, teacher, scores), DASH, DASH]))
     lines += [
         "",
         "Δ is against the teacher; *before fine-tuning* is the teacher with the student's predictor; "
         "computed per layer is the share of valid query–key pairs the student computes in each "
         "self-attention layer it restricts (encoder layers first, then decoder layers; SAMSA's learned "
         "support vectors are not pairs of the sentence); train step is the student's forward and backward "
-        "time over the teacher's, measured side by side; decode is time relative to the teacher's.",
+        f"time over the teacher's, measured side by side; {time} is time relative to the teacher's.",
     ]
     parts = ["\n".join(lines)]
-    for table in (_ensemble_table(students, teacher), _par_table(students, teacher)):
+    for table in (_ensemble_table(students, teacher, scores), _par_table(students, teacher, scores)):
         if table:
             parts.append(table)
     sentences = [
-        _best_student_sentence(students, teacher),
-        _fine_tuning_sentence(students),
-        _control_sentence(students),
-        _student_predictor_sentence(evaluation),
+        _best_student_sentence(students, teacher, scores),
+        _fine_tuning_sentence(students, scores),
+        _control_sentence(students, scores),
+        _student_predictor_sentence(evaluation, scores),
     ]
     parts.append(" ".join(s for s in sentences if s))
     return "\n\n".join(parts)
 
 
-def _versus(row: dict, reference: dict) -> list[str]:
-    """BLEU, its difference to ``reference``'s, perplexity and its difference to ``reference``'s."""
-    return [
-        _num(row.get("bleu"), 2),
-        _signed(_difference(row.get("bleu"), reference.get("bleu")), 2),
-        _num(row.get("perplexity"), 2),
-        _signed(_difference(row.get("perplexity"), reference.get("perplexity")), 2),
-    ]
+def _score_columns(scores: Sequence[Score], suffix: str = "") -> list[str]:
+    """Column names for :func:`_versus`: each measure and its Δ."""
+    return [name for score in scores for name in (score.name, f"Δ {score.short}{suffix}")]
 
 
-def _ensemble_table(students: Sequence[dict], teacher: dict) -> str:
-    """Each self-ensemble of S sampled sub-models against its own student decoded densely ("" without any)."""
-    header = ["student", "samples S", "BLEU", "Δ BLEU vs dense", "perplexity", "Δ ppl vs dense", "decode"]
+def _versus(row: dict, reference: dict, scores: Sequence[Score], *, deltas: int | None = None) -> list[str]:
+    """Each measure of ``row`` and its difference to ``reference``'s, for the first ``deltas`` measures
+    (all when None); the rest without their difference."""
+    cells = []
+    for i, score in enumerate(scores):
+        cells.append(_num(row.get(score.key), score.digits))
+        if deltas is None or i < deltas:
+            cells.append(_signed(_difference(row.get(score.key), reference.get(score.key)), score.digits))
+    return cells
+
+
+def _ensemble_table(students: Sequence[dict], teacher: dict, scores: Sequence[Score]) -> str:
+    """Each self-ensemble of S sampled sub-models against its own student run densely ("" without any)."""
+    header = ["student", "samples S", *_score_columns(scores, " vs dense"), "decode"]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
     for row in students:
         for ensemble in row.get("ensembles") or []:
             cells = [
                 _cell(row["student"]),
                 str(ensemble["samples"]),
-                *_versus(ensemble, row),
+                *_versus(ensemble, row, scores),
                 _ratio(ensemble.get("decode_seconds"), teacher.get("decode_seconds")),
             ]
             lines.append(_table_row(cells))
@@ -579,7 +688,7 @@ def _ensemble_table(students: Sequence[dict], teacher: dict) -> str:
     return "\n".join(lines)
 
 
-def _par_table(students: Sequence[dict], teacher: dict) -> str:
+def _par_table(students: Sequence[dict], teacher: dict, scores: Sequence[Score]) -> str:
     """Each PAR student's patterns, the share of the teacher's self-attention sublayers it keeps, its quality
     and decoding time beside the dense control's ("" without PAR students)."""
     header = [
@@ -587,10 +696,7 @@ def _par_table(students: Sequence[dict], teacher: dict) -> str:
         "encoder",
         "decoder",
         "attention kept",
-        "BLEU",
-        "Δ BLEU",
-        "perplexity",
-        "Δ ppl",
+        *_score_columns(scores),
         "decode",
     ]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
@@ -602,7 +708,7 @@ def _par_table(students: Sequence[dict], teacher: dict) -> str:
             _cell(par.get("encoder", "teacher's")),
             _cell(par.get("decoder", "teacher's")),
             _num(par.get("attention_fraction", 1.0), 2),
-            *_versus(row, teacher),
+            *_versus(row, teacher, scores),
             _ratio(row.get("decode_seconds"), teacher.get("decode_seconds")),
         ]
         lines.append(_table_row(cells))
@@ -618,30 +724,46 @@ def _par_table(students: Sequence[dict], teacher: dict) -> str:
     return "\n".join(lines)
 
 
-def _best_student_sentence(students: Sequence[dict], teacher: dict) -> str:
-    """Which student has the highest BLEU (ties: the sparser), at what sparsity, against the teacher."""
-    best = best_at_least(students, x="sparsity", y="bleu", x_min=-math.inf)
+def _best_student_sentence(students: Sequence[dict], teacher: dict, scores: Sequence[Score]) -> str:
+    """Which student has the best first measure (ties: the sparser), at what sparsity, against the teacher."""
+    primary = scores[0]
+    best = best_at_least(
+        students, x="sparsity", y=primary.key, x_min=-math.inf, maximize_y=primary.higher_is_better
+    )
     if best is None:
-        return "No student has a BLEU score."
-    lead = "The only student" if len(students) == 1 else "The student with the highest BLEU"
+        return f"No student has a {primary.name} score."
+    adjective = "highest" if primary.higher_is_better else "lowest"
+    lead = "The only student" if len(students) == 1 else f"The student with the {adjective} {primary.name}"
     return (
-        f"{lead} is {best['student']} (decoding sparsity {best['sparsity']:.3f}); "
-        f"{_gap_clause(best, teacher)}."
+        f"{lead} is {best['student']} ({_verbs(scores)[0]} sparsity {best['sparsity']:.3f}); "
+        f"{_gap_clause(best, teacher, scores)}."
     )
 
 
-def _fine_tuning_sentence(students: Sequence[dict]) -> str:
+def _fine_tuning_sentence(students: Sequence[dict], scores: Sequence[Score]) -> str:
     """What fine-tuning with its own predicted graph did to each student that has an untrained twin."""
+    primary, others = scores[0], scores[1:]
     clauses = []
     for row in students:
         before = row.get("untrained")
-        if not before or finite_number(before.get("bleu")) is None or finite_number(row["bleu"]) is None:
+        if (
+            not before
+            or finite_number(before.get(primary.key)) is None
+            or finite_number(row[primary.key]) is None
+        ):
             continue
-        clauses.append(
-            f"{row['student']} from BLEU {before['bleu']:.2f} to {row['bleu']:.2f} "
-            f"({row['bleu'] - before['bleu']:+.2f}) and perplexity {_num(before.get('perplexity'), 2)} to "
-            f"{_num(row.get('perplexity'), 2)} at decoding sparsity {_num(row['sparsity'], 3)}"
-        )
+        digits = primary.digits
+        moved = [
+            f"{primary.name} {before[primary.key]:.{digits}f} to {row[primary.key]:.{digits}f} "
+            f"({row[primary.key] - before[primary.key]:+.{digits}f})",
+            *(
+                f"{score.name} {_num(before.get(score.key), score.digits)} to "
+                f"{_num(row.get(score.key), score.digits)}"
+                for score in others
+            ),
+        ]
+        sparsity = f"{_verbs(scores)[0]} sparsity {_num(row['sparsity'], 3)}"
+        clauses.append(f"{row['student']} from {' and '.join(moved)} at {sparsity}")
     return f"Fine-tuning with its own predicted graph takes {'; '.join(clauses)}." if clauses else ""
 
 
@@ -650,50 +772,61 @@ def dense_control(students: Sequence[dict]) -> dict | None:
     return next((row for row in students if row.get("attention") == "entmax" and not row.get("par")), None)
 
 
-def _control_sentence(students: Sequence[dict]) -> str:
+def _control_sentence(students: Sequence[dict], scores: Sequence[Score]) -> str:
     """Each sparse student against the dense control (a student with the teacher's own α-entmax, trained the
     same way): the cost of the sparsity alone ("" without a control)."""
     control = dense_control(students)
-    if control is None or finite_number(control["bleu"]) is None:
+    primary = scores[0]
+    if control is None or finite_number(control[primary.key]) is None:
         return ""
     clauses = [
-        f"{row['student']} {_signed(_difference(row['bleu'], control['bleu']), 2)} BLEU, "
-        f"{_signed(_difference(row.get('perplexity'), control.get('perplexity')), 2)} perplexity"
+        f"{row['student']} "
+        + ", ".join(
+            f"{_signed(_difference(row.get(s.key), control.get(s.key)), s.digits)} {s.name}" for s in scores
+        )
         for row in students
-        if row is not control and finite_number(row["bleu"]) is not None
+        if row is not control and finite_number(row[primary.key]) is not None
     ]
     if not clauses:
         return ""
+    own = ", ".join(f"{s.name} {_num(control.get(s.key), s.digits)}" for s in scores)
     return (
         f"Against the dense control ({control['student']}: the teacher trained further the same way, with "
-        f"its own dense α-entmax; BLEU {control['bleu']:.2f}, "
-        f"perplexity {_num(control.get('perplexity'), 2)}): {'; '.join(clauses)}."
+        f"its own dense α-entmax; {own}): {'; '.join(clauses)}."
     )
 
 
-def _student_predictor_sentence(evaluation: dict) -> str:
-    """Each student that decodes sparsely against the highest-BLEU predictor point at sparsity ≥ its own −
-    :data:`STUDENT_SLACK` ("" when no student has such a point). Students that decode densely have no
-    sparsity to match, so they are left out."""
+def _student_predictor_sentence(evaluation: dict, scores: Sequence[Score]) -> str:
+    """Each student that runs sparsely against the predictor point with the best first measure at sparsity
+    ≥ its own − :data:`STUDENT_SLACK` ("" when no student has such a point). Students that run densely have
+    no sparsity to match, so they are left out."""
+    primary = scores[0]
+    key, digits = primary.key, primary.digits
     clauses = []
     for row in student_rows(evaluation):
-        sparsity, bleu = finite_number(row["sparsity"]), finite_number(row["bleu"])
-        if not sparsity or bleu is None:
+        sparsity, value = finite_number(row["sparsity"]), finite_number(row[key])
+        if not sparsity or value is None:
             continue
         point = best_at_least(
-            evaluation["quality"]["points"], x="sparsity", y="bleu", x_min=sparsity - STUDENT_SLACK
+            evaluation["quality"]["points"],
+            x="sparsity",
+            y=key,
+            x_min=sparsity - STUDENT_SLACK,
+            maximize_y=primary.higher_is_better,
         )
         if point is None:
             continue
         clauses.append(
-            f"{row['student']}'s BLEU {bleu:.2f} at sparsity {sparsity:.3f} vs {point['bleu']:.2f} with "
-            f"{_label(point)} at {point['sparsity']:.3f} ({bleu - point['bleu']:+.2f})"
+            f"{row['student']}'s {primary.name} {value:.{digits}f} at sparsity {sparsity:.3f} vs "
+            f"{point[key]:.{digits}f} with {_label(point)} at {point['sparsity']:.3f} "
+            f"({value - point[key]:+.{digits}f})"
         )
     if not clauses:
         return ""
+    adjective = "highest" if primary.higher_is_better else "lowest"
     return (
-        "Against the teacher decoding, without fine-tuning, with the best predicted graphs (highest BLEU at "
-        f"sparsity ≥ the student's − {STUDENT_SLACK:g}): {'; '.join(clauses)}."
+        f"Against the teacher {_verbs(scores)[0]}, without fine-tuning, with the best predicted graphs "
+        f"({adjective} {primary.name} at sparsity ≥ the student's − {STUDENT_SLACK:g}): {'; '.join(clauses)}."
     )
 
 
@@ -765,21 +898,25 @@ def _operating_sentence(evaluation: dict, target: float) -> str:
         f"At recall ≥ {target:g} the sparsest setting is {best['method']}'s: sparsity {best['sparsity']:.3f} "
         f"with {_label(best)} (recall {best['recall']:.3f})"
     )
-    return f"{found}; {_gap_clause(quality_at(evaluation, best), teacher_quality(evaluation))}."
+    scores = task_scores(evaluation)
+    return f"{found}; {_gap_clause(quality_at(evaluation, best), teacher_quality(evaluation), scores)}."
 
 
-def _gap_clause(point: dict | None, teacher: dict) -> str:
-    """BLEU and perplexity with a setting's graph, and their gaps to the teacher's."""
+def _gap_clause(point: dict | None, teacher: dict, scores: Sequence[Score]) -> str:
+    """The task's measures with a setting's graph, and their gaps to the teacher's."""
+    names = " and ".join(score.name for score in scores)
+    gerund, participle = _verbs(scores)
     if point is None:
-        return "it was not decoded with its predicted graph, so its BLEU and perplexity are not measured"
+        return f"it was not {participle} with its predicted graph, so its {names} are not measured"
     parts = []
-    for name, key, digits in (("BLEU", "bleu", 2), ("perplexity", "perplexity", 2)):
+    for score in scores:
+        key, digits = score.key, score.digits
         value = finite_number(point.get(key))
         if value is None:
             continue
         gap = _difference(value, teacher.get(key))
         versus = "" if gap is None else f" ({gap:+.{digits}f} vs the teacher's {teacher[key]:.{digits}f})"
-        parts.append(f"{name} {value:.{digits}f}{versus}")
+        parts.append(f"{score.name} {value:.{digits}f}{versus}")
     if not parts:
-        return "decoding with it gave no BLEU or perplexity"
-    return "decoding with it gives " + " and ".join(parts)
+        return f"{gerund} with it gave no {names}"
+    return f"{gerund} with it gives " + " and ".join(parts)

@@ -45,10 +45,10 @@ def _timed(run: Callable[[], None], repeats: int) -> Iterator[float]:
 
 
 def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, backward: bool) -> dict[str, Any]:
-    """Seconds of a forward without gradients, of the attention inside it, and (when ``backward``) of
-    forward + backward of the model's own loss (labels = inputs): medians over ``repeats`` passes each.
-    The attention is timed on passes of its own, so that its timer never slows the passes the forward's
-    time comes from."""
+    """Seconds of a forward without gradients and (when ``backward``) of forward + backward of the model's
+    own loss (labels = inputs), medians over ``repeats`` passes each; and the mean seconds inside the
+    attention function per forward, with the mean seconds of those forwards: the attention is timed on
+    passes of its own, so that its timer never slows the passes the speeds come from."""
     model.eval()
     ids = ids.to(next(model.parameters()).device)
 
@@ -62,12 +62,14 @@ def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, back
 
     forward()  # warm-up
     forward_seconds = statistics.median(_timed(forward, repeats))
-    attention = []
     with time_attention(model) as spent:
-        for _ in _timed(forward, repeats):
-            attention.append(spent[0])
-            spent[0] = 0.0
-    times = {"forward_seconds": forward_seconds, "attention_seconds": statistics.median(attention)}
+        passes = sum(_timed(forward, repeats))  # the attention's time accrues over the same passes
+    times = {
+        "forward_seconds": forward_seconds,
+        # per pass, on the passes the attention was timed in (its share is their ratio)
+        "attention_seconds": spent[0] / repeats,
+        "attention_pass_seconds": passes / repeats,
+    }
     if backward:
         forward_backward()  # warm-up
         times["forward_backward_seconds"] = statistics.median(_timed(forward_backward, repeats))

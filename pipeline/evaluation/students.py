@@ -1,9 +1,10 @@
-"""The students next to the teacher: translation quality, attention computed per layer, and speed.
+"""The students next to the teacher: quality, attention computed per layer, and speed.
 
 Each student folder under the students' folder is loaded with the attention its manifest names and run on
-the same test sentences, beam search and batches as the teacher and the predictor points
-(:func:`~pipeline.evaluation.quality.translation_quality`), so it is one more point on the sparsity–BLEU
-and sparsity–perplexity plots. Its sparsity is that of the graphs it computes while decoding: a
+the same test sentences (or blocks), beam search and batches as the teacher and the predictor points, with
+the same measure (:func:`~pipeline.evaluation.quality.translation_quality`, or
+:func:`~pipeline.evaluation.quality.language_quality` for the block tasks), so it is one more point on the
+sparsity–BLEU and sparsity–perplexity plots. Its sparsity is that of the graphs it computes while decoding: a
 ``sparsefinder`` student's predicted graphs, an SBM student's evaluation graphs, the keys a SAMSA student
 selects (its learned support vectors are not pairs of the sentence and do not count); 0 for a student that
 evaluates densely (SSA, the dense control). Training speed is
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,14 @@ from pipeline.attention.loading import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER, SparsefinderHead, attach_sparsefinder
 from pipeline.attention.ssa import ssa_heads
 from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkpoint
+from pipeline.corpus_card import Task
 from pipeline.errors import UserError
-from pipeline.evaluation.quality import translation_quality
+from pipeline.metrics.language_model import block_batches, token_loss
 from pipeline.metrics.translation import corpus_bleu
 from pipeline.par.pattern import attention_share, compact_pattern
 from pipeline.par.stacks import PAR
 from pipeline.students.attention import STUDENT_ATTENTIONS
-from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate
+from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate, self_ensemble
 from pipeline.training.batches import padded_batches
 
 
@@ -89,9 +91,14 @@ def train_step_seconds(
     return [statistics.median(spent) for spent in times]
 
 
-def timing_batches(train: Dataset, batch_size: int, count: int, pad_id: int) -> list[dict[str, torch.Tensor]]:
-    """``count`` padded training batches of ``batch_size`` from the start of ``train`` (length-sorted)."""
+def timing_batches(
+    train: Dataset, batch_size: int, count: int, pad_id: int, task: Task
+) -> list[dict[str, torch.Tensor]]:
+    """``count`` training batches of ``batch_size`` from the start of ``train``: padded sentence pairs
+    (length-sorted), or blocks with labels = inputs (every position scored)."""
     rows = train.select(range(min(len(train), batch_size * count)))
+    if task != "translation":
+        return [{"input_ids": ids, "labels": ids} for ids in block_batches(rows, batch_size)][:count]
     return [batch for batch, _ in padded_batches(rows, batch_size, pad_id)][:count]
 
 
@@ -120,20 +127,20 @@ def student_quality(
     name: str,
     student: PreTrainedModel,
     teacher: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    test: Dataset,
     batches: Sequence[dict[str, torch.Tensor]],
     *,
-    batch_size: int,
+    measure: Callable[[PreTrainedModel], dict[str, Any]],
+    ensemble: Callable[[PreTrainedModel, int], dict[str, Any]],
     ensemble_samples: Sequence[int],
-    seed: int,
     untrained: PreTrainedModel | None = None,
 ) -> dict[str, Any]:
-    """One student's row: quality as :func:`translation_quality` plus the fraction of query–key pairs it
-    computes per layer, its training step time and the teacher's measured beside it, its self-ensembles
-    (SSA students) for each of ``ensemble_samples``, and the quality of its ``untrained`` twin
-    (:func:`untrained_twin`) when it has one."""
-    quality = translation_quality(student, tokenizer, test, batch_size=batch_size)
+    """One student's row: ``measure(student)`` (the teacher's and the predictor points' measure:
+    :func:`~pipeline.evaluation.quality.translation_quality` or
+    :func:`~pipeline.evaluation.quality.language_quality`) plus the fraction of query–key pairs it computes
+    per layer, its training step time and the teacher's measured beside it, its self-ensembles
+    ``ensemble(student, samples)`` (SSA students) for each of ``ensemble_samples``, and the quality of its
+    ``untrained`` twin (:func:`untrained_twin`) when it has one."""
+    quality = measure(student)
     sparsity_table = quality.pop("sparsity_per_layer_head")
     if quality["sparsity"] is None:  # no predictor heads: every allowed pair is computed
         quality["sparsity"] = 0.0
@@ -158,22 +165,35 @@ def student_quality(
             "attention_fraction": share,
         }
     if untrained is not None:
-        before = translation_quality(untrained, tokenizer, test, batch_size=batch_size)
-        row["untrained"] = {key: before[key] for key in ("bleu", "perplexity", "sparsity")}
+        before = measure(untrained)
+        row["untrained"] = {key: before[key] for key in ("bleu", "perplexity", "sparsity") if key in before}
     if ssa_heads(student) and ensemble_samples:
-        row["ensembles"] = [
-            self_ensemble_quality(student, tokenizer, test, samples, seed=seed, batch_size=batch_size)
-            for samples in ensemble_samples
-        ]
+        row["ensembles"] = [ensemble(student, samples) for samples in ensemble_samples]
     return row
+
+
+def language_ensemble_quality(
+    model: PreTrainedModel,
+    samples: int,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    test: Dataset,
+    seed: int,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Perplexity (and mlm accuracy) of the average of ``samples`` sampled sub-models over the test blocks."""
+    with self_ensemble(model, samples, seed) as replicated:
+        scored = token_loss(replicated, task, test, batch_size, mask_id=tokenizer.mask_token_id)
+    return {"samples": samples, **{key: value for key, value in scored.items() if key != "tokens"}}
 
 
 def self_ensemble_quality(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    test: Dataset,
     samples: int,
     *,
+    tokenizer: PreTrainedTokenizerBase,
+    test: Dataset,
     seed: int,
     batch_size: int,
 ) -> dict[str, Any]:

@@ -22,12 +22,14 @@ from matplotlib.figure import Figure
 from pipeline.atomic import atomic_path, write_text
 from pipeline.evaluation.pareto import finite_number, pareto_front
 from pipeline.evaluation.report import (
+    BLEU,
     DASH,
     METHOD_ORDER,
     finite_points,
     operating_point,
     rows_by_method,
     student_rows,
+    task_scores,
     teacher_quality,
 )
 from pipeline.plots.canvas import new_figure, save_png
@@ -74,21 +76,25 @@ def write_report_plots(
 ) -> dict[str, Path]:
     """Write every figure and CSV of the report into the folder ``out_dir``, replacing it as a whole.
 
-    Returns the final path of each file, keyed as :data:`FILES`. The heatmap shows the setting
+    Returns the final path of each file written, keyed as :data:`FILES` (the BLEU figures only for a
+    translation evaluation). The heatmap shows the setting
     :func:`~pipeline.evaluation.report.operating_point` picks for ``recall_target``.
     """
     out_dir = Path(out_dir)
+    translation = BLEU in task_scores(evaluation)  # the BLEU figures need decoded translations
+    written = [name for name in FILES if translation or "bleu" not in name]
     with atomic_path(out_dir, directory=True) as tmp:
         plot_sparsity_recall(evaluation, tmp / FILES["sparsity_recall"])
-        plot_quality(evaluation, "bleu", tmp / FILES["sparsity_bleu"])
+        if translation:
+            plot_quality(evaluation, "bleu", tmp / FILES["sparsity_bleu"])
+            plot_speed_quality(evaluation, tmp / FILES["speed_bleu"])
         plot_quality(evaluation, "perplexity", tmp / FILES["sparsity_perplexity"])
         plot_recall_heatmap(
             evaluation, operating_point(evaluation, recall_target), tmp / FILES["recall_heatmap"]
         )
-        plot_speed_quality(evaluation, tmp / FILES["speed_bleu"])
         write_pareto_csv(evaluation, tmp / FILES["pareto_recall"])
         write_quality_csv(evaluation, tmp / FILES["quality"])
-    return {name: out_dir / file for name, file in FILES.items()}
+    return {name: out_dir / FILES[name] for name in written}
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Knowledge distillation from the teacher into a student, inside the Hugging Face Trainer.
 
 For every target token t with the student's logits s_t and the teacher's logits z_t (same prefix, teacher
-forcing), temperature T and weight λ:
+forcing; a causal LM's logits at position t − 1 are those that predict token t), temperature T and weight λ:
 
     loss = (1 − λ) · CE(s, labels)  +  λ · T² · mean_t KL( softmax(z_t / T) ‖ softmax(s_t / T) )
 
@@ -25,6 +25,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, Seq2SeqTrainer
 
 from pipeline.attention.interface import loss_penalty
+from pipeline.attention.recording import model_layout
 from pipeline.params import Distillation
 
 
@@ -65,6 +66,8 @@ class DistillationTrainer(Seq2SeqTrainer):
         super().__init__(*args, compute_loss_func=self._loss, **kwargs)
         self.teacher = teacher.to(self.args.device).eval().requires_grad_(False)
         self.distillation = distillation
+        # a causal LM's logits at position t predict the label at t + 1 (the model shifts its own labels)
+        self.shifted = model_layout(self.teacher) == "decoder_only"
         self._teacher_logits: Tensor | None = None
 
     def compute_loss(
@@ -87,8 +90,11 @@ class DistillationTrainer(Seq2SeqTrainer):
         return (result[0] + penalty, result[1]) if return_outputs else result + penalty
 
     def _loss(self, outputs: Any, labels: Tensor, num_items_in_batch: Tensor | int | None = None) -> Tensor:
+        student, teacher = outputs.logits, self._teacher_logits
+        if self.shifted:
+            student, teacher, labels = student[:, :-1], teacher[:, :-1], labels[:, 1:]
         total = distillation_loss_sum(
-            outputs.logits, self._teacher_logits, labels, self.distillation, self.args.label_smoothing_factor
+            student, teacher, labels, self.distillation, self.args.label_smoothing_factor
         )
         tokens = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum().clamp(min=1)
         return total / tokens

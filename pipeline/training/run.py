@@ -64,6 +64,28 @@ def check_generation_fits(stage: str, params: Pretrain | Teacher, model: PreTrai
         )
 
 
+def data_for_model(
+    data: DatasetDict,
+    corpus_tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase,
+    model: PreTrainedModel,
+    *,
+    task: Task,
+    key: str,
+) -> DatasetDict:
+    """``data`` as ``model`` (with its own ``tokenizer``, from the folder params ``key`` names) reads it:
+    sentence pairs re-encoded by :func:`encode_with`; blocks, which hold ids and no text, as they are once
+    the model's vocabulary is the corpus's (else :class:`UserError`)."""
+    if task == "translation":
+        return encode_with(tokenizer, data, model.config.max_position_embeddings)
+    if tokenizer.get_vocab() != corpus_tokenizer.get_vocab():
+        raise UserError(
+            f"{key}: the model's tokenizer is not the one its {task} corpus was cut with; allowed: a model "
+            "trained on that corpus (from the pretrain stage on)"
+        )
+    return data
+
+
 def encode_with(tokenizer: PreTrainedTokenizerBase, data: DatasetDict, max_length: int) -> DatasetDict:
     """Re-encode the text columns with a checkpoint's own tokenizer, in memory (data folder untouched)."""
 

@@ -34,7 +34,13 @@ def test_model_speed_times_every_pass_and_leaves_no_gradients(attention: str) ->
     model = build_language_model("lm", SHAPE, 50, pad_id=0, eos_id=1, seed=0)
     model.config._attn_implementation = attention
     times = model_speed(model, torch.randint(3, 50, (1, 32)), repeats=2, backward=True)
-    assert set(times) == {"forward_seconds", "attention_seconds", "forward_backward_seconds"}
+    assert set(times) == {
+        "forward_seconds",
+        "attention_seconds",
+        "attention_pass_seconds",
+        "forward_backward_seconds",
+    }
+    assert times["attention_seconds"] <= times["attention_pass_seconds"]  # a part of the same passes
     assert times["forward_seconds"] > 0 and times["forward_backward_seconds"] > 0
     assert times["attention_seconds"] >= 0
     assert all(p.grad is None for p in model.parameters())

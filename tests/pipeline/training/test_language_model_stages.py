@@ -1,6 +1,6 @@
 """The block tasks through the stages: prepare (a WikiText-format dataset) → pretrain (softmax, from scratch)
-→ teacher (α-entmax) → extract → project → cluster → evaluate, for a causal LM (Llama) and a masked LM
-(RoBERTa)."""
+→ teacher (α-entmax) → extract → project → cluster → configure → students → evaluate → report, for a causal
+LM (Llama) and a masked LM (RoBERTa)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from transformers import Seq2SeqTrainingArguments
 
 from pipeline.attention import load_model
 from pipeline.graphs import GraphStore
 from pipeline.metrics.language_model import token_loss
+from pipeline.params import Distillation
+from pipeline.students.distill import DistillationTrainer
 from pipeline.training.run import load_corpus
-from stages import cluster, evaluate, extract, prepare, pretrain, project, teacher
+from stages import cluster, configure, evaluate, extract, prepare, pretrain, project, report, student, teacher
 from tests.tiny import wikitext_folder
 
 ROOT = Path(__file__).resolve().parents[3]
 CONTEXT = 48
 KINDS = {"lm": "decoder_self", "mlm": "encoder_self"}
+STUDENTS = ("sparsefinder", "ssa", "sbm", "samsa")
 
 
 def block_params(task: str, corpus: Path) -> dict:
@@ -42,6 +46,11 @@ def block_params(task: str, corpus: Path) -> dict:
     # rotary positions take any length; RoBERTa's learned ones stop at the context
     contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
     params["evaluate"]["speed"] = {"contexts": contexts, "method": "kmeans", "repeats": 1}
+    instances = params["student"]["instances"]
+    for name in STUDENTS:
+        if "kinds" in instances[name]:
+            instances[name]["kinds"] = [KINDS[task]]
+    params["student"]["instances"] = {name: instances[name] for name in STUDENTS}
     return params
 
 
@@ -59,8 +68,12 @@ def trained(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Pat
     (folder / "params.yaml").write_text(yaml.safe_dump(block_params(task, corpus)))
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        for stage in (prepare, pretrain, teacher, extract, project, cluster, evaluate):
+        for stage in (prepare, pretrain, teacher, extract, project, cluster, configure):
             stage.main(["--params", "params.yaml"])
+        for name in STUDENTS:
+            student.main([name, "--params", "params.yaml"])
+        evaluate.main(["--params", "params.yaml"])
+        report.main(["--params", "params.yaml"])
     return task, folder
 
 
@@ -132,7 +145,7 @@ def test_extraction_stores_the_task_kind(trained) -> None:
 def test_evaluation_scores_predicted_graphs_by_perplexity(trained) -> None:
     task, folder = trained
     evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
-    assert evaluation["task"] == task and evaluation["kind"] == KINDS[task] and evaluation["students"] == []
+    assert evaluation["task"] == task and evaluation["kind"] == KINDS[task]
     teacher_quality, points = evaluation["quality"]["teacher"], evaluation["quality"]["points"]
     assert teacher_quality["perplexity"] == metrics(folder, "teacher")["test"]["perplexity"]
     assert "bleu" not in teacher_quality and ("accuracy" in teacher_quality) == (task == "mlm")
@@ -160,3 +173,55 @@ def test_speed_table_runs_the_three_models_side_by_side(trained) -> None:
     assert all("forward_seconds" not in row for row in rows)
     assert [t["model"] for t in timings["speed"]] == [row["model"] for row in rows]
     assert all(t["forward_seconds"] > 0 and t["forward_backward_seconds"] > 0 for t in timings["speed"])
+
+
+def test_students_are_distilled_and_measured_like_the_teacher(trained) -> None:
+    task, folder = trained
+    evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
+    rows = {row["student"]: row for row in evaluation["students"]}
+    assert set(rows) == set(STUDENTS)
+    for name, row in rows.items():
+        assert math.isfinite(row["perplexity"]) and "bleu" not in row
+        assert ("accuracy" in row) == (task == "mlm")
+        trained_metrics = metrics(folder, f"student_{name}")
+        assert trained_metrics["test"]["perplexity"] > 1.0
+    # the sparsefinder student attends its predicted graph; its untrained twin is the configured teacher
+    assert rows["sparsefinder"]["sparsity"] > 0 and "perplexity" in rows["sparsefinder"]["untrained"]
+    assert rows["ssa"]["sparsity"] == 0.0  # SSA evaluates densely ...
+    assert [e["samples"] for e in rows["ssa"]["ensembles"]] == [1, 2]  # ... and as self-ensembles
+
+
+def test_causal_distillation_scores_each_token_with_the_logits_that_predict_it(trained, tmp_path) -> None:
+    """At weight 0 the distillation loss is the causal LM's own cross-entropy, which pairs the logits at
+    position t − 1 with token t."""
+    task, folder = trained
+    if task != "lm":
+        pytest.skip("the causal shift")
+    model = load_model(folder / "artifacts" / "models" / "teacher")
+    data, tokenizer = load_corpus(str(folder / "artifacts" / "data"), tasks=("lm",))
+    trainer = DistillationTrainer(
+        model=model,
+        args=Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True),
+        teacher=model,
+        distillation=Distillation(weight=0.0, temperature=2.0),
+        processing_class=tokenizer,
+    )
+    ids = torch.tensor(data["valid"]["input_ids"][:2])
+    with torch.no_grad():
+        outputs = model(input_ids=ids, labels=ids)
+        trainer._teacher_logits = outputs.logits
+        loss = trainer._loss(outputs, ids)
+    assert trainer.shifted and loss.item() == pytest.approx(outputs.loss.item(), rel=1e-5)
+
+
+def test_report_speaks_of_the_tasks_measures(trained) -> None:
+    task, folder = trained
+    markdown = (folder / "artifacts" / "report.md").read_text()
+    headline = metrics(folder, "report")
+    assert "## Language-model quality with predicted graphs" in markdown and "BLEU" not in markdown
+    assert "## Speed inside the model" in markdown and "× dense entmax" in markdown
+    assert headline["teacher_perplexity"] == metrics(folder, "teacher")["test"]["perplexity"]
+    assert "teacher_bleu" not in headline and ("teacher_accuracy" in headline) == (task == "mlm")
+    assert set(headline["students"]) == set(STUDENTS)
+    figures = sorted(path.name for path in (folder / "artifacts" / "plots" / "report").glob("*.png"))
+    assert figures == ["recall_heatmap.png", "sparsity_perplexity.png", "sparsity_recall.png"]
