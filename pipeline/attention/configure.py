@@ -69,7 +69,7 @@ def configure_sparsefinder(
     if predictor.fitted:
         if state is None:
             raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
-        predictor = select_state(state, predictor, _origin(teacher, model, kind))
+        predictor = select_state(state, predictor, _origin(teacher, model, kind), explicit=set(knobs or {}))
     if predictor.needs_projections and layers is None:
         raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
     attach_predictor(

@@ -86,11 +86,12 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def _setting(args: argparse.Namespace) -> Setting:
     """The predictor named by --method with its --knob values, its state loaded when it is fitted."""
-    predictor = make_predictor(args.method, **parse_knobs(args.knob))
+    knobs = parse_knobs(args.knob)
+    predictor = make_predictor(args.method, **knobs)
     if predictor.fitted:
         if args.state is None:
             raise UserError(f"method {args.method} is fitted: give its state file (--state FILE)")
-        predictor = select_state(args.state, predictor)
+        predictor = select_state(args.state, predictor, explicit=set(knobs))
     return Setting(predictor, args.window, args.global_tokens)
 
 

@@ -10,7 +10,7 @@ it verifies the file (:mod:`pipeline.tensor_file`) and, given an :class:`~pipeli
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,16 +92,25 @@ def load_states(path: str | os.PathLike, origin: Origin | None = None) -> list[P
     return [file.fill(predictor) for predictor in file.stored()]
 
 
-def select_state(path: str | os.PathLike, predictor: Predictor, origin: Origin | None = None) -> Predictor:
-    """``predictor`` with the state in ``path`` whose fit knobs match the ones it was given explicitly.
+def select_state(
+    path: str | os.PathLike,
+    predictor: Predictor,
+    origin: Origin | None = None,
+    *,
+    explicit: Collection[str] | None = None,
+) -> Predictor:
+    """``predictor`` with the state in ``path`` whose fit knobs match the ones it was given explicitly:
+    those named in ``explicit`` (the knobs a user wrote), or without it those that differ from the defaults.
 
-    Fit knobs left at their defaults are taken from the stored state when exactly one stored state of the
-    method matches the others (so ``kmeans(buckets=8)`` finds centroids fitted with any iteration count);
-    a one-line error lists the fitted states when none or several match.
+    The other fit knobs are taken from the stored state when exactly one stored state of the method matches
+    the given ones (so ``kmeans(buckets=8)`` finds centroids fitted with any iteration count); a one-line
+    error lists the fitted states when none or several match.
     """
     defaults = type(predictor)()
     given = {
-        k: getattr(predictor, k) for k in predictor.fit_knobs if getattr(predictor, k) != getattr(defaults, k)
+        k: getattr(predictor, k)
+        for k in predictor.fit_knobs
+        if (k in explicit if explicit is not None else getattr(predictor, k) != getattr(defaults, k))
     }
     file = StateFile(path, origin)
     stored = [p for p in file.stored() if p.name == predictor.name]

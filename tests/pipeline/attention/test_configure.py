@@ -18,7 +18,7 @@ from pipeline.cli import main
 from pipeline.graphs.extract import teacher_fingerprint
 from pipeline.predictors import HeadInputs, IndexerPredictor, KMeansPredictor
 from pipeline.predictors.state import load_state, save_states
-from pipeline.projection.model import HeadProjections, save_projections
+from pipeline.projection.model import HeadProjections, load_projections, save_projections
 from tests.tiny import tiny_marian, word_tokenizer
 
 VOCAB, HEADS, HEAD_DIM, LAYERS = 30, 2, 8, 2
@@ -177,3 +177,21 @@ def test_projections_of_another_teacher_are_refused(fitted, tmp_path):
               "--projections", str(fitted["projections"])])  # fmt: skip
     assert exit_info.value.code == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_a_knob_written_at_its_default_still_selects_the_state(fitted, tmp_path):
+    """buckets=8 is k-means' default; written out, it picks the 8-bucket state of 4 and 8 (not 'several')."""
+    projections, _ = load_projections(fitted["projections"])
+    predictors = [KMeansPredictor(buckets=b, iterations=5, backend="sklearn") for b in (4, 8)]
+    generator = torch.Generator().manual_seed(3)
+    for layer, module in projections.items():
+        q = torch.randn(3, HEADS, 12, HEAD_DIM, generator=generator)
+        valid = torch.ones(3, 12, dtype=torch.bool)
+        for predictor in predictors:
+            predictor.fit(layer, [HeadInputs(q, q, valid, valid, True, *module(q, q))], seed=0)
+    state = tmp_path / "centroids.safetensors"
+    save_states(state, predictors, load_projections(fitted["projections"])[1] | {"kind": "decoder_self"})
+    out = tmp_path / "kmeans8"
+    args = ["configure", str(fitted["teacher"]), str(out), "--projections", str(fitted["projections"])]
+    assert main([*args, "--centroids", str(state), "--method", "kmeans", "--knob", "buckets=8"]) == 0
+    assert read_manifest(out)[SPARSEFINDER]["knobs"]["buckets"] == 8
