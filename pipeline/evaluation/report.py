@@ -907,7 +907,8 @@ def _gap_clause(point: dict | None, teacher: dict, scores: Sequence[Score]) -> s
     names = " and ".join(score.name for score in scores)
     gerund, participle = _verbs(scores)
     if point is None:
-        return f"it was not {participle} with its predicted graph, so its {names} are not measured"
+        verb = "are" if len(scores) > 1 else "is"
+        return f"it was not {participle} with its predicted graph, so its {names} {verb} not measured"
     parts = []
     for score in scores:
         key, digits = score.key, score.digits
