@@ -49,6 +49,7 @@ from pipeline.graphs import GraphStore
 from pipeline.models.language_model import max_context
 from pipeline.origin import Origin
 from pipeline.params import Evaluate
+from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.scoring import Setting
 from pipeline.predictors.state import load_states
 from pipeline.predictors.window import WindowPredictor
@@ -93,15 +94,30 @@ def graph_rows(
     return kind, projections, rows, full
 
 
-def speed_setting(params: Evaluate, rows: list) -> tuple[Setting, dict]:
-    """The setting the speed table runs the predicted graph with: ``speed.method``'s sparsest setting with
-    recall ≥ ``speed.recall_target``, or its highest-recall one when none reaches it."""
-    found = [(s, r) for s, r in rows if r["method"] == params.speed.method]
-    if not found:
-        methods = sorted({r["method"] for _, r in rows})
+def check_speed(params: Evaluate, model: PreTrainedModel) -> None:
+    """One-line errors, before any work, for a speed table the teacher cannot run or whose methods are not
+    evaluated."""
+    settings = params.speed
+    if not settings.contexts:
+        return
+    limit = max_context(model)
+    if limit is not None and max(settings.contexts) > limit:
         raise UserError(
-            f"evaluate.speed.method = {params.speed.method!r} is not evaluated; allowed: {', '.join(methods)}"
+            f"evaluate.speed.contexts = {settings.contexts}: the teacher has learned positions for {limit} "
+            f"tokens; allowed: contexts up to {limit} (rotary models take any length)"
         )
+    for method in settings.methods:
+        if method not in params.methods:
+            raise UserError(
+                f"evaluate.speed.methods lists {method!r}, which evaluate.methods does not evaluate; "
+                f"allowed: {', '.join(params.methods)}"
+            )
+
+
+def speed_setting(params: Evaluate, rows: list, method: str) -> tuple[Setting, dict]:
+    """The setting the speed table runs ``method``'s predicted graph with: its sparsest setting with recall
+    ≥ ``speed.recall_target``, or its highest-recall one when none reaches it."""
+    found = [(s, r) for s, r in rows if r["method"] == method]
     reaching = [(s, r) for s, r in found if r["recall"] >= params.speed.recall_target]
     if reaching:
         return max(reaching, key=lambda point: (point[1]["sparsity"], point[1]["recall"]))
@@ -111,35 +127,38 @@ def speed_setting(params: Evaluate, rows: list) -> tuple[Setting, dict]:
 def speed_rows(
     params: Evaluate,
     teacher: str,
-    model: PreTrainedModel,
     kind: str,
     projections: dict,
     rows: list,
+    gold: float,
     test: Dataset,
 ) -> list[dict]:
-    """The speed table (:func:`~pipeline.evaluation.speed.speed_table`) of softmax SDPA, the dense
-    α-entmax teacher and ``model`` (loaded as ``sparsefinder``) on the predicted graph of
-    :func:`speed_setting`, each row with the sparsity of the graph it attends over; [] without contexts."""
+    """The speed table (:func:`~pipeline.evaluation.speed.speed_table`) of softmax SDPA, the dense α-entmax
+    teacher and the teacher on each ``speed.methods`` predicted graph at :func:`speed_setting` (the
+    τ-indexer also certified when ``speed.certified``), each row with the sparsity and recall of the graph
+    its attention weights live on; [] without contexts."""
     settings = params.speed
     if not settings.contexts:
         return []
-    limit = max_context(model)
-    if limit is not None and max(settings.contexts) > limit:
-        raise UserError(
-            f"evaluate.speed.contexts = {settings.contexts}: the teacher has learned positions for {limit} "
-            f"tokens; allowed: contexts up to {limit} (rotary models take any length)"
-        )
-    setting, row = speed_setting(params, rows)
-    attach_setting(model, setting, kind=kind, projections=projections)
     with loading(teacher, "evaluate.teacher"):
-        dense = {name: load_model(teacher, attn_implementation=name) for name in ("sdpa", "entmax")}
-    models = {"softmax (sdpa)": dense["sdpa"], "entmax (dense)": dense["entmax"], row["label"]: model}
-    # (sparsity, recall) of the graph each model attends over: the dense ones attend every valid pair
-    graphs = {
-        "softmax (sdpa)": (0.0, 1.0),
-        "entmax (dense)": (0.0, 1.0),
-        row["label"]: (row["sparsity"], row["recall"]),
-    }
+        models = {
+            "softmax (sdpa)": load_model(teacher, attn_implementation="sdpa"),
+            "entmax (dense)": load_model(teacher, attn_implementation="entmax"),
+        }
+    # (sparsity, recall) of the graph each model's attention weights live on: the dense ones on every
+    # valid pair (sparsity 0), certified attention on the teacher's own support
+    graphs = {"softmax (sdpa)": (0.0, 1.0), "entmax (dense)": (0.0, 1.0)}
+    for method in settings.methods:
+        setting, row = speed_setting(params, rows, method)
+        variants = [(row["label"], False)]
+        if settings.certified and isinstance(setting.predictor, IndexerPredictor):
+            variants.append((f"{row['label']} certified", True))
+        for label, certified in variants:
+            with loading(teacher, "evaluate.teacher"):
+                model = load_model(teacher, attn_implementation=SPARSEFINDER)
+            attach_setting(model, setting, kind=kind, projections=projections, certified=certified)
+            models[label] = model
+            graphs[label] = (gold, 1.0) if certified else (row["sparsity"], row["recall"])
     measured = speed_table(
         models, test, settings.contexts, repeats=settings.repeats, backward=settings.backward
     )
@@ -231,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     with loading(teacher, "evaluate.teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
         tokenizer = AutoTokenizer.from_pretrained(teacher)
+    check_speed(params, model)
     positions = model.config.max_position_embeddings
     indices = range(min(len(store), params.max_sentences or len(store)))
     kind, projections, rows, full = graph_rows(params, store, indices, 2 * positions + 1)
@@ -258,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     teacher_quality["sparsity"] = gold["sparsity"]
     students = evaluate_students(params, weights, task, encoded["train"], measure, ensemble)
-    speed = speed_rows(params, teacher, model, kind, projections, rows, data["test"])
+    speed = speed_rows(params, teacher, kind, projections, rows, gold["sparsity"], data["test"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
     write_metrics(
         params.out,

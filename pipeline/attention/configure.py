@@ -48,13 +48,15 @@ def configure_sparsefinder(
     projections: str | os.PathLike | None = None,
     state: str | os.PathLike | None = None,
     kind: str = "decoder_self",
+    certified: bool = False,
 ) -> PreTrainedModel:
     """Write the sparsefinder model folder ``out`` (atomically) and return the model.
 
     ``method`` and ``knobs`` name the predictor (``make_predictor``); ``projections`` is the project stage's
     file (its attention kind is the one configured; ``kind`` only matters without projections), ``state``
-    the cluster stage's file for fitted predictors (k-means centroids, ...). Every mismatch is a one-line
-    :class:`UserError`.
+    the cluster stage's file for fitted predictors (k-means centroids, ...). ``certified`` (the τ-indexer
+    only): exact α-entmax, the predictor deciding only which key blocks are skipped. Every mismatch is a
+    one-line :class:`UserError`.
     """
     resolve_checkpoint(teacher, "teacher", local=True)
     with loading(teacher, "teacher"):
@@ -73,7 +75,13 @@ def configure_sparsefinder(
     if predictor.needs_projections and layers is None:
         raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
     attach_predictor(
-        model, predictor, kind=kind, window=window, global_tokens=global_tokens, projections=layers
+        model,
+        predictor,
+        kind=kind,
+        window=window,
+        global_tokens=global_tokens,
+        projections=layers,
+        certified=certified,
     )
     spec = model.config.sparsefinder
     parent = read_manifest(teacher)

@@ -17,6 +17,12 @@ same set. Keys' bucket ids are recomputed from the cached keys at each step: a k
 alone (predictors of scope "token"), so this costs O(m·B·r) next to the step's O(m·d) and is exact. Row-scope
 predictors (the τ-indexer) see the same keys a full forward gives the query, so they too are exact.
 
+The τ-indexer runs whole sequences of at least ``INDEXED_MIN_KEYS`` keys without a window or global tokens
+through :func:`kernels.indexed_attention.indexed_attention`, which never builds the n × m graph: entmax over
+Ĝ, the same set (``approximate``), or, when the configuration says ``certified``, exact α-entmax over every
+allowed key, Ĝ only deciding which key blocks are provably empty and skipped. A certified head is the
+teacher's attention on every path (the other paths compute it densely).
+
 The configuration lives in ``config.sparsefinder`` (see :func:`attach_sparsefinder`); every attention module
 of the configured kind carries a :class:`SparsefinderHead` holding its layer's projections and fitted
 tensors, saved with the model as safetensors. Modules without one compute plain α-entmax. Importing this
@@ -36,6 +42,7 @@ from transformers import PreTrainedModel
 import pipeline.predictors  # noqa: F401  (registers every predictor with make_predictor)
 from kernels import bucketed_attention
 from kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
+from kernels.indexed_attention import indexed_attention
 from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
 from pipeline.attention.interface import register_attention, register_state_attacher
@@ -43,9 +50,14 @@ from pipeline.attention.kinds import KINDS, attention_kind
 from pipeline.attention.recording import attention_layers
 from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, make_predictor
+from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.projection.model import HeadProjections
 
 SPARSEFINDER = "sparsefinder"
+INDEXED_MIN_KEYS = 256
+"""Keys from which the τ-indexer runs on :func:`kernels.indexed_attention.indexed_attention` in a
+whole-sequence forward; shorter rows take the masked dense path, which is faster there (the kernel works in
+blocks of 32 keys, so a short row has too few blocks to skip)."""
 # the predictor scopes a model can run in each kind: a decoder's queries arrive one step at a time, each
 # with every key it may attend (its row)
 MODEL_SCOPES = {
@@ -74,12 +86,14 @@ class SparsefinderHead(PairCounter):
         global_tokens: int,
         projections: HeadProjections | None,
         state: Mapping[str, Tensor],
+        certified: bool = False,
     ) -> None:
         super().__init__()
         self.predictor, self.layer = predictor, layer
         self.causal = attention_kind(kind).causal
         self.self_attention = kind != "cross"
         self.window, self.global_tokens = window, global_tokens
+        self.certified = certified
         self.projections = projections
         self.state_names = sorted(state)
         for name in self.state_names:
@@ -88,8 +102,12 @@ class SparsefinderHead(PairCounter):
     def extra_repr(self) -> str:
         return (
             f"{self.predictor.describe()}, layer={self.layer}, window={self.window}, "
-            f"global_tokens={self.global_tokens}"
+            f"global_tokens={self.global_tokens}, certified={self.certified}"
         )
+
+    def load_state(self) -> None:
+        """Hand the predictor this layer's fitted tensors (buffers, so they follow the model's device)."""
+        self.predictor.set_layer_state(self.layer, {n: getattr(self, f"state_{n}") for n in self.state_names})
 
     def predict(
         self, q: Tensor, k: Tensor, q_valid: Tensor, k_valid: Tensor, allowed: Tensor, scaling: float | None
@@ -100,7 +118,7 @@ class SparsefinderHead(PairCounter):
         if self.projections is not None:
             dtype = self.projections.q_weight.dtype
             q_proj, k_proj = self.projections(q.to(dtype), k.to(dtype))
-        self.predictor.set_layer_state(self.layer, {n: getattr(self, f"state_{n}") for n in self.state_names})
+        self.load_state()
         inputs = HeadInputs(q, k, q_valid, k_valid, self.causal, q_proj, k_proj, scaling, allowed)
         return self.predictor.predict(self.layer, inputs)
 
@@ -132,6 +150,36 @@ def _allowed_pairs(attention_mask: Tensor | None, b: int, n: int, m: int, device
     return mask.expand(b, -1, n, m)
 
 
+def _indexed_forward(
+    head: SparsefinderHead,
+    query: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    k_valid: Tensor,
+    alpha: float,
+    scaling: float | None,
+) -> Tensor:
+    """(b, h, n, d) the τ-indexer's attention through :func:`kernels.indexed_attention.indexed_attention`:
+    entmax over Ĝ (approximate) or exact entmax with Ĝ deciding which key blocks are skipped (certified).
+    Nothing n × m is built. ``candidates`` is every key, so the kernel's set is the predictor's Ĝ uncapped."""
+    head.load_state()
+    q_index, k_index = head.predictor.index(head.layer, query, keys)  # (b, h, n | m, r)
+    return indexed_attention(
+        query,
+        keys,
+        values,
+        q_index,
+        k_index,
+        alpha=alpha,
+        causal=head.causal,
+        key_valid=None if bool(k_valid.all()) else k_valid,
+        scale=scaling,
+        margin=float(head.predictor.margin),
+        mode="certified" if head.certified else "approximate",
+        candidates=keys.shape[-2],
+    )
+
+
 def sparsefinder_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -146,7 +194,7 @@ def sparsefinder_attention_forward(
     """α-entmax over Ĝ (see the module docstring) in the ``transformers.AttentionInterface`` signature.
 
     Shapes as :func:`~pipeline.attention.entmax.entmax_attention_forward`. Returns the output
-    (b, n, h, d) and the probabilities (b, h, n, m), or None for them when the kernel ran.
+    (b, n, h, d) and the probabilities (b, h, n, m), or None for them when a kernel ran.
     """
     head: SparsefinderHead | None = getattr(module, SPARSEFINDER, None)
     dense = (module, query, key, value)
@@ -165,18 +213,37 @@ def sparsefinder_attention_forward(
         q_valid = k_valid[:, q_offset:]
     else:  # cross-attention: the decoder's padding is not in the encoder mask
         q_valid = torch.ones(b, n, dtype=torch.bool, device=query.device)
-    prediction = head.predict(query, keys, q_valid, k_valid, allowed, scaling)
 
     alpha = attention_alpha(module)
-    use_kernel = (
-        prediction.is_buckets
-        and q_offset == 0
+    # what a kernel needs: whole sequences (no cache), no additive bias, one α, no dropout; the bucketed
+    # kernel takes no padding mask (causal rows of real queries never reach right padding)
+    whole = (
+        q_offset == 0
         and position_bias is None
         and isinstance(alpha, float)
         and not (module.training and dropout > 0.0)
-        # the kernel takes no padding mask: causal rows of real queries never reach right padding
-        and (head.causal or bool(k_valid.all()))
     )
+    if isinstance(head.predictor, IndexerPredictor):
+        indexed = (
+            whole
+            and not head.measuring  # counting needs the graph, which the kernel never builds
+            and m >= INDEXED_MIN_KEYS
+            and alpha == float(head.predictor.alpha)
+            and not head.window
+            and not head.global_tokens
+        )
+        if indexed:
+            values = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+            output = _indexed_forward(head, query, keys, values, k_valid, alpha, scaling)  # (b, h, n, d)
+            return output.transpose(1, 2).contiguous(), None
+        if head.certified:  # exact: dense α-entmax over every allowed pair, its support is what is attended
+            output, probs = entmax_attention_forward(*dense, attention_mask, **options)
+            if head.measuring:
+                head.record_graph(probs > 0, allowed, q_valid)
+            return output, probs
+
+    prediction = head.predict(query, keys, q_valid, k_valid, allowed, scaling)
+    use_kernel = whole and prediction.is_buckets and (head.causal or bool(k_valid.all()))
     graph = None
     if not use_kernel or head.measuring:
         graph = head.graph(prediction, allowed, q_offset)  # (b, h, n, m)
@@ -237,6 +304,14 @@ def check_spec(spec: Mapping[str, Any]) -> Predictor:
         )
     if predictor.needs_projections and spec["projections"] is None:
         raise UserError(f"predictor {predictor.name} works on projected queries and keys; give projections")
+    certified = spec.get("certified", False)
+    if not isinstance(certified, bool):
+        raise UserError(f"sparsefinder certified must be true or false; got {certified!r}")
+    if certified and not isinstance(predictor, IndexerPredictor):
+        raise UserError(
+            f"certified (exact) attention needs a threshold to prune against; allowed with predictor "
+            f"indexer, not {predictor.name}"
+        )
     return predictor
 
 
@@ -249,7 +324,8 @@ def attach_sparsefinder(
     """Give the attention modules of ``spec["kind"]`` their :class:`SparsefinderHead` and record ``spec``.
 
     ``spec``: ``{"kind", "predictor", "knobs", "window", "global_tokens", "projections" (HeadProjections
-    config or None), "state_shapes" ({name: shape})}``. ``projections`` and ``states`` give each layer's
+    config or None), "state_shapes" ({name: shape}), "certified" (bool; absent in folders written before
+    it existed, meaning false)}``. ``projections`` and ``states`` give each layer's
     tensors; without them the heads get uninitialised tensors of the recorded shapes, for
     ``load_state_dict`` to fill (this is how a saved model is rebuilt).
     """
@@ -275,6 +351,7 @@ def attach_sparsefinder(
             global_tokens=spec["global_tokens"],
             projections=layer_projections,
             state=state,
+            certified=spec.get("certified", False),
         )
         device = next(module.parameters()).device
         setattr(module, SPARSEFINDER, head.to(device))
@@ -291,8 +368,10 @@ def attach_predictor(
     window: int = 0,
     global_tokens: int = 0,
     projections: Mapping[int, HeadProjections] | None = None,
+    certified: bool = False,
 ) -> list[SparsefinderHead]:
-    """:func:`attach_sparsefinder` for a predictor (fitted state included) and each layer's projections."""
+    """:func:`attach_sparsefinder` for a predictor (fitted state included) and each layer's projections;
+    ``certified``: exact α-entmax, the predictor only deciding what is skipped (the τ-indexer)."""
     if not predictor.needs_projections:
         projections = None
     layers = sorted(projections) if projections else range(len(attention_layers(model, attention_kind(kind))))
@@ -305,6 +384,7 @@ def attach_predictor(
         "global_tokens": global_tokens,
         "projections": projections[min(projections)].config() if projections else None,
         "state_shapes": {name: list(t.shape) for name, t in states[min(states)].items()} if states else {},
+        "certified": certified,
     }
     return attach_sparsefinder(model, spec, projections, states)
 

@@ -33,6 +33,11 @@ def add_configure_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     parser.add_argument(
         "--kind", default="decoder_self", help="attention kind without projections (else the projections')"
     )
+    parser.add_argument(
+        "--certified",
+        action="store_true",
+        help="indexer only: exact α-entmax, the predicted sets deciding which key blocks are skipped",
+    )
     parser.set_defaults(run=run_configure)
     return parser
 
@@ -51,10 +56,12 @@ def run_configure(args: argparse.Namespace) -> int:
         projections=args.projections,
         state=args.state,
         kind=args.kind,
+        certified=args.certified,
     )
     head = sparsefinder_heads(model)[0]
+    exact = ", certified (exact)" if head.certified else ""
     print(
-        f"wrote {args.out}: {head.predictor.describe()}, window {head.window}, global {head.global_tokens} "
-        f"in {model.config.sparsefinder['kind']} attention"
+        f"wrote {args.out}: {head.predictor.describe()}, window {head.window}, global {head.global_tokens}"
+        f"{exact} in {model.config.sparsefinder['kind']} attention"
     )
     return 0

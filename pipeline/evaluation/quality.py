@@ -117,9 +117,15 @@ def language_quality(
 
 
 def attach_setting(
-    model: PreTrainedModel, setting: Setting, *, kind: str, projections: Mapping[int, HeadProjections]
+    model: PreTrainedModel,
+    setting: Setting,
+    *,
+    kind: str,
+    projections: Mapping[int, HeadProjections],
+    certified: bool = False,
 ) -> None:
-    """Give ``model`` (loaded as ``sparsefinder``) the heads of one grid setting, replacing any it has."""
+    """Give ``model`` (loaded as ``sparsefinder``) the heads of one grid setting, replacing any it has;
+    ``certified``: exact attention, the setting's τ-indexer deciding what is skipped."""
     attach_predictor(
         model,
         setting.predictor,
@@ -127,6 +133,7 @@ def attach_setting(
         window=setting.window,
         global_tokens=setting.global_tokens,
         projections=projections,
+        certified=certified,
     )
 
 

@@ -31,7 +31,7 @@ from torch import Tensor
 from pipeline.attention.entmax import entmax_normalize
 from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
-from pipeline.predictors.indexer_fit import FITS, distill_maps, low_rank_scores, principal_basis
+from pipeline.predictors.indexer_fit import FITS, distill_maps, low_rank, principal_basis
 
 
 def entmax_threshold(scores: Tensor, alpha: float) -> Tensor:
@@ -104,13 +104,19 @@ class IndexerPredictor(Predictor):
         )
         return {"q_map": q_map, "k_map": k_map}
 
-    def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
+    def index(self, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The low-rank queries A q (b, h, n, r) and keys B k (b, h, m, r) of ``layer``, float32: z′ is the
+        model's scaling times their dot products (what :func:`kernels.indexed_attention` takes)."""
         state = self.layer_state(layer)
         q_map, k_map = state["q_map"], state["k_map"]
-        if q_map.shape[-1] != inputs.q.shape[-1]:
+        if q_map.shape[-1] != q.shape[-1]:
             raise UserError(
                 f"{self.describe()}: layer {layer}'s maps expect head dimension {q_map.shape[-1]}, "
-                f"the queries have {inputs.q.shape[-1]}"
+                f"the queries have {q.shape[-1]}"
             )
-        scores = low_rank_scores(inputs.q, inputs.k, q_map, k_map, inputs.score_scale())
+        return low_rank(q, q_map), low_rank(k, k_map)
+
+    def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
+        q_index, k_index = self.index(layer, inputs.q, inputs.k)
+        scores = (q_index @ k_index.transpose(-1, -2)) * inputs.score_scale()  # (b, h, n, m) z′
         return Prediction(mask=indexed_set(scores, inputs.pairs(), float(self.alpha), float(self.margin)))

@@ -28,11 +28,14 @@ from pipeline.predictors.base import HeadInputs
 FITS = ("pca", "distill")
 
 
+def low_rank(x: Tensor, linear_map: Tensor) -> Tensor:
+    """float32 (b, h, n, r) A x for vectors x (b, h, n, d) and a map A (h, r, d) per head."""
+    return torch.einsum("bhnd,hrd->bhnr", x.float(), linear_map.float())
+
+
 def low_rank_scores(q: Tensor, k: Tensor, q_map: Tensor, k_map: Tensor, scaling: float) -> Tensor:
     """(b, h, n, m) z′ = s · (A q)·(B k) for queries (b, h, n, d), keys (b, h, m, d), maps (h, r, d)."""
-    q_low = torch.einsum("bhnd,hrd->bhnr", q.float(), q_map.float())  # (b, h, n, r)
-    k_low = torch.einsum("bhmd,hrd->bhmr", k.float(), k_map.float())  # (b, h, m, r)
-    return (q_low @ k_low.transpose(-1, -2)) * scaling
+    return (low_rank(q, q_map) @ low_rank(k, k_map).transpose(-1, -2)) * scaling
 
 
 def principal_basis(batches: Sequence[HeadInputs], rank: int) -> Tensor:

@@ -461,7 +461,7 @@ def test_re_running_extract_and_project_rewrites_identical_bytes(pipeline_run, t
 
 
 def test_a_speed_table_on_sentence_pairs_is_refused(pipeline_run, tmp_path, capsys):
-    speed = {"contexts": [1024], "method": "kmeans", "recall_target": 0.95, "repeats": 1, "backward": True}
+    speed = {"contexts": [1024], "methods": ["kmeans"], "recall_target": 0.95, "repeats": 1, "backward": True}
     line, _ = run_with(tmp_path, pipeline_run, "evaluate", {"evaluate.speed": speed}, capsys)
     assert "evaluate.speed.contexts = [1024]" in line and "holds sentence pairs, not long sequences" in line
     assert not (tmp_path / "out").exists()

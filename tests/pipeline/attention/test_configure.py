@@ -136,6 +136,17 @@ def test_indexer_needs_no_projections_and_a_wide_margin_equals_the_teacher(fitte
         assert torch.allclose(logits(model), teacher, rtol=1e-5, atol=1e-5) == equal
 
 
+def test_certified_indexer_is_the_teacher_even_with_no_margin(fitted, tmp_path):
+    out = tmp_path / "certified"
+    args = ["configure", str(fitted["teacher"]), str(out), "--state", str(fitted["state"]), "--certified"]
+    assert main([*args, "--method", "indexer", "--knob", "rank=2"]) == 0
+    assert read_manifest(out)[SPARSEFINDER]["certified"] is True
+    model = load_model(out, attn_implementation=SPARSEFINDER)
+    assert all(head.certified for head in sparsefinder_heads(model))
+    teacher = logits(load_model(fitted["teacher"]))
+    torch.testing.assert_close(logits(model), teacher, rtol=1e-5, atol=1e-5)
+
+
 def test_a_state_for_another_head_count_is_refused(fitted, tmp_path):
     out = tmp_path / "indexer"
     args = ["configure", str(fitted["teacher"]), str(out), "--state", str(fitted["four_heads"])]
@@ -157,6 +168,7 @@ def test_a_state_for_another_head_count_is_refused(fitted, tmp_path):
         (["--method", "bigbird"], "bigbird cannot run inside a model's decoder_self attention"),
         (["--method", "distance", "--knob", "threshold=-1"], "distance.threshold must be a number >= 0"),
         (["--method", "kmeans", "--knob", "depth=2"], "predictor kmeans has no knob depth"),
+        (["--method", "kmeans", "--knob", "buckets=4", "--certified"], "allowed with predictor indexer"),
     ],
 )
 def test_bad_options_exit_2_in_one_line_and_write_nothing(fitted, tmp_path, args, message):

@@ -45,7 +45,7 @@ def block_params(task: str, corpus: Path) -> dict:
     params["project"]["kind"] = KINDS[task]
     # rotary positions take any length; RoBERTa's learned ones stop at the context
     contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
-    params["evaluate"]["speed"] = {"contexts": contexts, "method": "kmeans", "repeats": 1}
+    params["evaluate"]["speed"] = {"contexts": contexts, "methods": ["kmeans", "indexer"], "repeats": 1}
     instances = params["student"]["instances"]
     for name in STUDENTS:
         if "kinds" in instances[name]:
@@ -158,17 +158,23 @@ def test_evaluation_scores_predicted_graphs_by_perplexity(trained) -> None:
             assert point["sparsity"] == pytest.approx(point["graph_sparsity"], abs=0.05)
 
 
-def test_speed_table_runs_the_three_models_side_by_side(trained) -> None:
+def test_speed_table_runs_the_models_side_by_side(trained) -> None:
     task, folder = trained
     evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
     timings = json.loads((folder / "artifacts" / "evaluation" / "evaluate.timings.json").read_text())
     rows = evaluation["speed"]
     contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
-    assert [row["context"] for row in rows] == [n for n in contexts for _ in range(3)]
-    names = [row["model"] for row in rows[:3]]
-    assert names[:2] == ["softmax (sdpa)", "entmax (dense)"] and names[2].startswith("kmeans(")
-    kmeans = [r for r in evaluation["graphs"] if r["label"] == names[2]]
-    assert rows[2]["graph_sparsity"] == kmeans[0]["sparsity"] and rows[0]["graph_recall"] == 1.0
+    assert [row["context"] for row in rows] == [n for n in contexts for _ in range(5)]
+    names = [row["model"] for row in rows[:5]]
+    assert names[:2] == ["softmax (sdpa)", "entmax (dense)"]
+    assert names[2].startswith("kmeans(") and names[3].startswith("indexer(")
+    assert names[4] == f"{names[3]} certified"
+    for row in rows[2:4]:  # each predictor at its graph's measured sparsity and recall
+        graph = next(r for r in evaluation["graphs"] if r["label"] == row["model"])
+        assert (row["graph_sparsity"], row["graph_recall"]) == (graph["sparsity"], graph["recall"])
+    # certified attention lives on the teacher's own support
+    assert (rows[4]["graph_sparsity"], rows[4]["graph_recall"]) == (evaluation["gold_sparsity"], 1.0)
+    assert rows[0]["graph_recall"] == 1.0
     # the wall times live beside the metrics, which stay reproducible
     assert all("forward_seconds" not in row for row in rows)
     assert [t["model"] for t in timings["speed"]] == [row["model"] for row in rows]
@@ -225,3 +231,18 @@ def test_report_speaks_of_the_tasks_measures(trained) -> None:
     assert set(headline["students"]) == set(STUDENTS)
     figures = sorted(path.name for path in (folder / "artifacts" / "plots" / "report").glob("*.png"))
     assert figures == ["recall_heatmap.png", "sparsity_perplexity.png", "sparsity_recall.png"]
+
+
+def test_a_speed_method_that_is_not_evaluated_stops_evaluate_before_any_work(trained, capsys) -> None:
+    _, folder = trained
+    params = yaml.safe_load((folder / "params.yaml").read_text())
+    params["evaluate"]["speed"]["methods"] = ["kmeans", "lsh"]
+    params["evaluate"]["out"] = "artifacts/evaluation/refused.json"
+    (folder / "refused.yaml").write_text(yaml.safe_dump(params))
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stopped:
+        patch.chdir(folder)
+        evaluate.main(["--params", "refused.yaml"])
+    assert stopped.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert "evaluate.speed.methods lists 'lsh'" in line and "allowed: bigbird, distance, indexer, kmeans" in line
+    assert "\n" not in line and not (folder / "artifacts" / "evaluation" / "refused.json").exists()
