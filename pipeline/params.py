@@ -555,7 +555,7 @@ class SamsaStudent(StudentInstance):
 
 def _pattern_of(stack: Stack) -> AfterValidator:
     def check(text: str) -> str:
-        parse_pattern(text, stack)
+        parse_pattern(text, stack, cross=None)  # whether the decoder reads an encoder is the model's
         return text
 
     return AfterValidator(check)
@@ -569,8 +569,8 @@ DecoderPattern = Annotated[str, _pattern_of("decoder")]
 class ParStudent(StudentInstance):
     """PAR: the teacher's stacks rebuilt to a pattern of sublayers (``s`` self-attention, ``f``
     feed-forward, ``c`` the decoder's cross-attention), distilled like every student. From the teacher
-    with both patterns given, or from a ``par_search`` folder, which holds its searched patterns (give
-    neither)."""
+    with a pattern per stack it has (an encoder–decoder's ``encoder`` and ``decoder``, a decoder-only LM's
+    ``decoder``), or from a ``par_search`` folder, which holds its searched patterns (give none)."""
 
     attention: Literal["par"] = "par"
     init: str = "artifacts/models/par-searched"
@@ -578,12 +578,17 @@ class ParStudent(StudentInstance):
     decoder: DecoderPattern | None = None
 
     @model_validator(mode="after")
-    def _both_or_neither(self) -> ParStudent:
-        if (self.encoder is None) != (self.decoder is None):
+    def _decoder_with_encoder(self) -> ParStudent:
+        if self.encoder is not None and self.decoder is None:
             raise ValueError(
-                "give both encoder and decoder patterns (init: the teacher), or neither (init: a par_search "
-                "folder, which holds its patterns)"
+                "give both encoder and decoder patterns (init: an encoder–decoder teacher), the decoder "
+                "pattern alone (a decoder-only teacher), or none (init: a par_search folder)"
             )
+        if self.encoder is not None:  # an encoder–decoder: its decoder reads the encoder
+            try:
+                parse_pattern(self.decoder, "decoder", cross=True)
+            except ValueError as err:
+                raise ValueError(f"decoder = {self.decoder!r}: {err}") from None
         return self
 
 

@@ -20,16 +20,18 @@ from transformers import AutoTokenizer, TrainerCallback
 from pipeline.atomic import write_json
 from pipeline.attention import load_model
 from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint, save_checkpoint
-from pipeline.errors import exits_cleanly
+from pipeline.corpus_card import TASKS, read_corpus_card
+from pipeline.errors import UserError, exits_cleanly
 from pipeline.models.marian import set_generation
 from pipeline.par.from_teacher import rebuild_from_teacher
 from pipeline.par.pattern import attention_share, compact_pattern, teacher_pattern
+from pipeline.par.stacks import reads_encoder, teacher_layers
 from pipeline.par.supernet import architecture_parameters, build_supernet, mixing_weights, searched_patterns
 from pipeline.params import ParSearch
 from pipeline.plots.par import plot_mixing_weights
 from pipeline.stage import stage_params
 from pipeline.timings import write_metrics
-from pipeline.training.run import encode_with, load_corpus, train_stage
+from pipeline.training.run import data_for_model, load_corpus, train_stage
 from pipeline.training.trainer import is_main_process
 
 
@@ -62,10 +64,16 @@ class FrozenArchitecture(TrainerCallback):
 def main(argv: list[str] | None = None) -> None:
     params: ParSearch = stage_params("par_search", argv)
     teacher_folder = resolve_checkpoint(params.teacher, "par_search.teacher", local=True)
-    data, _ = load_corpus(params.data, "par_search.data")
+    data, corpus_tokenizer = load_corpus(params.data, "par_search.data", tasks=TASKS)
+    task = read_corpus_card(params.data, "par_search.data").task
     with loading(teacher_folder, "par_search.teacher"):
         teacher = load_model(teacher_folder)
         tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
+    try:
+        teachers = teacher_layers(teacher)
+    except UserError as err:
+        raise UserError(f"par_search.teacher = {params.teacher!r}: {err}") from None
+    cross = reads_encoder(teacher)
     supernet, searched = copy.deepcopy(teacher), copy.deepcopy(teacher)  # the teacher is read once
     build_supernet(supernet, params.architecture.temperature)
     supernet.train()
@@ -81,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             },
         ]
     )
-    data = encode_with(tokenizer, data, supernet.config.max_position_embeddings)
+    key = f"par_search.teacher = {params.teacher!r}"
+    data = data_for_model(data, corpus_tokenizer, tokenizer, supernet, task=task, key=key)
     parent = {"teacher": describe_parent(teacher_folder)}
     supernet, train_seconds, _ = train_stage(
         params,
@@ -99,21 +108,21 @@ def main(argv: list[str] | None = None) -> None:
     table = mixing_weights(supernet)
     patterns = searched_patterns(table)
     copied = rebuild_from_teacher(searched, patterns, seed=params.train.seed)
-    set_generation(searched, params.eval)
+    if task == "translation":
+        set_generation(searched, params.eval)
     save_checkpoint(
         params.out,
         searched,
         tokenizer,
         {"stage": "par_search", "params": params.model_dump(), "parent": parent},
     )
-    config = teacher.config
-    teachers = {"encoder": config.encoder_layers, "decoder": config.decoder_layers}
     write_json(
         params.mixing,
         {
             "patterns": {stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
             "teacher_patterns": {
-                stack: compact_pattern(teacher_pattern(stack, layers)) for stack, layers in teachers.items()
+                stack: compact_pattern(teacher_pattern(stack, layers, cross=cross))
+                for stack, layers in teachers.items()
             },
             "mixing_weights": table,
             "sublayers_from_teacher": copied,

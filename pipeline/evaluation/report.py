@@ -636,7 +636,7 @@ def _students_section(evaluation: dict) -> str:
         f"time over the teacher's, measured side by side; {time} is time relative to the teacher's.",
     ]
     parts = ["\n".join(lines)]
-    for table in (_ensemble_table(students, teacher, scores), _par_table(students, teacher, scores)):
+    for table in (_ensemble_table(students, teacher, scores), _par_table(students, teacher, scores, time)):
         if table:
             parts.append(table)
     sentences = [
@@ -688,38 +688,46 @@ def _ensemble_table(students: Sequence[dict], teacher: dict, scores: Sequence[Sc
     return "\n".join(lines)
 
 
-def _par_table(students: Sequence[dict], teacher: dict, scores: Sequence[Score]) -> str:
+def _par_table(students: Sequence[dict], teacher: dict, scores: Sequence[Score], time: str) -> str:
     """Each PAR student's patterns, the share of the teacher's self-attention sublayers it keeps, its quality
-    and decoding time beside the dense control's ("" without PAR students)."""
+    and its decoding (translation) or forward (block tasks) time beside the dense control's ("" without PAR
+    students)."""
+    searched = [row for row in students if row.get("par")]
+    if not searched:
+        return ""
+    # an encoder–decoder's PAR rows name both stacks, a decoder-only LM's its decoder
+    stacks = [stack for stack in ("encoder", "decoder") if any(stack in row["par"] for row in searched)]
+    timed = f"{time}_seconds"
     header = [
         "student",
-        "encoder",
-        "decoder",
+        *stacks,
         "attention kept",
         *_score_columns(scores),
-        "decode",
+        time,
     ]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
     control = dense_control(students)
-    for row in [*(row for row in students if row.get("par")), *([control] if control else [])]:
+    for row in [*searched, *([control] if control else [])]:
         par = row.get("par") or {}
         cells = [
             _cell(row["student"]),
-            _cell(par.get("encoder", "teacher's")),
-            _cell(par.get("decoder", "teacher's")),
+            *(_cell(par.get(stack, "teacher's")) for stack in stacks),
             _num(par.get("attention_fraction", 1.0), 2),
             *_versus(row, teacher, scores),
-            _ratio(row.get("decode_seconds"), teacher.get("decode_seconds")),
+            _ratio(row.get(timed), teacher.get(timed)),
         ]
         lines.append(_table_row(cells))
-    if not any(row.get("par") for row in students):
-        return ""
+    letters = (
+        "s self-attention, f feed-forward, c cross-attention"
+        if "encoder" in stacks
+        else ("s self-attention, f feed-forward")
+    )
     lines += [
         "",
-        "PAR students: s self-attention, f feed-forward, c cross-attention sublayers, from the embeddings "
-        "up; attention kept is the self-attention sublayers over the teacher's; Δ is against the teacher; "
-        "decode is time relative to the teacher's. The dense control (the teacher's architecture, trained "
-        "the same way) is the last row when there is one.",
+        f"PAR students: {letters} sublayers, from the embeddings up; attention kept is the self-attention "
+        f"sublayers over the teacher's; Δ is against the teacher; {time} is time relative to "
+        "the teacher's. The dense control (the teacher's architecture, trained the same way) is the last "
+        "row when there is one.",
     ]
     return "\n".join(lines)
 

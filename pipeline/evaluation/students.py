@@ -37,7 +37,7 @@ from pipeline.errors import UserError
 from pipeline.metrics.language_model import block_batches, token_loss
 from pipeline.metrics.translation import corpus_bleu
 from pipeline.par.pattern import attention_share, compact_pattern
-from pipeline.par.stacks import PAR
+from pipeline.par.stacks import PAR, teacher_layers
 from pipeline.students.attention import STUDENT_ATTENTIONS
 from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate, self_ensemble
 from pipeline.training.batches import padded_batches
@@ -156,9 +156,7 @@ def student_quality(
     }
     patterns = getattr(student.config, PAR, None)
     if patterns is not None:
-        attention, share = attention_share(
-            patterns, teacher.config.encoder_layers + teacher.config.decoder_layers
-        )
+        attention, share = attention_share(patterns, sum(teacher_layers(teacher).values()))
         row[PAR] = {
             **{stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
             "attention_sublayers": attention,

@@ -10,10 +10,10 @@ from transformers import PreTrainedModel
 
 from pipeline.attention.interface import attach_state
 from pipeline.par.pattern import Stack
-from pipeline.par.stacks import Sublayer, build_stacks, stack_modules
+from pipeline.par.stacks import PreNormSublayer, Sublayer, build_stacks, stack_modules
 
 
-def copy_part(target: Sublayer, source: nn.Module) -> None:
+def copy_part(target: Sublayer | PreNormSublayer, source: nn.Module) -> None:
     """Load the teacher layer ``source``'s parts into sublayer ``target`` (same names, same shapes)."""
     for part in target.PARTS:
         getattr(target, part).load_state_dict(getattr(source, part).state_dict())
@@ -22,7 +22,7 @@ def copy_part(target: Sublayer, source: nn.Module) -> None:
 def rebuild_from_teacher(
     model: PreTrainedModel, patterns: Mapping[Stack, str], *, seed: int
 ) -> dict[str, int]:
-    """Rebuild a teacher ``model`` (Marian layers) to ``patterns``, in place, starting from its weights.
+    """Rebuild a teacher ``model`` (Marian or Llama layers) to ``patterns``, in place, from its weights.
 
     In each stack the k-th sublayer of a kind takes the teacher's layer k's part of that kind (its
     self-attention, cross-attention or feed-forward, with that part's LayerNorm and attention state), so a

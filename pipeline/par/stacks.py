@@ -1,17 +1,23 @@
-"""PAR stacks: a Marian encoder and decoder rebuilt as a sequence of single sublayers, one per pattern letter.
+"""PAR stacks: a model's layers rebuilt as a sequence of single sublayers, one per pattern letter.
 
-Each sublayer is the post-LayerNorm residual block the teacher's layers are made of (Marian is post-LN,
-and a student keeps its teacher's convention), with the teacher's parameter names, so a teacher layer's
-part loads into it as it is:
+Each sublayer is the residual block the teacher's layers are made of, in the teacher's own convention and
+with its parameter names, so a teacher layer's part loads into it as it is. A Marian encoder and decoder
+(post-LayerNorm):
 
     s:  x ← LN(x + SelfAttention(x))            self_attn, self_attn_layer_norm
     c:  x ← LN(x + CrossAttention(x, h_enc))    encoder_attn, encoder_attn_layer_norm
     f:  x ← LN(x + W₂ act(W₁ x))                fc1, fc2, final_layer_norm
 
-The stacks' own loops call each sublayer as they call a Marian layer. The patterns live in the config
-(``config.par = {"encoder": ..., "decoder": ...}``, flat letters), so a saved PAR model loads from its folder
-alone: :func:`~pipeline.attention.loading.load_model` calls :func:`build_configured_stacks` before loading
-the weights.
+A Llama decoder-only LM, one stack "decoder" (pre-RMSNorm, rotary positions inside the attention):
+
+    s:  x ← x + SelfAttention(RMSNorm(x))       input_layernorm, self_attn
+    f:  x ← x + MLP(RMSNorm(x))                 post_attention_layernorm, mlp
+
+The stacks' own loops call each sublayer as they call one of their layers (a Llama's loop runs the first
+``config.num_hidden_layers`` of them, which a rebuild sets to the pattern's length). The patterns live in
+the config (``config.par = {stack: flat letters}``), so a saved PAR model loads from its folder alone:
+:func:`~pipeline.attention.loading.load_model` calls :func:`build_configured_stacks` before loading the
+weights.
 """
 
 from __future__ import annotations
@@ -26,17 +32,44 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 from transformers.models.marian.modeling_marian import MarianAttention
 
+from pipeline.errors import UserError
 from pipeline.par.pattern import CROSS, FEED_FORWARD, SELF, Stack
 
 PAR = "par"  # the config attribute holding the patterns
-STACKS: tuple[Stack, ...] = ("encoder", "decoder")
+# the model types PAR rebuilds, and whether their decoder reads an encoder
+READS_ENCODER = {"marian": True, "llama": False}
+
+
+def reads_encoder(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s decoder reads an encoder (Marian) or the model is decoder-only (Llama); a one-line
+    :class:`UserError` for any other model type."""
+    model_type = model.config.model_type
+    if model_type not in READS_ENCODER:
+        raise UserError(
+            f"PAR rebuilds a model's stacks sublayer by sublayer, for {' and '.join(READS_ENCODER)} models; "
+            f"this one is a {model_type}"
+        )
+    return READS_ENCODER[model_type]
 
 
 def stack_modules(model: PreTrainedModel) -> dict[Stack, nn.Module]:
-    """The encoder and decoder of an encoder–decoder, whose ``layers`` a pattern replaces."""
-    return {"encoder": model.get_encoder(), "decoder": model.get_decoder()}
+    """The stacks whose ``layers`` a pattern replaces: an encoder–decoder's encoder and decoder, a
+    decoder-only LM's decoder."""
+    if reads_encoder(model):
+        return {"encoder": model.get_encoder(), "decoder": model.get_decoder()}
+    return {"decoder": model.model}
+
+
+def teacher_layers(model: PreTrainedModel) -> dict[Stack, int]:
+    """The layers per stack a teacher's config declares (a PAR model's config keeps its teacher's for an
+    encoder–decoder; a Llama's counts its sublayers)."""
+    config = model.config
+    if reads_encoder(model):
+        return {"encoder": config.encoder_layers, "decoder": config.decoder_layers}
+    return {"decoder": config.num_hidden_layers}
 
 
 def _reserve_cache_layer(cache: Cache | None, layer_idx: int, *, cross: bool) -> None:
@@ -169,18 +202,75 @@ class FeedForward(Sublayer):
         return self.fc2(hidden)
 
 
-SUBLAYERS: dict[str, type[Sublayer]] = {
-    cls.LETTER: cls for cls in (SelfAttention, CrossAttention, FeedForward)
+class PreNormSublayer(GradientCheckpointingLayer, ABC):
+    """One pre-norm residual sublayer of a Llama decoder, x ← x + F(RMSNorm(x)); called with a Llama decoder
+    layer's arguments. ``PARTS`` = (its norm, its block), named as in the teacher's layer."""
+
+    PARTS: tuple[str, ...] = ()
+    LETTER: str = ""
+
+    def __init__(self, config, stack: Stack, index: int) -> None:
+        super().__init__()
+        self.index = index  # among the stack's sublayers of this kind: the attention's cache slot
+        setattr(self, self.PARTS[0], LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps))
+
+    @abstractmethod
+    def update(self, hidden_states: Tensor, context: Context) -> Tensor:
+        """F of the normalised hidden states."""
+
+    def forward(
+        self,
+        hidden_states: Tensor,  # (b, t, d)
+        attention_mask: Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,  # position_ids, position_embeddings, use_cache and the attention interface's own
+    ) -> Tensor:  # (b, t, d)
+        context = Context(attention_mask, None, None, cache, kwargs)
+        return hidden_states + self.update(getattr(self, self.PARTS[0])(hidden_states), context)
+
+
+class PreNormSelfAttention(PreNormSublayer):
+    PARTS = ("input_layernorm", "self_attn")
+    LETTER = SELF
+
+    def __init__(self, config, stack: Stack, index: int) -> None:
+        super().__init__(config, stack, index)
+        self.self_attn = LlamaAttention(config, layer_idx=index)
+
+    update = SelfAttention.update  # the same call: reserve the cache slot, attend (rotary inside kwargs)
+
+
+class PreNormFeedForward(PreNormSublayer):
+    PARTS = ("post_attention_layernorm", "mlp")
+    LETTER = FEED_FORWARD
+
+    def __init__(self, config, stack: Stack, index: int) -> None:
+        super().__init__(config, stack, index)
+        self.mlp = LlamaMLP(config)
+
+    def update(self, hidden_states: Tensor, context: Context) -> Tensor:
+        return self.mlp(hidden_states)
+
+
+# per "reads an encoder": the sublayer of each letter
+SUBLAYERS: dict[bool, dict[str, type[Sublayer] | type[PreNormSublayer]]] = {
+    True: {cls.LETTER: cls for cls in (SelfAttention, CrossAttention, FeedForward)},
+    False: {cls.LETTER: cls for cls in (PreNormSelfAttention, PreNormFeedForward)},
 }
 
 
-def build_sublayers(model: PreTrainedModel, pattern: str, stack: Stack) -> list[Sublayer]:
+def sublayer_class(model: PreTrainedModel, letter: str) -> type[Sublayer] | type[PreNormSublayer]:
+    """The sublayer ``model``'s stacks build for ``letter``."""
+    return SUBLAYERS[reads_encoder(model)][letter]
+
+
+def build_sublayers(model: PreTrainedModel, pattern: str, stack: Stack) -> list[Sublayer | PreNormSublayer]:
     """Fresh sublayers for a flat ``pattern``, initialised as the model initialises its own weights (from
     torch's global RNG); the k-th sublayer of a kind gets index k."""
     counts: Counter[str] = Counter()
     sublayers = []
     for letter in pattern:
-        sublayer = SUBLAYERS[letter](model.config, stack, counts[letter])
+        sublayer = sublayer_class(model, letter)(model.config, stack, counts[letter])
         counts[letter] += 1
         for module in sublayer.modules():
             model._init_weights(module)
@@ -188,12 +278,20 @@ def build_sublayers(model: PreTrainedModel, pattern: str, stack: Stack) -> list[
     return sublayers
 
 
-def build_stacks(model: PreTrainedModel, patterns: Mapping[Stack, str]) -> None:
-    """Replace the encoder's and decoder's layers by fresh sublayers of the flat ``patterns`` and record
-    them in the config (what :func:`build_configured_stacks` rebuilds from)."""
+def replace_layers(model: PreTrainedModel, built: Mapping[Stack, list[nn.Module]]) -> None:
+    """Put ``built`` in place of each stack's layers, in the stack's training mode."""
     for stack, module in stack_modules(model).items():
-        module.layers = nn.ModuleList(build_sublayers(model, patterns[stack], stack)).train(module.training)
-    setattr(model.config, PAR, {stack: patterns[stack] for stack in STACKS})
+        module.layers = nn.ModuleList(built[stack]).train(module.training)
+    if not reads_encoder(model):  # a Llama's loop runs the first num_hidden_layers layers
+        model.config.num_hidden_layers = len(built["decoder"])
+
+
+def build_stacks(model: PreTrainedModel, patterns: Mapping[Stack, str]) -> None:
+    """Replace every stack's layers by fresh sublayers of the flat ``patterns`` (one per stack of the
+    model) and record them in the config (what :func:`build_configured_stacks` rebuilds from)."""
+    stacks = list(stack_modules(model))
+    replace_layers(model, {stack: build_sublayers(model, patterns[stack], stack) for stack in stacks})
+    setattr(model.config, PAR, {stack: patterns[stack] for stack in stacks})
 
 
 def build_configured_stacks(model: PreTrainedModel) -> None:

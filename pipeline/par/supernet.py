@@ -1,11 +1,12 @@
 """The PAR search space: a supernet whose every sublayer mixes self-attention, feed-forward and identity.
 
-At each position l of a stack (the teacher's sublayer positions: two per encoder layer, two per decoder
-layer around its cross-attention, which stays as it is)
+At each position l of a stack (the teacher's sublayer positions: two per layer, around a decoder layer's
+cross-attention, which stays as it is)
 
     X^l = Σ_{i ∈ {s, f, identity}} m_{l,i} · F_i^l(X^{l−1}),
 
-with F_s and F_f the post-LN residual sublayers of :mod:`pipeline.par.stacks` and F_identity(X) = X. The
+with F_s and F_f the residual sublayers of :mod:`pipeline.par.stacks` (post-LN in a Marian, pre-norm in a
+Llama) and F_identity(X) = X. The
 mixing weights are m_l = Gumbel-softmax(θ_l, τ) in training (one draw per forward) and softmax(θ_l) in
 evaluation; θ_l starts at 0 (uniform). After the search, each position keeps its most probable choice
 (:func:`searched_patterns`).
@@ -25,7 +26,14 @@ from transformers import PreTrainedModel
 from pipeline.attention.interface import attach_state
 from pipeline.par.from_teacher import copy_part
 from pipeline.par.pattern import CROSS, FEED_FORWARD, SELF, Stack, teacher_pattern
-from pipeline.par.stacks import CrossAttention, FeedForward, SelfAttention, stack_modules
+from pipeline.par.stacks import (
+    PreNormSublayer,
+    Sublayer,
+    reads_encoder,
+    replace_layers,
+    stack_modules,
+    sublayer_class,
+)
 
 IDENTITY = "identity"
 CHOICES = (SELF, FEED_FORWARD, IDENTITY)  # the order of θ's entries
@@ -34,7 +42,12 @@ CHOICES = (SELF, FEED_FORWARD, IDENTITY)  # the order of θ's entries
 class MixedSublayer(nn.Module):
     """One searched position: Σ_i m_i · F_i(x) over :data:`CHOICES`; θ is ``architecture``."""
 
-    def __init__(self, attention: SelfAttention, feed_forward: FeedForward, temperature: float) -> None:
+    def __init__(
+        self,
+        attention: Sublayer | PreNormSublayer,
+        feed_forward: Sublayer | PreNormSublayer,
+        temperature: float,
+    ) -> None:
         super().__init__()
         self.attention = attention
         self.feed_forward = feed_forward
@@ -57,28 +70,32 @@ class MixedSublayer(nn.Module):
 
 
 def build_supernet(model: PreTrainedModel, temperature: float) -> None:
-    """Turn a teacher ``model`` (Marian layers) into the supernet, in place: every self-attention and
-    feed-forward position becomes a :class:`MixedSublayer` of candidates copied from its teacher layer;
+    """Turn a teacher ``model`` (Marian or Llama layers) into the supernet, in place: every self-attention
+    and feed-forward position becomes a :class:`MixedSublayer` of candidates copied from its teacher layer;
     cross-attention sublayers are the teacher's."""
     config = model.config
+    cross = reads_encoder(model)
     teachers = {stack: list(module.layers) for stack, module in stack_modules(model).items()}
     built: dict[Stack, list[nn.Module]] = {}
     for stack, layers in teachers.items():
         built[stack] = []
         mixed = 0  # the searched positions so far: the next one's cache slot
         for layer_index, _ in enumerate(layers):
-            for letter in teacher_pattern(stack, 1):
+            for letter in teacher_pattern(stack, 1, cross=cross):
                 if letter == CROSS:
-                    built[stack].append(CrossAttention(config, stack, layer_index))
+                    built[stack].append(sublayer_class(model, CROSS)(config, stack, layer_index))
                     continue
-                candidates = SelfAttention(config, stack, mixed), FeedForward(config, stack, mixed)
+                candidates = (
+                    sublayer_class(model, SELF)(config, stack, mixed),
+                    sublayer_class(model, FEED_FORWARD)(config, stack, mixed),
+                )
                 mixed += 1
                 built[stack].append(MixedSublayer(*candidates, temperature))
-    for stack, module in stack_modules(model).items():
-        module.layers = nn.ModuleList(built[stack]).train(module.training)
+    replace_layers(model, built)
     attach_state(model)  # the attention state (a learned α) of the new attention modules
     for stack, module in stack_modules(model).items():
-        for sublayer, teacher in zip(module.layers, _owners(stack, teachers[stack]), strict=True):
+        owners = _owners(stack, teachers[stack], cross)
+        for sublayer, teacher in zip(module.layers, owners, strict=True):
             if isinstance(sublayer, MixedSublayer):
                 copy_part(sublayer.attention, teacher)
                 copy_part(sublayer.feed_forward, teacher)
@@ -86,10 +103,10 @@ def build_supernet(model: PreTrainedModel, temperature: float) -> None:
                 copy_part(sublayer, teacher)
 
 
-def _owners(stack: Stack, layers: list[nn.Module]) -> Iterator[nn.Module]:
+def _owners(stack: Stack, layers: list[nn.Module], cross: bool) -> Iterator[nn.Module]:
     """The teacher layer each supernet sublayer of ``stack`` belongs to, in order."""
     for layer in layers:
-        for _ in teacher_pattern(stack, 1):
+        for _ in teacher_pattern(stack, 1, cross=cross):
             yield layer
 
 

@@ -27,7 +27,7 @@ from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError
 from pipeline.par.from_teacher import rebuild_from_teacher
 from pipeline.par.pattern import parse_pattern
-from pipeline.par.stacks import PAR, STACKS
+from pipeline.par.stacks import PAR, reads_encoder, stack_modules
 from pipeline.params import ParStudent, SsaStudent, StudentRun, StudentSpec
 from pipeline.students.attention import attach_student_attention
 
@@ -64,21 +64,31 @@ def build_student(
 
 def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int) -> None:
     """Rebuild the teacher ``model`` to ``spec``'s patterns; a model that already has PAR stacks (a
-    ``par_search`` folder) must come without patterns, a teacher with both."""
+    ``par_search`` folder) must come without patterns, a teacher with one per stack it has (an
+    encoder–decoder's two, a decoder-only LM's decoder)."""
+    stacks = list(stack_modules(model))
+    wanted = " and ".join(stacks) + (" patterns" if len(stacks) > 1 else " pattern")
+    given = [stack for stack in ("encoder", "decoder") if getattr(spec, stack) is not None]
     searched = getattr(model.config, PAR, None)
-    if searched is not None and spec.encoder is not None:
+    if searched is not None and given:
         raise UserError(
-            f"{key} = {spec.init!r} already holds a PAR model ({searched}); allowed: no encoder and decoder "
-            "patterns with it, or the teacher as init"
+            f"{key} = {spec.init!r} already holds a PAR model ({searched}); allowed: no patterns with it, "
+            "or the teacher as init"
         )
-    if searched is None and spec.encoder is None:
+    if searched is not None:
+        return
+    if given != stacks:
+        found = " and ".join(given) or "no"
         raise UserError(
-            f"{key} = {spec.init!r} is no PAR model; allowed: encoder and decoder patterns to rebuild it "
-            "to, or a par_search folder as init"
+            f"{key} = {spec.init!r} is no PAR model and {found} patterns are given; allowed: its {wanted} "
+            "to rebuild it to, or a par_search folder as init"
         )
-    if searched is None:
-        patterns = {stack: parse_pattern(getattr(spec, stack), stack) for stack in STACKS}
-        rebuild_from_teacher(model, patterns, seed=seed)
+    cross = reads_encoder(model)
+    try:
+        patterns = {stack: parse_pattern(getattr(spec, stack), stack, cross=cross) for stack in stacks}
+    except ValueError as err:
+        raise UserError(f"{key}: {err}") from None
+    rebuild_from_teacher(model, patterns, seed=seed)
 
 
 class DenseFinetune(TrainerCallback):

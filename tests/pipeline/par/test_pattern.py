@@ -72,11 +72,33 @@ def test_bad_patterns_are_one_line_naming_the_position(text, stack, position, sa
     assert "allowed:" in message
 
 
+@pytest.mark.parametrize(
+    ("text", "cross", "flat", "says"),
+    [
+        ("(sf)x2 ff", False, "sfsfff", None),  # a decoder-only LM's decoder: no cross-attention
+        ("(sf)x2", None, "sfsf", None),  # params: whether it reads an encoder is the model's
+        ("(scf)x2", None, "scfscf", None),
+        ("sfc", False, None, "'c' is not a sublayer of the decoder of a decoder-only model"),
+        ("ff", False, None, "no 's'"),
+        ("ff", None, None, "no 's'"),
+    ],
+)
+def test_decoder_patterns_with_and_without_an_encoder(text, cross, flat, says):
+    if says is None:
+        assert parse_pattern(text, "decoder", cross=cross) == flat
+        return
+    with pytest.raises(ValueError, match=says) as err:
+        parse_pattern(text, "decoder", cross=cross)
+    allowed = "s, f" if cross is False else "s, c, f"
+    assert f"allowed: the letters {allowed} and" in str(err.value)
+
+
 def test_teacher_patterns_and_attention_count():
     assert teacher_pattern("encoder", 3) == "sfsfsf"
     assert teacher_pattern("decoder", 2) == "scfscf"
     assert parse_pattern("(sf)x3", "encoder") == teacher_pattern("encoder", 3)
     assert parse_pattern("(scf)x2", "decoder") == teacher_pattern("decoder", 2)
+    assert teacher_pattern("decoder", 2, cross=False) == "sfsf"  # a decoder-only LM
     assert attention_sublayers("sffsffff") == 2
     assert attention_sublayers("scffssfcf") == 3
     assert attention_sublayers("ffff") == 0
@@ -135,9 +157,9 @@ def test_par_student_keeps_patterns_as_written():
             {"encoder": "(sf)x2", "decoder": "(sf)x0"},
             "student.instances.par.par.decoder = '(sf)x0': decoder pattern '(sf)x0', position 5:",
         ),
-        (
+        (  # with an encoder the model is an encoder–decoder: its decoder must read the encoder
             {"encoder": "(sf)x2", "decoder": "sff"},
-            "student.instances.par.par.decoder = 'sff': decoder pattern 'sff', position 1: no 'c'",
+            "decoder = 'sff': decoder pattern 'sff', position 1: no 'c'",
         ),
     ],
 )
@@ -148,13 +170,16 @@ def test_a_bad_par_pattern_is_a_one_line_user_error(pattern, expected):
     assert expected in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("given", ["encoder", "decoder"])
-def test_par_student_needs_both_patterns_or_neither(given):
-    pattern = {"encoder": "(sf)x2", "decoder": "(scf)x2"}[given]
+def test_par_student_needs_a_decoder_pattern_with_an_encoder_one():
     with pytest.raises(UserError) as err:
-        validate_section("student", student_params(**{given: pattern}))
+        validate_section("student", student_params(encoder="(sf)x2"))
     assert "\n" not in str(err.value)
     assert "give both encoder and decoder patterns" in str(err.value)
+
+
+def test_a_decoder_pattern_alone_is_a_decoder_only_models_and_may_leave_out_c():
+    spec = validate_section("student", student_params(decoder="(sff)x2")).instances["par"]
+    assert (spec.encoder, spec.decoder) == (None, "(sff)x2")
 
 
 def test_par_search_keeps_a_step_to_search_in():

@@ -19,13 +19,26 @@ from pipeline.metrics.language_model import token_loss
 from pipeline.params import Distillation
 from pipeline.students.distill import DistillationTrainer
 from pipeline.training.run import load_corpus
-from stages import cluster, configure, evaluate, extract, prepare, pretrain, project, report, student, teacher
+from stages import (
+    cluster,
+    configure,
+    evaluate,
+    extract,
+    par_search,
+    prepare,
+    pretrain,
+    project,
+    report,
+    student,
+    teacher,
+)
 from tests.tiny import wikitext_folder
 
 ROOT = Path(__file__).resolve().parents[3]
 CONTEXT = 48
 KINDS = {"lm": "decoder_self", "mlm": "encoder_self"}
 STUDENTS = ("sparsefinder", "ssa", "sbm", "samsa")
+PAR_STUDENTS = ("par", "par-hand")  # the lm task's: PAR's papers are decoder-only LMs
 
 
 def block_params(task: str, corpus: Path) -> dict:
@@ -50,7 +63,11 @@ def block_params(task: str, corpus: Path) -> dict:
     for name in STUDENTS:
         if "kinds" in instances[name]:
             instances[name]["kinds"] = [KINDS[task]]
-    params["student"]["instances"] = {name: instances[name] for name in STUDENTS}
+    if task == "lm":  # a decoder-only model: one decoder pattern, no cross-attention
+        del instances["par-hand"]["encoder"]
+        instances["par-hand"]["decoder"] = "s (f)x3"
+    names = STUDENTS + (PAR_STUDENTS if task == "lm" else ())
+    params["student"]["instances"] = {name: instances[name] for name in names}
     return params
 
 
@@ -70,7 +87,9 @@ def trained(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Pat
         patch.chdir(folder)
         for stage in (prepare, pretrain, teacher, extract, project, cluster, configure):
             stage.main(["--params", "params.yaml"])
-        for name in STUDENTS:
+        if task == "lm":
+            par_search.main(["--params", "params.yaml"])
+        for name in STUDENTS + (PAR_STUDENTS if task == "lm" else ()):
             student.main([name, "--params", "params.yaml"])
         evaluate.main(["--params", "params.yaml"])
         report.main(["--params", "params.yaml"])
@@ -185,7 +204,7 @@ def test_students_are_distilled_and_measured_like_the_teacher(trained) -> None:
     task, folder = trained
     evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
     rows = {row["student"]: row for row in evaluation["students"]}
-    assert set(rows) == set(STUDENTS)
+    assert set(rows) == set(STUDENTS + (PAR_STUDENTS if task == "lm" else ()))
     for name, row in rows.items():
         assert math.isfinite(row["perplexity"]) and "bleu" not in row
         assert ("accuracy" in row) == (task == "mlm")
@@ -228,7 +247,7 @@ def test_report_speaks_of_the_tasks_measures(trained) -> None:
     assert "## Speed inside the model" in markdown and "× dense entmax" in markdown
     assert headline["teacher_perplexity"] == metrics(folder, "teacher")["test"]["perplexity"]
     assert "teacher_bleu" not in headline and ("teacher_accuracy" in headline) == (task == "mlm")
-    assert set(headline["students"]) == set(STUDENTS)
+    assert set(headline["students"]) == set(STUDENTS + (PAR_STUDENTS if task == "lm" else ()))
     figures = sorted(path.name for path in (folder / "artifacts" / "plots" / "report").glob("*.png"))
     assert figures == ["recall_heatmap.png", "sparsity_perplexity.png", "sparsity_recall.png"]
 
@@ -244,5 +263,29 @@ def test_a_speed_method_that_is_not_evaluated_stops_evaluate_before_any_work(tra
         evaluate.main(["--params", "refused.yaml"])
     assert stopped.value.code == 2
     line = capsys.readouterr().err.strip()
-    assert "evaluate.speed.methods lists 'lsh'" in line and "allowed: bigbird, distance, indexer, kmeans" in line
+    assert (
+        "evaluate.speed.methods lists 'lsh'" in line and "allowed: bigbird, distance, indexer, kmeans" in line
+    )
     assert "\n" not in line and not (folder / "artifacts" / "evaluation" / "refused.json").exists()
+
+
+def test_par_searches_and_distills_a_decoder_only_lm(trained) -> None:
+    task, folder = trained
+    if task != "lm":
+        pytest.skip("PAR rebuilds decoder-only LMs and encoder–decoders, not a RoBERTa encoder")
+    mixing = json.loads((folder / "artifacts" / "par" / "mixing.json").read_text())
+    assert list(mixing["patterns"]) == ["decoder"] and mixing["teacher_patterns"] == {"decoder": "(sf)x2"}
+    assert len(mixing["mixing_weights"]["decoder"]) == 4  # s and f positions of two teacher layers
+    searched = load_model(folder / "artifacts" / "models" / "par-searched")
+    assert set(searched.config.par) == {"decoder"} and "c" not in searched.config.par["decoder"]
+    evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
+    rows = {row["student"]: row for row in evaluation["students"]}
+    assert rows["par-hand"]["par"] == {
+        "decoder": "s (f)x3",
+        "attention_sublayers": 1,
+        "attention_fraction": 0.5,
+    }
+    assert rows["par"]["par"]["decoder"] == mixing["patterns"]["decoder"]
+    assert all(math.isfinite(rows[name]["perplexity"]) for name in PAR_STUDENTS)
+    markdown = (folder / "artifacts" / "report.md").read_text()
+    assert "| student | decoder | attention kept |" in markdown and "| s (f)x3 | 0.50 |" in markdown
