@@ -590,7 +590,8 @@ def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str
         chunks = _sorted_chunks(keep[redo], lay.B)
     stats["bounds_s"] += time.perf_counter() - clock
     stats["queries"] = float(lay.query_live.sum())
-    stats["kept_blocks"] = float(need.sum()) + float(keep[redo].sum())
+    # blocks whose exact scores were computed: the needed ones, and a recomputed group's others
+    stats["kept_blocks"] = float(need.sum()) + float((keep[redo] & ~need[redo]).sum())
     stats["recomputed"] = float(len(redo))
     stats["predicted"] = _needed_keys(lay, need)
     for order, blocks in chunks:
