@@ -140,25 +140,25 @@ def speed_rows(
     settings = params.speed
     if not settings.contexts:
         return []
+    # (sparsity, recall) of the graph each model's attention weights live on: the dense ones on every
+    # valid pair (sparsity 0), certified attention on the teacher's own support
+    graphs = {"softmax (sdpa)": (0.0, 1.0), "entmax (dense)": (0.0, 1.0)}
+    variants = []  # (label, setting, certified) of each predicted-graph model
+    for method in settings.methods:
+        setting, row = speed_setting(params, rows, method)
+        variants.append((row["label"], setting, False))
+        graphs[row["label"]] = (row["sparsity"], row["recall"])
+        if settings.certified and isinstance(setting.predictor, IndexerPredictor):
+            variants.append((f"{row['label']} certified", setting, True))
+            graphs[f"{row['label']} certified"] = (gold, 1.0)
     with loading(teacher, "evaluate.teacher"):
         models = {
             "softmax (sdpa)": load_model(teacher, attn_implementation="sdpa"),
             "entmax (dense)": load_model(teacher, attn_implementation="entmax"),
+            **{label: load_model(teacher, attn_implementation=SPARSEFINDER) for label, _, _ in variants},
         }
-    # (sparsity, recall) of the graph each model's attention weights live on: the dense ones on every
-    # valid pair (sparsity 0), certified attention on the teacher's own support
-    graphs = {"softmax (sdpa)": (0.0, 1.0), "entmax (dense)": (0.0, 1.0)}
-    for method in settings.methods:
-        setting, row = speed_setting(params, rows, method)
-        variants = [(row["label"], False)]
-        if settings.certified and isinstance(setting.predictor, IndexerPredictor):
-            variants.append((f"{row['label']} certified", True))
-        for label, certified in variants:
-            with loading(teacher, "evaluate.teacher"):
-                model = load_model(teacher, attn_implementation=SPARSEFINDER)
-            attach_setting(model, setting, kind=kind, projections=projections, certified=certified)
-            models[label] = model
-            graphs[label] = (gold, 1.0) if certified else (row["sparsity"], row["recall"])
+    for label, setting, certified in variants:
+        attach_setting(models[label], setting, kind=kind, projections=projections, certified=certified)
     measured = speed_table(
         models, test, settings.contexts, repeats=settings.repeats, backward=settings.backward
     )

@@ -150,6 +150,12 @@ def _allowed_pairs(attention_mask: Tensor | None, b: int, n: int, m: int, device
     return mask.expand(b, -1, n, m)
 
 
+def _per_query_head(x: Tensor, groups: int) -> Tensor:
+    """Keys or values (b, h_kv, m, d) repeated to the query heads (b, h_kv · groups, m, d) under grouped-query
+    attention; the dense path repeats its own (:func:`~pipeline.attention.entmax.attention_inputs`)."""
+    return x.repeat_interleave(groups, dim=1) if groups > 1 else x
+
+
 def _indexed_forward(
     head: SparsefinderHead,
     query: Tensor,
@@ -203,7 +209,7 @@ def sparsefinder_attention_forward(
         return entmax_attention_forward(*dense, attention_mask, **options)
 
     groups = getattr(module, "num_key_value_groups", 1)
-    keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # (b, h, m, d)
+    keys = _per_query_head(key, groups)  # (b, h, m, d)
     b, _, n, _ = query.shape
     m = keys.shape[-2]
     allowed = _allowed_pairs(attention_mask, b, n, m, query.device)  # (b, 1 | h, n, m)
@@ -233,7 +239,7 @@ def sparsefinder_attention_forward(
             and not head.global_tokens
         )
         if indexed:
-            values = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+            values = _per_query_head(value, groups)
             output = _indexed_forward(head, query, keys, values, k_valid, alpha, scaling)  # (b, h, n, d)
             return output.transpose(1, 2).contiguous(), None
         if head.certified:  # exact: dense α-entmax over every allowed pair, its support is what is attended
@@ -251,11 +257,10 @@ def sparsefinder_attention_forward(
             head.record_graph(graph.expand(-1, query.shape[1], -1, -1), allowed, q_valid)
     if not use_kernel:
         return entmax_attention_forward(*dense, graph, **options)
-    values = value.repeat_interleave(groups, dim=1) if groups > 1 else value
     output = bucketed_attention(
         query,
         keys,
-        values,
+        _per_query_head(value, groups),
         prediction.q_buckets,
         prediction.k_buckets,
         alpha=alpha,

@@ -717,11 +717,7 @@ def _par_table(students: Sequence[dict], teacher: dict, scores: Sequence[Score],
             _ratio(row.get(timed), teacher.get(timed)),
         ]
         lines.append(_table_row(cells))
-    letters = (
-        "s self-attention, f feed-forward, c cross-attention"
-        if "encoder" in stacks
-        else ("s self-attention, f feed-forward")
-    )
+    letters = "s self-attention, f feed-forward" + (", c cross-attention" if "encoder" in stacks else "")
     lines += [
         "",
         f"PAR students: {letters} sublayers, from the embeddings up; attention kept is the self-attention "
