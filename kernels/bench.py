@@ -25,10 +25,14 @@ torch's native allocations, hence the process-level measure.
 
 Indexed attention (CPU suite, one thread). ``kernels.indexed_attention`` in both modes against SDPA
 (``torch.nn.functional.scaled_dot_product_attention``, softmax) and dense α-entmax, n ∈ INDEX_SIZES, 8 heads,
-d = 64, r = 8, causal and not, on :func:`structured_inputs` (smooth positional features, so each query's
-α = 1.5 support is its neighbourhood: about 10 keys, never above 64). Forward (no grad) and forward+backward
-medians in-process; the indexer's pass 1, the bounds pass and the sparse pass are the phase times the call
-reports; the share of key blocks skipped; the certified output's largest deviation from dense entmax.
+d = 64, r = 8, causal and not, on two kinds of inputs: ``local`` (:func:`structured_inputs`: smooth
+positional features, so each query's α = 1.5 support is its neighbourhood: about 10 keys, never above 64)
+and ``scattered`` (:func:`scattered_inputs`: the same supports with positions shuffled, so they spread over
+the whole sequence, as a language model's do). Both modes run in the position order and in the clustered
+order (``order="clustered"``: tokens laid out by the indexer's k-d tree). Forward (no grad) and
+forward+backward medians in-process; the indexer's pass 1 (the clustering included), the bounds pass and the
+sparse pass are the phase times the call reports; the share of key blocks skipped; the certified output's
+largest deviation from dense entmax.
 
 GPU. For n ∈ {1k, …, 32k}, d = 64, 8 heads, bf16, B ∈ {8, 16, 32}, top-1 and top-2, causal or not: forward and
 forward+backward times (CUDA events, warm-up then median) and peak allocated memory of ours (Triton, α = 1.5
@@ -267,6 +271,19 @@ def structured_inputs(
     return tuple(x.to(dtype) for x in (q, k, v, q @ proj, k @ proj))
 
 
+def scattered_inputs(
+    batch: int, heads: int, n: int, dim: int, rank: int, *, seed: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, ...]:
+    """:func:`structured_inputs` with the positions shuffled (one permutation for queries and keys): each
+    query's support is still about 10 keys, but spread over the whole sequence, so blocks of consecutive
+    positions all hold some and only a layout by content can skip them."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return tuple(x[:, :, perm] for x in structured_inputs(batch, heads, n, dim, rank, seed=seed, dtype=dtype))
+
+
+INPUTS = {"local": structured_inputs, "scattered": scattered_inputs}
+
+
 def _dense_entmax_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     from kernels.indexed_attention import dense_indexed_reference
 
@@ -281,26 +298,28 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
     try:
-        specs = [(n, causal) for n in cfg["index_sizes"] for causal in (False, True)]
-        for n, causal in tqdm(specs, desc="indexed bench", unit="size"):
-            q, k, v, qi, ki = structured_inputs(1, cfg["heads"], n, cfg["dim"], INDEX_RANK, seed=n)
+        specs = [(kind, n, causal) for kind in INPUTS for n in cfg["index_sizes"] for causal in (False, True)]
+        for kind, n, causal in tqdm(specs, desc="indexed bench", unit="size"):
+            q, k, v, qi, ki = INPUTS[kind](1, cfg["heads"], n, cfg["dim"], INDEX_RANK, seed=n)
             methods: dict[str, Callable[..., Any]] = {
                 "sdpa": functools.partial(torch.nn.functional.scaled_dot_product_attention, is_causal=causal),
                 "dense_entmax": functools.partial(_dense_entmax_cpu, causal=causal),
             }
             for mode in ("certified", "approximate"):
-                methods[f"indexed_{mode}"] = functools.partial(
-                    indexed_attention,
-                    q_index=qi,
-                    k_index=ki,
-                    alpha=ALPHA,
-                    causal=causal,
-                    mode=mode,
-                    block=INDEX_BLOCK,
-                )
+                for order, suffix in (("position", ""), ("clustered", "_clustered")):
+                    methods[f"indexed_{mode}{suffix}"] = functools.partial(
+                        indexed_attention,
+                        q_index=qi,
+                        k_index=ki,
+                        alpha=ALPHA,
+                        causal=causal,
+                        mode=mode,
+                        block=INDEX_BLOCK,
+                        order=order,
+                    )
             dense_out = None
             for method, fn in methods.items():
-                row: dict[str, Any] = {"n": n, "causal": causal, "method": method}
+                row: dict[str, Any] = {"inputs": kind, "n": n, "causal": causal, "method": method}
                 reps = 1 if method == "dense_entmax" else cfg["reps"]
                 try:
                     with torch.no_grad():
@@ -337,11 +356,11 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
                 rows.append(row)
     finally:
         torch.set_num_threads(threads)
-    by_key = {(r["n"], r["causal"], r["method"]): r for r in rows}
+    by_key = {(r["inputs"], r["n"], r["causal"], r["method"]): r for r in rows}
     for r in rows:
         if r["method"].startswith("indexed") and r["status"] == "ok":
             for base in ("sdpa", "dense_entmax"):
-                other = by_key[(r["n"], r["causal"], base)]
+                other = by_key[(r["inputs"], r["n"], r["causal"], base)]
                 for phase in ("forward", "forward_backward"):
                     if f"{phase}_ms" in other and f"{phase}_ms" in r:
                         r[f"speedup_{phase}_vs_{base}"] = other[f"{phase}_ms"] / r[f"{phase}_ms"]
@@ -355,7 +374,10 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
             "alpha": ALPHA,
             "threads": 1,
             "reps": cfg["reps"],
-            "inputs": "structured_inputs (smooth positional features)",
+            "inputs": {
+                "local": "structured_inputs (smooth positional features)",
+                "scattered": "scattered_inputs (the same, positions shuffled)",
+            },
         },
         "results": rows,
     }
@@ -363,9 +385,10 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def indexed_table(section: dict[str, Any]) -> str:
     columns = [
+        _text("inputs", "inputs", "<9"),
         _text("n", "n", ">6"),
         _text("causal", "causal", ">6"),
-        _text("method", "method", "<20"),
+        _text("method", "method", "<30"),
         _number("fwd ms", "forward_ms", "9.1f"),
         _number("f+b ms", "forward_backward_ms", "9.1f"),
         _number("pass1", "indexer_ms", "7.1f"),

@@ -68,14 +68,25 @@ from kernels.checks import check_causal, check_qkv, check_scale
 from kernels.reference import normalize
 from kernels.torch_bucketed import entmax_gradient_weight
 
-__all__ = ["MODES", "dense_indexed_reference", "indexed_attention", "predicted_sets"]
+__all__ = [
+    "MODES",
+    "ORDERS",
+    "clustered_orders",
+    "dense_indexed_reference",
+    "indexed_attention",
+    "predicted_sets",
+]
 
 MODES = ("certified", "approximate")
+ORDERS = ("position", "clustered")
 CHUNK_ENTRIES = 2**20
 """Scores held per chunk of row groups: bounds the transient memory and keeps a chunk near the caches."""
 
 _QUEST_AXES = 16
 """Leading principal axes the exact-score bound takes per channel; the rest is bounded by one norm."""
+_LOWER_BLOCKS = 4
+"""Key blocks per query whose keys give pass 1's lower bound L_i: a support spread over a few blocks still
+gets a threshold near τ′."""
 _MAX_NEWTON_STEPS = 100  # bisection alone halves the unit bracket each step; 100 exhaust float64
 _NEG_INF = float("-inf")
 
@@ -250,6 +261,11 @@ class _Layout:
     Groups g = batch·heads; queries padded to n_pad = nqb·B and cut into row groups (G·nqb, B, ·); keys
     padded to m_pad = nkb·B and cut into blocks (G·nkb + 1, B, ·), the last an empty block that padding in
     block lists points at. ``bias`` (G·nkb + 1, B) is 0 on valid keys and −inf elsewhere.
+
+    Tokens sit in the blocks in the order ``orders`` gives per group — (G, n) queries and (G, m) keys, each
+    row a permutation of positions — or by position when it is None. ``q_pos`` (G·nqb, B) and ``k_pos``
+    (G·nkb + 1, B) hold every slot's position (n_pad for padding queries, m_pad for padding keys); causal
+    masks compare positions, so any order computes the same attention.
     """
 
     def __init__(
@@ -265,53 +281,89 @@ class _Layout:
         causal: bool,
         scale: float,
         compute: torch.dtype,
+        orders: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         b, h, n, d = q.shape
         m = k.shape[2]
         B = block
-        self.n, self.d, self.B, self.causal = n, d, B, causal
+        self.n, self.d, self.B, self.causal, self.orders = n, d, B, causal, orders
         self.G, self.nqb, self.nkb = b * h, -(-n // B), -(-m // B)
         self.n_pad, self.m_pad = self.nqb * B, self.nkb * B
         G, dev = self.G, q.device
+        q_order, k_order = (None, None) if orders is None else orders
 
-        def blocks(x: torch.Tensor, length: int, nb: int, extra: int) -> torch.Tensor:
-            """x (b, h, length, c) → (G·nb + extra, B, c) in ``compute``, zero-padded: one copy."""
+        def blocks(x: torch.Tensor, order: torch.Tensor | None, nb: int, extra: int) -> torch.Tensor:
+            """x (b, h, length, c) → (G·nb + extra, B, c) in ``compute``, in ``order``, zero-padded."""
+            length = x.shape[2]
+            x = x.reshape(G, length, -1)
+            if order is not None:
+                x = x.gather(1, order[..., None].expand_as(x))
             out = x.new_zeros(G * nb + extra, B, x.shape[-1], dtype=compute)
-            out[: G * nb].view(G, nb * B, -1)[:, :length] = x.reshape(G, length, -1)
+            out[: G * nb].view(G, nb * B, -1)[:, :length] = x
             return out
 
+        def slots(order: torch.Tensor | None, length: int, nb: int, pad: int) -> torch.Tensor:
+            """Positions of the (G, nb·B) slots: ``order`` or 0, 1, …, then ``pad`` on padding."""
+            pos = torch.full((G, nb * B), pad, dtype=torch.long, device=dev)
+            pos[:, :length] = torch.arange(length, device=dev) if order is None else order
+            return pos
+
         # the scale goes on the n × d queries, not on the scores
-        self.q = blocks(q, n, self.nqb, 0).mul_(scale)  # (G·nqb, B, d)
-        self.qi = blocks(q_index, n, self.nqb, 0).mul_(scale)  # (G·nqb, B, r)
-        self.k, self.v = blocks(k, m, self.nkb, 1), blocks(v, m, self.nkb, 1)  # (G·nkb + 1, B, d|d_v)
-        self.ki = blocks(k_index, m, self.nkb, 1)  # (G·nkb + 1, B, r)
+        self.q = blocks(q, q_order, self.nqb, 0).mul_(scale)  # (G·nqb, B, d)
+        self.qi = blocks(q_index, q_order, self.nqb, 0).mul_(scale)  # (G·nqb, B, r)
+        self.k, self.v = blocks(k, k_order, self.nkb, 1), blocks(v, k_order, self.nkb, 1)  # (G·nkb + 1, B, ·)
+        self.ki = blocks(k_index, k_order, self.nkb, 1)  # (G·nkb + 1, B, r)
+        q_pos = slots(q_order, n, self.nqb, self.n_pad)  # (G, n_pad)
+        k_pos = slots(k_order, m, self.nkb, self.m_pad)  # (G, m_pad)
+        self.q_pos = q_pos.view(-1, B)
+        self.k_pos = torch.cat([k_pos.view(-1, B), k_pos.new_full((1, B), self.m_pad)])
 
         valid = torch.ones(b, m, dtype=torch.bool, device=dev) if key_valid is None else key_valid
-        valid = torch.nn.functional.pad(valid[:, None].expand(b, h, m).reshape(G, m), (0, self.m_pad - m))
-        self.key_valid = valid.view(G * self.nkb, B)
+        valid = valid[:, None].expand(b, h, m).reshape(G, m)  # by position
+        # A query has a key if some valid key is allowed: any valid key, or one at j ≤ i when causal
+        # (then n == m). (G, n) by position.
+        has_key = valid.cumsum(1) > 0 if causal else valid.any(1, keepdim=True).expand(G, n)
+        if orders is not None:
+            valid, has_key = valid.gather(1, k_order), has_key.gather(1, q_order)
+        self.key_valid = torch.nn.functional.pad(valid, (0, self.m_pad - m)).view(G * self.nkb, B)
+        self.query_live = torch.nn.functional.pad(has_key, (0, self.n_pad - n)).view(-1, B)  # (G·nqb, B)
         bias = torch.zeros(G * self.nkb + 1, B, dtype=compute, device=dev)
         bias[:-1].masked_fill_(~self.key_valid, _NEG_INF)
         bias[-1] = _NEG_INF
         self.bias = bias
-        # A query has a key if some valid key is allowed: any valid key, or one at j ≤ i when causal.
-        # (G, n_pad); when causal n == m, so n_pad == m_pad
-        has_key = valid.cumsum(1) > 0 if causal else valid.any(1, keepdim=True).expand(G, self.n_pad)
-        self.query_live = (has_key & (torch.arange(self.n_pad, device=dev) < n)).view(-1, B)  # (G·nqb, B)
         self.block_live = self.key_valid.any(-1).view(G, self.nkb)  # (G, nkb) holds a valid key
+        # causal masks: the latest and the earliest valid key of each key block (−1 and m_pad when none)
+        latest = self.k_pos[:-1].masked_fill(~self.key_valid, -1).amax(1)  # (G·nkb,)
+        self.latest_key = torch.cat([latest, latest.new_full((1,), -1)])  # (G·nkb + 1,)
+        earliest = self.k_pos[:-1].masked_fill(~self.key_valid, self.m_pad).amin(1)
+        self.earliest_key = earliest.view(G, self.nkb)  # (G, nkb)
         self.allowed = self._allowed_blocks()  # (G·nqb, nkb)
-        future = torch.ones(B, B, dtype=torch.bool, device=dev).triu(1)
-        self.future = torch.zeros(B, B, dtype=compute, device=dev).masked_fill_(future, _NEG_INF)
 
     def _allowed_blocks(self) -> torch.Tensor:
-        """(G·nqb, nkb) bool: some query of the row group may have a valid key in key block b. Within a row
-        group this holds for every live query alike (causal: every key block up to the diagonal one holds a
-        key j ≤ i for each query i of the group), so per-query masks reduce to ``query_live``."""
+        """(G·nqb, nkb) bool: some live query of the row group may attend to a valid key of key block b —
+        causal: the block's earliest valid key is at or before the group's latest live query."""
         live = self.block_live.repeat_interleave(self.nqb, 0)  # (G·nqb, nkb)
         allowed = live & self.query_live.any(1, keepdim=True)
-        if self.causal:  # key blocks after the query block hold only future keys
-            qb = torch.arange(self.G * self.nqb, device=live.device) % self.nqb
-            allowed = allowed & (torch.arange(self.nkb, device=live.device) <= qb[:, None])
+        if self.causal:
+            latest = self.q_pos.masked_fill(~self.query_live, -1).amax(1)  # (G·nqb,)
+            earliest = self.earliest_key.repeat_interleave(self.nqb, 0)  # (G·nqb, nkb)
+            allowed = allowed & (earliest <= latest[:, None])
         return allowed
+
+    def visible(self, g: int, q_pos: torch.Tensor, cut: int) -> torch.Tensor:
+        """(…, cut) bool: key blocks 0 … cut − 1 of group g that hold a valid key a query at ``q_pos`` (…)
+        may attend (causal: one at or before it)."""
+        earliest = self.earliest_key[g, :cut]
+        if not self.causal:
+            return (earliest < self.m_pad).expand(*q_pos.shape, cut)
+        return earliest <= q_pos[..., None]
+
+    def reach(self) -> list[int]:
+        """Per query block, one past the last key block any group allows it: the key blocks bound passes
+        cover (causal by position: up to the diagonal)."""
+        allowed = self.allowed.view(self.G, self.nqb, self.nkb).any(0)  # (nqb, nkb)
+        last = torch.where(allowed, torch.arange(1, self.nkb + 1, device=allowed.device), 0).amax(1)
+        return last.tolist()
 
     def slabs(self, width: int) -> list[torch.Tensor]:
         """Row-group ids cut into runs within one group g, each holding at most ~CHUNK_ENTRIES entries of
@@ -343,18 +395,22 @@ class _Layout:
     ) -> torch.Tensor:
         """Masked scores (R, B, K·B) of row-group queries (R, B, c) against key blocks ``flat`` (R, K).
 
-        Invalid keys and padding are −inf through the bias added by ``baddbmm``; when causal, the future
-        half of the diagonal block too (the only block that holds both past and future keys).
+        Invalid keys and padding are −inf through the bias added by ``baddbmm``; when causal, the future keys
+        too, compared position by position.
         """
         R, K = flat.shape
         kb = keys.index_select(0, flat.reshape(-1)).view(R, K * self.B, -1)
         bias = self.bias.index_select(0, flat.reshape(-1)).view(R, 1, K * self.B)
         out = torch.baddbmm(bias, queries, kb.transpose(1, 2))
-        if self.causal:
-            g, qb = rows // self.nqb, rows % self.nqb
-            r, at = (flat == (g * self.nkb + qb)[:, None]).nonzero(as_tuple=True)  # diagonal blocks
+        if self.causal and self.orders is None:  # by position only the diagonal block holds future keys
+            q_pos = self.q_pos[rows]  # (R, B)
+            r, at = (self.latest_key[flat] > q_pos.amin(1, keepdim=True)).nonzero(as_tuple=True)
+            future = self.k_pos[flat[r, at]][:, None, :] > q_pos[r][:, :, None]  # (P, B, B)
             view = out.view(R, self.B, K, self.B)
-            view[r, :, at, :] = view[r, :, at, :] + self.future
+            view[r, :, at, :] = view[r, :, at, :].masked_fill(future, _NEG_INF)
+        elif self.causal:  # in another order most blocks do: one comparison over the whole chunk
+            k_pos = self.k_pos.index_select(0, flat.reshape(-1)).view(R, 1, K * self.B)
+            out = out.masked_fill(k_pos > self.q_pos[rows][..., None], _NEG_INF)
         return out
 
 
@@ -400,32 +456,88 @@ def _sorted_chunks(chosen: torch.Tensor, B: int) -> list[tuple[torch.Tensor, tor
     ]
 
 
+def clustered_orders(
+    q_index: torch.Tensor, k_index: torch.Tensor, *, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per batch·head, orders that put tokens of one direction in one block: (G, n) queries and (G, m) keys,
+    each row a permutation of positions (G = batch·heads), from the indexer's rank-r coordinates.
+
+    Each side is cut by recursive bisection (:func:`_bisection_order`) into blocks of ``block`` tokens. A key
+    block then holds keys of one direction, so its per-channel ranges are narrow and its bounds tight; a row
+    group holds queries of one direction, whose low-rank score rows, hence supports, are alike. Only the
+    layout changes: the attention is the same in any order.
+    """
+    b, h, n, r = q_index.shape
+    m = k_index.shape[2]
+    return (
+        _bisection_order(q_index.detach().reshape(b * h, n, r).float(), block),
+        _bisection_order(k_index.detach().reshape(b * h, m, r).float(), block),
+    )
+
+
+def _bisection_order(points: torch.Tensor, leaf: int) -> torch.Tensor:
+    """(G, L) permutations of points (G, L, r) by recursive bisection, a k-d tree: every segment is sorted
+    along its axis of largest variance and cut in two at a multiple of ``leaf`` near its middle, until
+    segments hold at most ``leaf`` points. Segment sizes depend on L alone, so all G rows are cut alike and
+    a level is one sort of (segment, coordinate) keys: O(L·(r + log L)) per level, log₂(L/leaf) levels."""
+    G, L, r = points.shape
+    order = torch.arange(L, device=points.device).expand(G, L)
+    x = points
+    sizes = [L]
+    while max(sizes) > leaf:
+        count = torch.tensor(sizes, device=x.device)
+        segment = torch.repeat_interleave(torch.arange(len(sizes), device=x.device), count)  # (L,)
+        mean = x.new_zeros(G, len(sizes), r).index_add_(1, segment, x) / count[:, None]  # (G, S, r)
+        variance = x.new_zeros(G, len(sizes), r).index_add_(1, segment, x * x) / count[:, None] - mean**2
+        axis = variance.argmax(-1)[:, segment]  # (G, L): the axis each point's segment is cut along
+        along = x.gather(2, axis[..., None])[..., 0].double()  # (G, L)
+        # one sort: segment first, then the coordinate squashed monotonically into (0, 1)
+        key = segment.double() + torch.atan(along) / torch.pi + 0.5
+        step = torch.argsort(key, dim=1)
+        order, x = order.gather(1, step), x.gather(1, step[..., None].expand(-1, -1, r))
+        sizes = [part for size in sizes for part in _halves(size, leaf)]
+    return order
+
+
+def _halves(size: int, leaf: int) -> list[int]:
+    """A segment's two parts, the first a multiple of ``leaf`` near half; a small segment stays whole."""
+    if size <= leaf:
+        return [size]
+    first = max(leaf, size // 2 // leaf * leaf)
+    return [first, size - first]
+
+
 # ----------------------------------------------------------------------------------------------- phases
 
 
-def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass 1's block step: which key blocks may hold members of Ŝ, and lower bounds L_i ≤ τ′_i.
+def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> torch.Tensor:
+    """Pass 1's block step: (G·nqb, nkb) bool, the key blocks that may hold members of Ŝ.
 
-    Returns need (G·nqb, nkb) bool and lower (G·nqb, B): the low-rank threshold of the key block with the
-    largest bound alone (a subset of the row, so L_i ≤ τ′_i), −inf for a query with no valid key there
-    (it then needs every allowed block) and +inf for padding queries (they need none).
+    Per query, L_i is the low-rank threshold of the keys it may attend in the ``_LOWER_BLOCKS`` key blocks
+    with its largest bounds (a subset of the row, so L_i ≤ τ′_i; +inf for padding and queries with no key:
+    they need nothing); a block whose bound on (α − 1) z′ stays below L_i − margin for every query of its
+    row group holds no member.
     """
     low, high = (x.view(lay.G, lay.nkb, -1) for x in lay.extrema(lay.ki[:-1]))  # (G, nkb, r)
-    need, lower = [], []
+    need = []
     for rows in lay.slabs(lay.nkb):
         g = int(rows[0]) // lay.nqb
+        q_pos = lay.q_pos[rows]  # (R, B)
         upper = _bounds(lay.qi[rows], low[g], high[g])  # (R, B, nkb) ≥ z′
-        allowed = lay.allowed[rows]  # (R, nkb)
-        best = upper.amax(1).masked_fill_(~allowed, _NEG_INF).argmax(1, keepdim=True)  # (R, 1)
-        x = lay.scores(lay.qi[rows], lay.ki, rows, lay.flat_blocks(rows, best)).mul_(alpha - 1.0)  # (R, B, B)
-        tau, top = entmax_threshold(x, None, alpha)
-        bound = (tau + top).nan_to_num_(posinf=_NEG_INF)  # no valid key in the best block: −inf
-        bound = bound.masked_fill_(~lay.query_live[rows], float("inf"))  # (R, B)
+        seen = lay.visible(g, q_pos, lay.nkb) & lay.query_live[rows][..., None]  # (R, B, nkb)
+        ranked = upper.masked_fill(~seen, _NEG_INF).topk(min(_LOWER_BLOCKS, lay.nkb), dim=-1)  # (R, B, t)
+        flat = torch.where(ranked.values > _NEG_INF, g * lay.nkb + ranked.indices, lay.G * lay.nkb)
+        R, t = len(rows), flat.shape[-1]
+        keys = lay.ki[flat].view(R, lay.B, t * lay.B, -1)  # (R, B, t·B, r): each query's own blocks
+        x = torch.einsum("rbc,rbkc->rbk", lay.qi[rows], keys) + lay.bias[flat].view(R, lay.B, -1)
+        if lay.causal:
+            x = x.masked_fill_(lay.k_pos[flat].view(R, lay.B, -1) > q_pos[..., None], _NEG_INF)
+        tau, top = entmax_threshold(x.mul_(alpha - 1.0), None, alpha)
+        bound = tau + top  # (R, B), +inf on queries with nothing to attend
         slack = 64 * torch.finfo(bound.dtype).eps * (1.0 + bound.abs().masked_fill(bound.isinf(), 0.0))
         reach = upper.mul_(alpha - 1.0) >= (bound - margin - slack)[..., None]  # rounding keeps a block
-        need.append(reach.any(1) & allowed)
-        lower.append(bound)
-    return torch.cat(need), torch.cat(lower)
+        need.append((reach & seen).any(1))
+    return torch.cat(need)
 
 
 def _principal_basis(lay: _Layout) -> torch.Tensor:
@@ -469,9 +581,9 @@ def _kept_blocks(lay: _Layout, tau_s: torch.Tensor, alpha: float) -> torch.Tenso
     exceeds τ_S (G·nqb, B) for some query of the row group (+inf τ_S: a query with no key or padding,
     which keeps nothing).
 
-    Bounds are taken for spans of query blocks of every group at once; when causal, only up to the span's
-    last diagonal block. Slack for round-off: 64 ulps of τ_S, and (8 d ulps)·|q_i|·max_j |k_j| for the
-    rotation and the bound's products and norms.
+    Bounds are taken for spans of query blocks of every group at once, over the key blocks they reach.
+    Slack for round-off: 64 ulps of τ_S, and (8 d ulps)·|q_i|·max_j |k_j| for the rotation and the bound's
+    products and norms.
     """
     G, d, B, nkb = lay.G, lay.d, lay.B, lay.nkb
     queries, low, high = _bound_factors(lay)
@@ -481,26 +593,28 @@ def _kept_blocks(lay: _Layout, tau_s: torch.Tensor, alpha: float) -> torch.Tenso
     slack = 64 * eps * (1.0 + tau_s.abs().masked_fill(tau_s.isinf(), 0.0))
     limit = ((tau_s - slack) / (alpha - 1.0)).view(G, -1) - rotation  # (G, n_pad) in score units
     keep = torch.zeros(G, lay.nqb, nkb, dtype=torch.bool, device=tau_s.device)
-    for a, b in _query_spans(lay):
-        cut = b if lay.causal else nkb  # causal: key blocks after the span hold only future keys
+    reach = lay.reach()
+    for a, b in _query_spans(reach, lay.G * lay.B):
+        cut = max(reach[a:b])  # causal: key blocks after it hold only future keys
         part = queries[:, a * B : b * B]  # (G, (b − a)·B, c + 1)
         upper = torch.baddbmm(
             torch.bmm(part.clamp_max(0), low[..., :cut]), part.clamp_min(0), high[..., :cut]
         )  # (G, (b − a)·B, cut) ≥ z
-        above = upper.view(G, b - a, B, cut) > limit[:, a * B : b * B].view(G, b - a, B, 1)
-        keep[:, a:b, :cut] = above.any(2)
+        above = upper > limit[:, a * B : b * B, None]  # (G, (b − a)·B, cut)
+        if lay.causal:  # a block wholly after a query holds none of its keys
+            above &= lay.earliest_key[:, None, :cut] <= lay.q_pos.view(G, -1)[:, a * B : b * B, None]
+        keep[:, a:b, :cut] = above.view(G, b - a, B, cut).any(2)
     return keep.view(G * lay.nqb, nkb) & lay.allowed
 
 
-def _query_spans(lay: _Layout) -> list[tuple[int, int]]:
-    """Query-block spans [a, b) whose bounds against every allowed key block of every group hold at most
-    ~CHUNK_ENTRIES entries (at least one block each)."""
+def _query_spans(reach: list[int], rows: int) -> list[tuple[int, int]]:
+    """Query-block spans [a, b) whose bounds against the key blocks they reach (:meth:`_Layout.reach`), for
+    ``rows`` queries per query block, hold at most ~CHUNK_ENTRIES entries (at least one block each)."""
     spans, a = [], 0
-    while a < lay.nqb:
-        b = a + 1
-        while (
-            b < lay.nqb and (b + 1 - a) * lay.G * lay.B * (b + 1 if lay.causal else lay.nkb) <= CHUNK_ENTRIES
-        ):
+    while a < len(reach):
+        b, widest = a + 1, reach[a]
+        while b < len(reach) and (b + 1 - a) * rows * max(widest, reach[b]) <= CHUNK_ENTRIES:
+            widest = max(widest, reach[b])
             b += 1
         spans.append((a, b))
         a = b
@@ -522,18 +636,12 @@ def _exact_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def _predicted(
-    lay: _Layout,
-    rows: torch.Tensor,
-    flat: torch.Tensor,
-    lower: torch.Tensor,
-    alpha: float,
-    margin: float,
-    candidates: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Ŝ over the key blocks ``flat`` (R, K) of row groups: (R, B, K·B) bool, the uncapped counts (R, B)
-    and the low-rank thresholds τ′ (R, B)."""
-    x = lay.scores(lay.qi[rows], lay.ki, rows, flat).mul_(alpha - 1.0)  # (R, B, K·B) (α − 1) z′
-    tau, top = entmax_threshold(x, lower, alpha)  # (R, B) τ′ − max, +inf on queries with no key; x − max
+    lay: _Layout, rows: torch.Tensor, flat: torch.Tensor, alpha: float, margin: float, candidates: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ŝ over the key blocks ``flat`` (R, K) of row groups: (R, B, K·B) bool, and uncapped counts (R, B)."""
+    z = lay.scores(lay.qi[rows], lay.ki, rows, flat)  # (R, B, K·B) z′
+    tau = _exact_threshold(z.view(-1, z.shape[-1]), alpha).view(z.shape[:2])  # τ′, +inf with no key
+    x = z.mul_(alpha - 1.0)
     chosen = (x >= (tau - margin)[..., None]) & lay.query_live[rows][..., None]  # padding queries: none
     count = chosen.sum(-1)  # (R, B)
     over = (count > candidates).nonzero(as_tuple=True)
@@ -541,7 +649,7 @@ def _predicted(
         sub = x[over].masked_fill(~chosen[over], _NEG_INF)  # (rows over, K·B)
         best = sub.topk(candidates, dim=-1).indices
         chosen[over] = torch.zeros_like(sub, dtype=torch.bool).scatter_(1, best, True)
-    return chosen, count, tau + top
+    return chosen, count
 
 
 def _compact(values: torch.Tensor, keep: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -561,15 +669,15 @@ def _compact(values: torch.Tensor, keep: torch.Tensor, count: torch.Tensor) -> t
 def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str, float]) -> torch.Tensor:
     """Certified mode over all row groups; returns (G·nqb, B, d_v).
 
-    1. Exact scores over the needed key blocks (pass 1's), τ_S their exact threshold — a subset of the row,
-       so τ_S ≤ τ — and entmax attention over those blocks.
+    1. Exact scores over the needed key blocks (those holding members of Ŝ), τ_S their exact threshold —
+       a subset of the row, so τ_S ≤ τ — and entmax attention over those blocks.
     2. The bound on every key block against τ_S. Where the kept blocks all lie among the needed ones, no
        key outside has weight: τ_S = τ and step 1's output is the answer.
     3. The other row groups are recomputed over their kept blocks, from τ_S.
     """
     clock = time.perf_counter()
     with torch.no_grad():
-        need, _ = _indexer_blocks(lay, alpha, margin)  # (G·nqb, nkb)
+        need = _member_blocks(lay, _indexer_blocks(lay, alpha, margin), alpha, margin)  # (G·nqb, nkb)
         chunks = _sorted_chunks(need, lay.B)
     stats["indexer_s"] += time.perf_counter() - clock
     out = lay.q.new_zeros(lay.G * lay.nqb, lay.B, lay.v.shape[-1])
@@ -604,6 +712,20 @@ def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str
     return out
 
 
+def _member_blocks(lay: _Layout, need: torch.Tensor, alpha: float, margin: float) -> torch.Tensor:
+    """The needed blocks need (G·nqb, nkb) narrowed to those holding a member of some query's Ŝ, from exact
+    low-rank scores over the needed blocks (r/d of the exact pass's work there). The bounds of pass 1 are
+    loose where a block's keys spread; this keeps the exact pass to the blocks Ŝ really touches. Dropping
+    blocks without members leaves every τ′ unchanged (their keys are below it), so Ŝ is the same."""
+    members = torch.zeros_like(need)
+    for rows, blocks in _sorted_chunks(need, lay.B):
+        flat = lay.flat_blocks(rows, blocks)  # (R, K)
+        chosen, _ = _predicted(lay, rows, flat, alpha, margin, lay.m_pad)  # (R, B, K·B)
+        r, at = chosen.view(len(rows), lay.B, -1, lay.B).any(-1).any(1).nonzero(as_tuple=True)
+        members[rows[r], blocks[r, at]] = True
+    return members
+
+
 def _needed_keys(lay: _Layout, need: torch.Tensor) -> float:
     """Σ over live queries of the valid keys in their row group's needed blocks need (G·nqb, nkb)."""
     per_block = lay.key_valid.view(lay.G, 1, lay.nkb, lay.B).sum(-1)  # (G, 1, nkb)
@@ -629,14 +751,13 @@ def _run_approximate(
     out = lay.q.new_zeros(lay.G * lay.nqb, B, lay.v.shape[-1])
     clock = time.perf_counter()
     with torch.no_grad():
-        need, lower = _indexer_blocks(lay, alpha, margin)
-        chunks = _sorted_chunks(need, B)
+        chunks = _sorted_chunks(_member_blocks(lay, _indexer_blocks(lay, alpha, margin), alpha, margin), B)
     stats["indexer_s"] += time.perf_counter() - clock
     for rows, blocks in chunks:
         clock = time.perf_counter()
         with torch.no_grad():
             flat = lay.flat_blocks(rows, blocks)  # (R, K)
-            chosen, count, _ = _predicted(lay, rows, flat, lower[rows], alpha, margin, candidates)
+            chosen, count = _predicted(lay, rows, flat, alpha, margin, candidates)
             stats["predicted"] += float(count.clamp_max(candidates).sum())
             stats["filled"] += float((count >= candidates).sum())
         stats["indexer_s"] += time.perf_counter() - clock
@@ -667,6 +788,7 @@ def _validate(
     candidates: object,
     block: object,
     return_stats: object,
+    order: object,
 ) -> None:
     """Raise ValueError naming the first bad argument."""
     batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=False, q_index=q_index, k_index=k_index)
@@ -701,21 +823,27 @@ def _validate(
             raise ValueError(f"{name} must be an integer ≥ 1; got {x!r}")
     if not isinstance(return_stats, bool):
         raise ValueError(f"return_stats must be True or False; got {return_stats!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}; got {order!r}")
 
 
-def _resolve_backend(backend: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str) -> str:
+def _resolve_backend(
+    backend: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, order: str
+) -> str:
     """The backend that will run ("triton" or "torch"); a one-line ValueError for a bad or impossible one."""
     chosen = _check_backend(backend, q)
     grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     if backend == "triton":
         if mode != "certified":
             raise ValueError(f"backend 'triton' runs mode 'certified' only; got mode {mode!r}")
+        if order != "position":
+            raise ValueError(f"backend 'triton' runs order 'position' only; got order {order!r}")
         if grads:
             raise ValueError(
                 "backend 'triton' is forward-only (inference): call it under torch.no_grad() or use "
                 "backend 'auto' or 'torch' when gradients are needed"
             )
-    elif chosen == "triton" and (mode != "certified" or grads):
+    elif chosen == "triton" and (mode != "certified" or order != "position" or grads):
         chosen = "torch"
     return chosen
 
@@ -737,6 +865,7 @@ def indexed_attention(
     block: int = 32,
     return_stats: bool = False,
     backend: str = "auto",
+    order: str = "position",
 ) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
     """Indexed α-entmax attention (module docstring); returns (batch, heads, n, d_v) in q's dtype.
 
@@ -749,9 +878,12 @@ def indexed_attention(
     of keys in the needed blocks, the set τ_S is taken over), ``filled`` (approximate: share of those whose
     predicted set reached ``candidates``, raise it; certified: 0, nothing is capped), ``recomputed``
     (certified: share of row groups done again over their kept blocks), and seconds spent in
-    ``indexer_s``, ``bounds_s`` and ``sparse_s``. ``backend``: "auto", "triton" or "torch" (module
-    docstring); the Triton forward rounds ``block`` to its tile size (a power of two in [16, 128]), its
-    output equals this path's to fp32 round-off.
+    ``indexer_s`` (the order's clustering included), ``bounds_s`` and ``sparse_s``. ``order``: how tokens
+    are laid out in blocks, ``"position"`` or ``"clustered"`` (:func:`clustered_orders`: the support of a
+    query spread over the whole prefix falls into few key blocks); the output is the same either way.
+    ``backend``: "auto", "triton" or "torch" (module docstring); the Triton forward (order "position" only)
+    rounds ``block`` to its tile size (a power of two in [16, 128]), its output equals this path's to fp32
+    round-off.
     Bad arguments raise a one-line ValueError before any work.
     """
     _validate(
@@ -769,8 +901,9 @@ def indexed_attention(
         candidates,
         block,
         return_stats,
+        order,
     )
-    if _resolve_backend(backend, q, k, v, mode) == "triton":
+    if _resolve_backend(backend, q, k, v, mode, order) == "triton":
         from kernels.triton_indexed import triton_indexed_attention
 
         return triton_indexed_attention(
@@ -790,6 +923,13 @@ def indexed_attention(
     b, h, n, d = q.shape
     scale = d**-0.5 if scale is None else float(scale)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
+    stats = dict.fromkeys(
+        ("indexer_s", "bounds_s", "sparse_s", "predicted", "filled", "queries", "kept_blocks", "recomputed"),
+        0.0,
+    )
+    clock = time.perf_counter()
+    orders = clustered_orders(q_index, k_index, block=int(block)) if order == "clustered" else None
+    stats["indexer_s"] += time.perf_counter() - clock
     lay = _Layout(
         q,
         k,
@@ -801,10 +941,7 @@ def indexed_attention(
         causal=causal,
         scale=scale,
         compute=compute,
-    )
-    stats = dict.fromkeys(
-        ("indexer_s", "bounds_s", "sparse_s", "predicted", "filled", "queries", "kept_blocks", "recomputed"),
-        0.0,
+        orders=orders,
     )
     if mode == "certified":
         out = _run_certified(lay, alpha=float(alpha), margin=float(margin), stats=stats)
@@ -812,7 +949,10 @@ def indexed_attention(
         out = _run_approximate(
             lay, alpha=float(alpha), margin=float(margin), candidates=int(candidates), stats=stats
         )
-    out = out.view(lay.G, lay.n_pad, -1)[:, :n].reshape(b, h, n, -1).to(q.dtype)
+    out = out.view(lay.G, lay.n_pad, -1)[:, :n]  # (G, n, d_v) in the layout's order
+    if orders is not None:  # back to positions
+        out = out.gather(1, torch.argsort(orders[0], dim=1)[..., None].expand_as(out))
+    out = out.reshape(b, h, n, -1).to(q.dtype)
     if not return_stats:
         return out
     allowed = float(lay.allowed.sum())
@@ -853,10 +993,10 @@ def predicted_sets(
     lay = _Layout(
         q, k, k, q_index, k_index, key_valid, block=block, causal=causal, scale=scale, compute=compute
     )
-    need, lower = _indexer_blocks(lay, alpha, margin)
+    need = _indexer_blocks(lay, alpha, margin)
     rows = torch.arange(lay.G * lay.nqb, device=q_index.device)
     blocks = _block_lists(need, lay.nkb)  # (G·nqb, nkb)
-    chosen, _, _ = _predicted(lay, rows, lay.flat_blocks(rows, blocks), lower, alpha, margin, candidates)
+    chosen, _ = _predicted(lay, rows, lay.flat_blocks(rows, blocks), alpha, margin, candidates)
     # key position within its group; padding blocks go to one extra block of columns, dropped below
     pos = torch.where(blocks >= 0, blocks, lay.nkb)[..., None] * lay.B + torch.arange(lay.B)
     out = torch.zeros(lay.G * lay.nqb, lay.B, lay.m_pad + lay.B, dtype=torch.bool, device=q_index.device)

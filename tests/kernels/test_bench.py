@@ -70,9 +70,16 @@ def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
     sizes = bench.INDEX_SIZES["quick"]
     indexed = report["indexed"]
     assert indexed["settings"]["rank"] == bench.INDEX_RANK and indexed["settings"]["threads"] == 1
-    methods = ("sdpa", "dense_entmax", "indexed_certified", "indexed_approximate")
-    assert {(r["n"], r["causal"], r["method"]) for r in indexed["results"]} == {
-        (n, c, m) for n in sizes for c in (False, True) for m in methods
+    indexed_methods = [
+        f"indexed_{mode}{order}" for mode in ("certified", "approximate") for order in ("", "_clustered")
+    ]
+    methods = ("sdpa", "dense_entmax", *indexed_methods)
+    assert {(r["inputs"], r["n"], r["causal"], r["method"]) for r in indexed["results"]} == {
+        (kind, n, c, m)
+        for kind in ("local", "scattered")
+        for n in sizes
+        for c in (False, True)
+        for m in methods
     }
     for row in indexed["results"]:
         assert row["status"] == "ok", row
@@ -81,7 +88,7 @@ def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
             assert row["forward_backward_ms"] > 0 and 0 <= row["blocks_skipped"] <= 1
             assert min(row["indexer_ms"], row["sparse_ms"]) > 0 and row["bounds_ms"] >= 0
             assert row["speedup_forward_vs_sdpa"] > 0 and row["speedup_forward_vs_dense_entmax"] > 0
-        if row["method"] == "indexed_certified":
+        if row["method"].startswith("indexed_certified"):
             assert row["max_abs_error"] < 1e-4  # exact up to float32 round-off
     assert "indexed_certified" in printed
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.bench import structured_inputs
+from kernels.bench import scattered_inputs, structured_inputs
 from kernels.indexed_attention import (
     RowEntmax,
     _bound_factors,
     _compact,
     _exact_threshold,
     _Layout,
+    clustered_orders,
     dense_indexed_reference,
     entmax_threshold,
     indexed_attention,
@@ -101,6 +102,81 @@ def test_certified_equals_dense_at_awkward_block_sizes(block, causal):
     valid[0, 10:13] = False
     for alpha in (1.5, 1.3):
         check_matches_dense(q, k, v, qi, ki, alpha=alpha, causal=causal, key_valid=valid, block=block)
+
+
+def scattered(n: int, *, seed: int):
+    """:func:`kernels.bench.scattered_inputs` (local supports spread over the whole sequence), float64."""
+    return scattered_inputs(1, 2, n, 32, 8, seed=seed, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_clustered_order_is_exact(alpha, causal, padded):
+    """Certified mode laid out by clusters equals dense entmax, values and gradients: on garbage indexers
+    (every block may be needed) and on scattered supports, with padding and blocks that do not divide n."""
+    for q, k, v, qi, ki in (random_inputs(97, seed=20), scattered(75, seed=21)):
+        valid = padding(q.shape[0], q.shape[2], seed=22) if padded and q.shape[0] == 2 else None
+        check_matches_dense(
+            q, k, v, qi, ki, alpha=alpha, causal=causal, key_valid=valid, block=16, order="clustered"
+        )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_approximate_mode_does_not_depend_on_the_order(causal):
+    """The predicted sets are defined token by token, so the layout changes nothing but the work."""
+    q, k, v, qi, ki = scattered(150, seed=23)
+    valid = torch.ones(1, 150, dtype=torch.bool)
+    valid[0, 40:47] = False
+    inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    results = []
+    for order in ("position", "clustered"):
+        out = indexed_attention(
+            *inputs,
+            qi,
+            ki,
+            causal=causal,
+            key_valid=valid,
+            margin=0.1,
+            block=16,
+            mode="approximate",
+            order=order,
+        )
+        results.append((out, *torch.autograd.grad(out.square().sum(), inputs)))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
+def test_clustered_orders_are_deterministic_permutations_of_tight_blocks():
+    """Each row a permutation; blocks of the order are tighter (smaller per-channel ranges) than blocks of
+    consecutive positions on scattered inputs."""
+    _, _, _, qi, ki = scattered(200, seed=24)
+    q_order, k_order = clustered_orders(qi, ki, block=16)
+    again = clustered_orders(qi, ki, block=16)
+    assert torch.equal(q_order, again[0]) and torch.equal(k_order, again[1])
+    for order in (q_order, k_order):
+        assert order.shape == (2, 200) and torch.equal(
+            order.sort(dim=1).values, torch.arange(200).expand(2, 200)
+        )
+
+    def spread(x):  # mean per-channel range of blocks of 16 (the last block is partial: dropped)
+        blocks = x[:, :192].reshape(2, 12, 16, -1)
+        return float((blocks.amax(2) - blocks.amin(2)).mean())
+
+    keys = ki.reshape(2, 200, -1)
+    ordered = keys.gather(1, k_order[..., None].expand_as(keys))
+    assert spread(ordered) < 0.5 * spread(keys)
+
+
+def test_clustered_order_gathers_scattered_supports():
+    """On scattered supports blocks of consecutive positions all hold support keys (almost nothing can be
+    skipped); clustered by the indexer, most key blocks hold none of a row group's support."""
+    q, k, v, qi, ki = scattered(1024, seed=25)
+    skipped = {}
+    for order in ("position", "clustered"):
+        stats = check_matches_dense(q, k, v, qi, ki, block=32, grads=False, order=order)
+        skipped[order] = stats["blocks_skipped"]
+    assert skipped["position"] < 0.2 and skipped["clustered"] > 0.5, skipped
 
 
 def assert_row_entmax_is_dense(scores, tau, alpha: float, mode: str, gen: torch.Generator) -> None:
@@ -359,6 +435,7 @@ def _args():
         (lambda a, o: (a, {**o, "alpha": 1.0}), "alpha must be"),
         (lambda a, o: (a, {**o, "alpha": True}), "alpha must be"),
         (lambda a, o: (a, {**o, "mode": "exact"}), "mode must be"),
+        (lambda a, o: (a, {**o, "order": "sorted"}), "order must be"),
         (lambda a, o: (a, {**o, "candidates": 0}), "candidates must be"),
         (lambda a, o: (a, {**o, "block": 2.0}), "block must be"),
         (lambda a, o: (a, {**o, "margin": -0.1}), "margin must be"),

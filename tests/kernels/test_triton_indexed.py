@@ -202,6 +202,7 @@ def _args(dtype=torch.float32):
         (_args(), {"backend": None}, "backend must be one of"),
         (_args(torch.float64), {"backend": "triton"}, "backend 'triton' takes float16"),
         (_args(), {"backend": "triton", "mode": "approximate"}, "runs mode 'certified' only"),
+        (_args(), {"backend": "triton", "order": "clustered"}, "runs order 'position' only"),
     ],
 )
 def test_bad_backend_arguments_raise_one_line(args, options, match):
@@ -239,13 +240,18 @@ def test_auto_runs_torch_on_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("mode", "grads", "expected"),
-    [("certified", False, "triton"), ("certified", True, "torch"), ("approximate", False, "torch")],
+    ("mode", "order", "grads", "expected"),
+    [
+        ("certified", "position", False, "triton"),
+        ("certified", "position", True, "torch"),
+        ("approximate", "position", False, "torch"),
+        ("certified", "clustered", False, "torch"),
+    ],
 )
-def test_auto_chooses_triton_only_for_certified_inference(monkeypatch, mode, grads, expected):
-    """On a device where "auto" would pick Triton (faked here), it falls back to torch for approximate mode
-    and when gradients are needed."""
+def test_auto_chooses_triton_only_for_certified_inference(monkeypatch, mode, order, grads, expected):
+    """On a device where "auto" would pick Triton (faked here), it falls back to torch for approximate mode,
+    for the clustered order and when gradients are needed."""
     monkeypatch.setattr(indexed_module, "_check_backend", lambda backend, q: "triton")
     q, k, v, _, _ = _args()
     q.requires_grad_(grads)
-    assert indexed_module._resolve_backend("auto", q, k, v, mode) == expected
+    assert indexed_module._resolve_backend("auto", q, k, v, mode, order) == expected
