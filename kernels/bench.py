@@ -72,7 +72,7 @@ CPU_FULL = {"sizes": [1024, 2048, 4096, 8192, 16384], "tops": [1, 2], "heads": 8
 CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1}
 CPU_BUCKETS, CPU_WINDOW, CPU_GLOBAL, CPU_DENSE_MAX, ALPHA = 16, 65, 8, 4096, 1.5
 # the index and indexed-attention sizes of the CPU suite
-INDEX_SIZES = {"full": [512, 1024, 2048, 4096], "quick": [128, 256]}
+INDEX_SIZES = {"full": [512, 1024, 2048, 4096], "quick": [256]}
 INDEX_RANK, INDEX_BLOCK = 8, 32
 STRUCTURE_PERIODS, STRUCTURE_STRENGTH, STRUCTURE_NOISE = (4096, 1024, 384, 192), 8.0, 0.3
 GPU_FULL = {

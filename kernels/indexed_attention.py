@@ -84,7 +84,7 @@ CHUNK_ENTRIES = 2**20
 
 _QUEST_AXES = 16
 """Leading principal axes the exact-score bound takes per channel; the rest is bounded by one norm."""
-_LOWER_BLOCKS = 4
+_LOWER_BLOCKS = 2
 """Key blocks per query whose keys give pass 1's lower bound L_i: a support spread over a few blocks still
 gets a threshold near τ′."""
 _MAX_NEWTON_STEPS = 100  # bisection alone halves the unit bracket each step; 100 exhaust float64
@@ -510,8 +510,9 @@ def _halves(size: int, leaf: int) -> list[int]:
 # ----------------------------------------------------------------------------------------------- phases
 
 
-def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> torch.Tensor:
-    """Pass 1's block step: (G·nqb, nkb) bool, the key blocks that may hold members of Ŝ.
+def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1's block step: need (G·nqb, nkb) bool, the key blocks that may hold members of Ŝ, and the
+    lower bounds L (G·nqb, B).
 
     Per query, L_i is the low-rank threshold of the keys it may attend in the ``_LOWER_BLOCKS`` key blocks
     with its largest bounds (a subset of the row, so L_i ≤ τ′_i; +inf for padding and queries with no key:
@@ -519,7 +520,7 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> torch.Tensor:
     row group holds no member.
     """
     low, high = (x.view(lay.G, lay.nkb, -1) for x in lay.extrema(lay.ki[:-1]))  # (G, nkb, r)
-    need = []
+    need, lower = [], []
     for rows in lay.slabs(lay.nkb):
         g = int(rows[0]) // lay.nqb
         q_pos = lay.q_pos[rows]  # (R, B)
@@ -537,7 +538,8 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> torch.Tensor:
         slack = 64 * torch.finfo(bound.dtype).eps * (1.0 + bound.abs().masked_fill(bound.isinf(), 0.0))
         reach = upper.mul_(alpha - 1.0) >= (bound - margin - slack)[..., None]  # rounding keeps a block
         need.append((reach & seen).any(1))
-    return torch.cat(need)
+        lower.append(bound)
+    return torch.cat(need), torch.cat(lower)
 
 
 def _principal_basis(lay: _Layout) -> torch.Tensor:
@@ -636,12 +638,18 @@ def _exact_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def _predicted(
-    lay: _Layout, rows: torch.Tensor, flat: torch.Tensor, alpha: float, margin: float, candidates: int
+    lay: _Layout,
+    rows: torch.Tensor,
+    flat: torch.Tensor,
+    lower: torch.Tensor,
+    alpha: float,
+    margin: float,
+    candidates: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ŝ over the key blocks ``flat`` (R, K) of row groups: (R, B, K·B) bool, and uncapped counts (R, B)."""
-    z = lay.scores(lay.qi[rows], lay.ki, rows, flat)  # (R, B, K·B) z′
-    tau = _exact_threshold(z.view(-1, z.shape[-1]), alpha).view(z.shape[:2])  # τ′, +inf with no key
-    x = z.mul_(alpha - 1.0)
+    """Ŝ over the key blocks ``flat`` (R, K) of row groups, from pass 1's lower bounds ``lower`` (R, B) as
+    the threshold's starting point: (R, B, K·B) bool and the uncapped counts (R, B)."""
+    x = lay.scores(lay.qi[rows], lay.ki, rows, flat).mul_(alpha - 1.0)  # (R, B, K·B) (α − 1) z′
+    tau, _ = entmax_threshold(x, lower, alpha)  # (R, B) τ′ − max, +inf on queries with no key; x − max
     chosen = (x >= (tau - margin)[..., None]) & lay.query_live[rows][..., None]  # padding queries: none
     count = chosen.sum(-1)  # (R, B)
     over = (count > candidates).nonzero(as_tuple=True)
@@ -669,15 +677,15 @@ def _compact(values: torch.Tensor, keep: torch.Tensor, count: torch.Tensor) -> t
 def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str, float]) -> torch.Tensor:
     """Certified mode over all row groups; returns (G·nqb, B, d_v).
 
-    1. Exact scores over the needed key blocks (those holding members of Ŝ), τ_S their exact threshold —
-       a subset of the row, so τ_S ≤ τ — and entmax attention over those blocks.
+    1. Exact scores over the needed key blocks (pass 1's), τ_S their exact threshold — a subset of the row,
+       so τ_S ≤ τ — and entmax attention over those blocks.
     2. The bound on every key block against τ_S. Where the kept blocks all lie among the needed ones, no
        key outside has weight: τ_S = τ and step 1's output is the answer.
     3. The other row groups are recomputed over their kept blocks, from τ_S.
     """
     clock = time.perf_counter()
     with torch.no_grad():
-        need = _member_blocks(lay, _indexer_blocks(lay, alpha, margin), alpha, margin)  # (G·nqb, nkb)
+        need, _ = _indexer_blocks(lay, alpha, margin)  # (G·nqb, nkb)
         chunks = _sorted_chunks(need, lay.B)
     stats["indexer_s"] += time.perf_counter() - clock
     out = lay.q.new_zeros(lay.G * lay.nqb, lay.B, lay.v.shape[-1])
@@ -712,20 +720,6 @@ def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str
     return out
 
 
-def _member_blocks(lay: _Layout, need: torch.Tensor, alpha: float, margin: float) -> torch.Tensor:
-    """The needed blocks need (G·nqb, nkb) narrowed to those holding a member of some query's Ŝ, from exact
-    low-rank scores over the needed blocks (r/d of the exact pass's work there). The bounds of pass 1 are
-    loose where a block's keys spread; this keeps the exact pass to the blocks Ŝ really touches. Dropping
-    blocks without members leaves every τ′ unchanged (their keys are below it), so Ŝ is the same."""
-    members = torch.zeros_like(need)
-    for rows, blocks in _sorted_chunks(need, lay.B):
-        flat = lay.flat_blocks(rows, blocks)  # (R, K)
-        chosen, _ = _predicted(lay, rows, flat, alpha, margin, lay.m_pad)  # (R, B, K·B)
-        r, at = chosen.view(len(rows), lay.B, -1, lay.B).any(-1).any(1).nonzero(as_tuple=True)
-        members[rows[r], blocks[r, at]] = True
-    return members
-
-
 def _needed_keys(lay: _Layout, need: torch.Tensor) -> float:
     """Σ over live queries of the valid keys in their row group's needed blocks need (G·nqb, nkb)."""
     per_block = lay.key_valid.view(lay.G, 1, lay.nkb, lay.B).sum(-1)  # (G, 1, nkb)
@@ -751,13 +745,14 @@ def _run_approximate(
     out = lay.q.new_zeros(lay.G * lay.nqb, B, lay.v.shape[-1])
     clock = time.perf_counter()
     with torch.no_grad():
-        chunks = _sorted_chunks(_member_blocks(lay, _indexer_blocks(lay, alpha, margin), alpha, margin), B)
+        need, lower = _indexer_blocks(lay, alpha, margin)
+        chunks = _sorted_chunks(need, B)
     stats["indexer_s"] += time.perf_counter() - clock
     for rows, blocks in chunks:
         clock = time.perf_counter()
         with torch.no_grad():
             flat = lay.flat_blocks(rows, blocks)  # (R, K)
-            chosen, count = _predicted(lay, rows, flat, alpha, margin, candidates)
+            chosen, count = _predicted(lay, rows, flat, lower[rows], alpha, margin, candidates)
             stats["predicted"] += float(count.clamp_max(candidates).sum())
             stats["filled"] += float((count >= candidates).sum())
         stats["indexer_s"] += time.perf_counter() - clock
@@ -993,10 +988,10 @@ def predicted_sets(
     lay = _Layout(
         q, k, k, q_index, k_index, key_valid, block=block, causal=causal, scale=scale, compute=compute
     )
-    need = _indexer_blocks(lay, alpha, margin)
+    need, lower = _indexer_blocks(lay, alpha, margin)
     rows = torch.arange(lay.G * lay.nqb, device=q_index.device)
     blocks = _block_lists(need, lay.nkb)  # (G·nqb, nkb)
-    chosen, _ = _predicted(lay, rows, lay.flat_blocks(rows, blocks), alpha, margin, candidates)
+    chosen, _ = _predicted(lay, rows, lay.flat_blocks(rows, blocks), lower, alpha, margin, candidates)
     # key position within its group; padding blocks go to one extra block of columns, dropped below
     pos = torch.where(blocks >= 0, blocks, lay.nkb)[..., None] * lay.B + torch.arange(lay.B)
     out = torch.zeros(lay.G * lay.nqb, lay.B, lay.m_pad + lay.B, dtype=torch.bool, device=q_index.device)
