@@ -350,13 +350,12 @@ class _Layout:
             allowed = allowed & (earliest <= latest[:, None])
         return allowed
 
-    def visible(self, g: int, q_pos: torch.Tensor, cut: int) -> torch.Tensor:
-        """(…, cut) bool: key blocks 0 … cut − 1 of group g that hold a valid key a query at ``q_pos`` (…)
-        may attend (causal: one at or before it)."""
-        earliest = self.earliest_key[g, :cut]
+    def visible(self, groups: slice, q_pos: torch.Tensor, cut: int) -> torch.Tensor:
+        """(G′, N, cut) bool: key blocks 0 … cut − 1 of the groups ``groups`` that hold a valid key the
+        queries at positions ``q_pos`` (G′, N) may attend (causal: one at or before it)."""
         if not self.causal:
-            return (earliest < self.m_pad).expand(*q_pos.shape, cut)
-        return earliest <= q_pos[..., None]
+            return self.block_live[groups, None, :cut].expand(-1, q_pos.shape[1], -1)
+        return self.earliest_key[groups, None, :cut] <= q_pos[..., None]
 
     def reach(self) -> list[int]:
         """Per query block, one past the last key block any group allows it: the key blocks bound passes
@@ -525,7 +524,8 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Te
         g = int(rows[0]) // lay.nqb
         q_pos = lay.q_pos[rows]  # (R, B)
         upper = _bounds(lay.qi[rows], low[g], high[g])  # (R, B, nkb) ≥ z′
-        seen = lay.visible(g, q_pos, lay.nkb) & lay.query_live[rows][..., None]  # (R, B, nkb)
+        seen = lay.visible(slice(g, g + 1), q_pos.view(1, -1), lay.nkb).reshape(*q_pos.shape, -1)
+        seen = seen & lay.query_live[rows][..., None]  # (R, B, nkb)
         ranked = upper.masked_fill(~seen, _NEG_INF).topk(min(_LOWER_BLOCKS, lay.nkb), dim=-1)  # (R, B, t)
         flat = torch.where(ranked.values > _NEG_INF, g * lay.nkb + ranked.indices, lay.G * lay.nkb)
         R, t = len(rows), flat.shape[-1]
@@ -603,8 +603,7 @@ def _kept_blocks(lay: _Layout, tau_s: torch.Tensor, alpha: float) -> torch.Tenso
             torch.bmm(part.clamp_max(0), low[..., :cut]), part.clamp_min(0), high[..., :cut]
         )  # (G, (b − a)·B, cut) ≥ z
         above = upper > limit[:, a * B : b * B, None]  # (G, (b − a)·B, cut)
-        if lay.causal:  # a block wholly after a query holds none of its keys
-            above &= lay.earliest_key[:, None, :cut] <= lay.q_pos.view(G, -1)[:, a * B : b * B, None]
+        above &= lay.visible(slice(None), lay.q_pos.view(G, -1)[:, a * B : b * B], cut)
         keep[:, a:b, :cut] = above.view(G, b - a, B, cut).any(2)
     return keep.view(G * lay.nqb, nkb) & lay.allowed
 
