@@ -153,11 +153,11 @@ def _pattern(spec: dict[str, Any]) -> dict[str, int]:
 def _count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens: int = 0) -> int:
     """Exact attended pairs, one head at a time to bound the enumeration's memory."""
     from kernels.attended import window_radius
-    from kernels.torch_bucketed import plan_tiles
+    from kernels.torch_bucketed import plan_attention
 
     opts = dict(causal=causal, radius=window_radius(window), global_tokens=global_tokens)
     return sum(
-        plan_tiles(ids[:, h : h + 1], ids[:, h : h + 1], **opts).num_pairs for h in range(ids.shape[1])
+        plan_attention(ids[:, h : h + 1], ids[:, h : h + 1], **opts).num_pairs for h in range(ids.shape[1])
     )
 
 

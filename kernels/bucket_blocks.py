@@ -1,20 +1,27 @@
-"""Planning of single-bucket attention as a batch of small dense blocks (the fast PyTorch path).
+"""Planning of bucketed attention as a batch of small dense blocks (the PyTorch path's layout).
 
-When every token holds at most one bucket id (T = 1) and there is no window or global token, the attended
-set of query i is A_i = {j : id(j) = id(i) ≥ 0} (∩ {j ≤ i} when causal). Sorting the tokens of each
-(batch·head) group by (id, position) makes every bucket a contiguous run of queries and a contiguous run of
-keys, so attention is a batch of dense blocks with no per-pair gather:
+The attended set of query i (:mod:`kernels.attended`) is the union of pairs that share a bucket id and the
+pattern pairs (window band, global rows and columns), cut to j ≤ i when causal. Every attended pair is placed
+in exactly one dense block, and every block is a contiguous run of queries facing a contiguous run of keys
+of a sorted token sequence, so attention needs no per-pair gather:
 
-* each bucket's queries are cut into chunks of at most ``rows`` consecutive (sorted) queries;
-* a chunk faces the bucket's keys; when causal only the prefix of keys with position ≤ the chunk's last
-  query position (keys are sorted by position inside a bucket, so the rest of the diagonal is masked by
-  position);
-* chunks are grouped into classes by their (rows, keys) rounded up on a ladder of four steps per octave, so
-  a class is one (blocks, L, M) tensor and padding costs at most 25 % per side.
+* **Bucket blocks.** Key copies (one per id a key holds) are sorted by (group, id, position), so each bucket
+  is a contiguous run of keys, positions ascending. For each query slot t, the queries holding an id in slot
+  t are sorted the same way; each bucket's queries are cut into chunks of at most ``rows`` and a chunk faces
+  its bucket's keys, when causal only the prefix of keys up to the chunk's last query position.
+* **Pattern blocks**, in position order: the first g queries (global rows) face every key; the other queries,
+  in chunks, face the g global keys and, separately, the window band's keys beyond them.
 
-Every query sits in exactly one block row (or none when its bucket has no key), so the normaliser needs no
-reduction across blocks. Block entries: the attended pairs plus that rounding (plus the causal diagonal
-blocks), so memory stays linear in the attended pairs.
+A pair met more than once is kept in one place: in the bucket block of the smallest id the two tokens share,
+and in a pattern block only when they share none (pattern blocks are the fewer entries to check). Entries of
+a block that are not attended (causal cut, the band's corners, pairs kept elsewhere, padding) are masked.
+With one id per token and no pattern, each query sits in one block row, so a normaliser is a plain row
+operation (``spread`` is False); otherwise a query's keys are spread over up to T + 2 rows.
+
+Blocks are grouped into classes by their kind and their (rows, keys) rounded up on a ladder of four steps
+per octave, so a class is one (blocks, L, M) tensor and padding costs at most 25 % per side. Block entries:
+the attended pairs plus that rounding, the causal diagonal blocks and the band's corners, so memory stays
+linear in the attended pairs.
 """
 
 from __future__ import annotations
@@ -29,9 +36,15 @@ ROWS = 128
 CAUSAL_ROWS = 64
 """Most queries in one block when causal: smaller chunks cut the masked half of each bucket's diagonal."""
 
+BAND_ROWS = 16
+"""Fewest queries in one block of the window band (more when the band is wider)."""
+
 _NO_LIMIT = 2.0**40
 """Position limit of a query that may attend every key of its block (positions are exact in float32 below
 2²⁴; padding keys sit at twice this)."""
+
+_BUCKET, _BAND, _GLOBAL = 0, 1, 2
+"""Kinds of block: a bucket's chunk, a window band's chunk, global rows or columns."""
 
 
 @dataclass(frozen=True)
@@ -39,15 +52,17 @@ class BlockClass:
     """Blocks of one shape: ``blocks`` × L queries against ``blocks`` × M keys.
 
     Query index ``g·n + i``, key index ``g·m + j``; padding rows and columns hold index 0. Entry (r, c) of a
-    block is attended iff ``key_pos[c] ≤ query_limit[r]``; padding keys have a position above every limit
-    and padding queries the limit −1, so their entries are never attended and their probabilities are 0.
+    block is attended iff ``key_pos[c] ≤ query_limit[r]`` and not ``dropped[r, c]``; padding keys have a
+    position above every limit and padding queries the limit −1, so their entries are never attended and
+    their probabilities are 0.
     """
 
     queries: torch.Tensor  # (blocks, L) int64 flat query index
     keys: torch.Tensor  # (blocks, M) int64 flat key index
     query_limit: torch.Tensor  # (blocks, L) float32 largest key position the row may attend
     key_pos: torch.Tensor  # (blocks, M) float32 key position (or 0 when not causal)
-    masked: bool  # False when every entry is attended (no padding, not causal)
+    dropped: torch.Tensor | None  # (blocks, L, M) bool, True on entries left to another block, or None
+    masked: bool  # False when every entry is attended (no padding, not causal, nothing dropped)
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,7 @@ class BlockPlan:
     classes: list[BlockClass]
     num_queries: int  # groups · n
     num_keys: int  # groups · m
+    spread: bool  # True when a query may have rows in several blocks
 
     @property
     def num_entries(self) -> int:
@@ -66,7 +82,13 @@ class BlockPlan:
     @property
     def num_pairs(self) -> int:
         """Number of attended pairs."""
-        return sum(int((c.key_pos[:, None, :] <= c.query_limit[:, :, None]).sum()) for c in self.classes)
+        return sum(int(attended(c).sum()) for c in self.classes)
+
+
+def attended(blocks: BlockClass) -> torch.Tensor:
+    """(blocks, L, M) bool: the entries of ``blocks`` that are attended pairs."""
+    hit = blocks.key_pos[:, None, :] <= blocks.query_limit[:, :, None]
+    return hit if blocks.dropped is None else hit & ~blocks.dropped
 
 
 def ladder(x: torch.Tensor) -> torch.Tensor:
@@ -76,15 +98,16 @@ def ladder(x: torch.Tensor) -> torch.Tensor:
 
 
 def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens holding an id, sorted by (group, id, position); ids (G, L) int64 with −1 for none.
+    """Copies of the tokens, one per id held, sorted by (group, id, position); ids (G, L, T) int64 with −1
+    for none and no id repeated within a token.
 
-    Returns bucket keys ``g·nid + id``, flat token indices ``g·L + position`` and positions, each (tokens,).
+    Returns bucket keys ``g·nid + id``, flat token indices ``g·L + position`` and positions, each (copies,).
     """
-    G, L = ids.shape
-    group = torch.arange(G, device=ids.device)[:, None]
+    G, L, _ = ids.shape
+    group = torch.arange(G, device=ids.device)[:, None, None]
     valid = ids >= 0
-    keys = (group * nid + ids)[valid]  # (tokens,) in (group, position) order
-    flat = (group * L + torch.arange(L, device=ids.device))[valid]
+    keys = (group * nid + ids)[valid]  # (copies,) in (group, position, slot) order
+    flat = (group * L + torch.arange(L, device=ids.device)[:, None]).expand_as(ids)[valid]
     keys, order = torch.sort(keys, stable=True)  # stable: positions stay ascending inside a bucket
     flat = flat[order]
     return keys, flat, flat % L
@@ -109,47 +132,196 @@ def _padded(
     return inside, *(x[at] for x in values)
 
 
-def plan_blocks(q_ids: torch.Tensor, k_ids: torch.Tensor, *, causal: bool) -> BlockPlan:
-    """Dense blocks covering exactly the pairs that share a bucket; q_ids (G, n), k_ids (G, m) int64, −1 none.
+@dataclass
+class _Blocks:
+    """Blocks under construction: runs of a query sequence facing runs of a key sequence.
 
-    Causal needs n = m (positions are shared).
+    Sequences are concatenated as parts are added; a block's ``q_start`` and ``k_start`` index them.
     """
-    G, n = q_ids.shape
+
+    q_flat: list[torch.Tensor]
+    q_pos: list[torch.Tensor]
+    k_flat: list[torch.Tensor]
+    k_pos: list[torch.Tensor]
+    runs: list[tuple[torch.Tensor, ...]]  # (q_start, q_rows, k_start, k_count, kind, bucket id) per part
+
+    def queries(self, flat: torch.Tensor, pos: torch.Tensor) -> int:
+        """Append a query sequence; returns its offset."""
+        offset = sum(x.numel() for x in self.q_flat)
+        self.q_flat.append(flat)
+        self.q_pos.append(pos)
+        return offset
+
+    def keys(self, flat: torch.Tensor, pos: torch.Tensor) -> int:
+        """Append a key sequence; returns its offset."""
+        offset = sum(x.numel() for x in self.k_flat)
+        self.k_flat.append(flat)
+        self.k_pos.append(pos)
+        return offset
+
+
+def _chunks(
+    start: torch.Tensor, count: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cut runs of queries (start, count) into chunks of at most ``rows``: (run, chunk start, chunk rows)."""
+    owner, index = _runs(torch.zeros_like(count), -(-count // rows))
+    c_start = start[owner] + index * rows
+    c_rows = torch.minimum(count[owner] - index * rows, torch.full_like(c_start, rows))
+    return owner, c_start, c_rows
+
+
+def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool, rows: int) -> None:
+    """Each query slot's buckets, in chunks, against every key copy of the same bucket."""
     m = k_ids.shape[1]
     nid = int(torch.cat([q_ids.flatten(), k_ids.flatten(), q_ids.new_zeros(1)]).max()) + 1
-    q_key, q_flat, q_pos = _sorted_tokens(q_ids, nid)
     k_key, k_flat, k_pos = _sorted_tokens(k_ids, nid)
-    bucket, q_count = torch.unique_consecutive(q_key, return_counts=True)  # (buckets,)
-    q_start = torch.cumsum(q_count, 0) - q_count
-    k_start = torch.searchsorted(k_key, bucket, side="left")
-    k_count = torch.searchsorted(k_key, bucket, side="right") - k_start
+    k_offset = out.keys(k_flat, k_pos)
+    for t in range(q_ids.shape[2]):
+        q_key, q_flat, q_pos = _sorted_tokens(q_ids[:, :, t : t + 1], nid)
+        bucket, q_count = torch.unique_consecutive(q_key, return_counts=True)  # (buckets,)
+        k_start = torch.searchsorted(k_key, bucket, side="left")
+        k_count = torch.searchsorted(k_key, bucket, side="right") - k_start
+        owner, c_start, c_rows = _chunks(torch.cumsum(q_count, 0) - q_count, q_count * (k_count > 0), rows)
+        b_start, b_keys = k_start[owner], k_count[owner]
+        if causal:
+            # Keys of the bucket at positions ≤ the chunk's last query: a prefix of the bucket's sorted keys.
+            last = bucket[owner] * m + q_pos[c_start + c_rows - 1]
+            b_keys = torch.searchsorted(k_key * m + k_pos, last, side="right") - b_start
+        q_offset = out.queries(q_flat, q_pos)
+        kind = torch.full_like(c_start, _BUCKET)
+        out.runs.append((c_start + q_offset, c_rows, b_start + k_offset, b_keys, kind, bucket[owner] % nid))
 
-    # Query chunks of at most `rows` sorted queries per bucket.
+
+def _pattern_blocks(
+    out: _Blocks, G: int, n: int, m: int, causal: bool, radius: int, global_tokens: int, rows: int
+) -> None:
+    """Global rows against every key; the other queries against the global keys and the band beyond them."""
+    device = out.k_flat[0].device
+    group = torch.arange(G, device=device)
+    i, j = torch.arange(n, device=device), torch.arange(m, device=device)
+    q_offset = out.queries((group[:, None] * n + i).flatten(), i.repeat(G))
+    k_offset = out.keys((group[:, None] * m + j).flatten(), j.repeat(G))
+    g = min(global_tokens, n)
+    spans = []  # (first query, queries, first key, keys, kind) of one group
+    if g > 0:
+        spans.append((0, g, 0, m, _GLOBAL))
+    if global_tokens > 0 and n > g:
+        spans.append((g, n - g, 0, min(global_tokens, m), _GLOBAL))
+    if radius >= 0 and n > g:
+        spans.append((g, n - g, None, None, _BAND))
+    for first, count, k_first, k_count, kind in spans:
+        # A band chunk of R rows faces R + 2·radius keys for 2·radius + 1 attended per row: R ≈ radius keeps
+        # its entries within 1.5× its pairs.
+        size = min(rows, max(BAND_ROWS, radius)) if kind == _BAND else rows
+        _, c_start, c_rows = _chunks(i.new_tensor([first]), i.new_tensor([count]), size)
+        last = c_start + c_rows - 1  # (chunks,) last query position
+        if kind == _BAND:
+            lo = (c_start - radius).clamp_min(global_tokens)
+            hi = (last + radius + 1).clamp_max(m)
+        else:
+            lo, hi = torch.full_like(c_start, k_first), torch.full_like(c_start, k_first + k_count)
+        if causal:
+            hi = torch.minimum(hi, last + 1)
+        keep = hi > lo
+        c_start, c_rows, lo, hi = c_start[keep], c_rows[keep], lo[keep], hi[keep]
+        chunks = c_start.numel()
+        at = group.repeat_interleave(chunks)  # (G·chunks,) group of each block
+        out.runs.append(
+            (
+                q_offset + at * n + c_start.repeat(G),
+                c_rows.repeat(G),
+                k_offset + at * m + lo.repeat(G),
+                (hi - lo).repeat(G),
+                torch.full_like(at, kind),
+                torch.full_like(at, -1),
+            )
+        )
+
+
+def plan_blocks(
+    q_ids: torch.Tensor,
+    k_ids: torch.Tensor,
+    *,
+    causal: bool,
+    radius: int = -1,
+    global_tokens: int = 0,
+) -> BlockPlan:
+    """Dense blocks covering each attended pair exactly once; q_ids (G, n, T), k_ids (G, m, T′) int64 with
+    −1 for none and no id repeated within a token; ``radius`` of the window band (−1 for none), the first
+    ``global_tokens`` positions global. Causal needs n = m (positions are shared)."""
+    G, n, T = q_ids.shape
+    m, Tk = k_ids.shape[1:]
+    pattern = radius >= 0 or global_tokens > 0
     rows = CAUSAL_ROWS if causal else ROWS
-    chunks = -(-q_count // rows) * (k_count > 0)
-    owner, index = _runs(torch.zeros_like(chunks), chunks)  # (blocks,) bucket and chunk number
-    c_start = q_start[owner] + index * rows
-    c_rows = torch.minimum(q_count[owner] - index * rows, torch.full_like(c_start, rows))
-    b_start, b_keys = k_start[owner], k_count[owner]
-    if causal:
-        # Keys of the bucket at positions ≤ the chunk's last query: a prefix of the bucket's sorted keys.
-        last = bucket[owner] * m + q_pos[c_start + c_rows - 1]
-        b_keys = torch.searchsorted(k_key * m + k_pos, last, side="right") - b_start
-        keep = b_keys > 0
-        c_start, c_rows, b_start, b_keys = c_start[keep], c_rows[keep], b_start[keep], b_keys[keep]
+    parts = _Blocks([], [], [], [], [])
+    _bucket_blocks(parts, q_ids, k_ids, causal, rows)
+    if pattern:
+        _pattern_blocks(parts, G, n, m, causal, radius, global_tokens, rows)
+    q_flat, q_pos = torch.cat(parts.q_flat), torch.cat(parts.q_pos)
+    k_flat, k_pos = torch.cat(parts.k_flat), torch.cat(parts.k_pos)
+    c_start, c_rows, b_start, b_keys, kind, bucket = (torch.cat(x) for x in zip(*parts.runs, strict=True))
+    keep = (c_rows > 0) & (b_keys > 0)
+    c_start, c_rows, b_start, b_keys, kind, bucket = (
+        x[keep] for x in (c_start, c_rows, b_start, b_keys, kind, bucket)
+    )
+    q_all = torch.cat([q_ids.reshape(G * n, T), q_ids.new_full((1, T), -2)])  # ids of a flat query
+    k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)])
+    q_all = q_all.masked_fill(q_all < 0, -2)  # "none" never equals a key's id or none
 
     L, M = ladder(c_rows), ladder(b_keys)
-    shapes, which = torch.unique(L * (m + 1) * 4 + M, return_inverse=True)
+    width = (m + 1) * 4  # above every rounded key count
+    shapes, which = torch.unique((kind * (n + 1) * 4 + L) * width + M, return_inverse=True)
     classes = []
     for s, shape in enumerate(shapes.tolist()):
         sel = which == s
-        width_q, width_k = divmod(shape, (m + 1) * 4)
+        rest, width_k = divmod(shape, width)
+        block_kind, width_q = divmod(rest, (n + 1) * 4)
         real_q, queries, q_at = _padded(c_start[sel], c_rows[sel], width_q, q_flat, q_pos)
         real_k, keys, k_at = _padded(b_start[sel], b_keys[sel], width_k, k_flat, k_pos)
         queries, keys = queries * real_q, keys * real_k
+        dropped = _dropped(block_kind, q_at, k_at, bucket[sel], q_all[queries], k_all[keys], radius)
         limit = q_at.float() if causal else torch.full(q_at.shape, _NO_LIMIT, device=q_at.device)
         key_pos = k_at.float() if causal else torch.zeros(k_at.shape, device=k_at.device)
         limit, key_pos = limit.masked_fill(~real_q, -1), key_pos.masked_fill(~real_k, 2 * _NO_LIMIT)
-        masked = causal or not bool(real_q.all() and real_k.all())
-        classes.append(BlockClass(queries, keys, limit, key_pos, masked))
-    return BlockPlan(classes, G * n, G * m)
+        masked = causal or dropped is not None or not bool(real_q.all() and real_k.all())
+        classes.append(BlockClass(queries, keys, limit, key_pos, dropped, masked))
+    spread = pattern or bool((q_ids >= 0).sum(-1).gt(1).any())
+    return BlockPlan(classes, G * n, G * m, spread)
+
+
+def _dropped(
+    kind: int,
+    i: torch.Tensor,
+    j: torch.Tensor,
+    bucket: torch.Tensor,
+    q_ids: torch.Tensor,
+    k_ids: torch.Tensor,
+    radius: int,
+) -> torch.Tensor | None:
+    """(blocks, L, M) bool, True on the entries that blocks of one ``kind`` leave to another block or hold
+    beyond their pattern (the band's corners), or None when there is none.
+
+    i (blocks, L), j (blocks, M) positions; bucket (blocks,) id of bucket blocks; q_ids (blocks, L, T),
+    k_ids (blocks, M, T′) every id of each row's query and column's key (−2 and −3 where none, so never
+    equal).
+    """
+    if kind == _BUCKET:
+        if q_ids.shape[2] == 1 or k_ids.shape[2] == 1:
+            return None  # a pair shares at most one bucket
+        # The pair stays in the smallest bucket its tokens share, so an entry is dropped when they share an
+        # id below the block's. Only ids below it matter, at most T − 1 per token (not the block's own).
+        below = bucket[:, None, None]
+        q_ids = q_ids.masked_fill(q_ids >= below, -2).sort(-1, descending=True).values[..., :-1]
+        k_ids = k_ids.masked_fill(k_ids >= below, -3).sort(-1, descending=True).values[..., :-1]
+        out = None
+    elif kind == _BAND:
+        out = (i[:, :, None] - j[:, None, :]).abs_() > radius
+    else:
+        out = None
+    for t in range(q_ids.shape[2]):
+        for u in range(k_ids.shape[2]):
+            hit = q_ids[:, :, t, None] == k_ids[:, None, :, u]
+            out = hit if out is None else out.logical_or_(hit)
+    if out is None or not bool(out.any()):
+        return None
+    return out

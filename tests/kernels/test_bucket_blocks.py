@@ -11,9 +11,9 @@ from entmax import entmax15, sparsemax
 
 from kernels import bucket_blocks, bucketed_attention, torch_bucketed
 from kernels.attended import attended_mask
-from kernels.bucket_blocks import ladder, plan_blocks
+from kernels.bucket_blocks import attended, ladder, plan_blocks
 from kernels.reference import dense_bucketed_attention
-from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64
+from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64, pair_counts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,15 +42,10 @@ def test_ladder_rounds_up_by_at_most_a_quarter():
 )
 def test_blocks_hold_each_attended_pair_once(n, m, causal):
     qb, kb = skewed_ids(3, n, seed=n), skewed_ids(3, m, seed=m + 1)
-    plan = plan_blocks(qb.reshape(3, n).long(), kb.reshape(3, m).long(), causal=causal)
-    found = torch.zeros(3 * n, m, dtype=torch.int64)
-    for blocks in plan.classes:
-        hit = blocks.key_pos[:, None, :] <= blocks.query_limit[:, :, None]  # (blocks, L, M)
-        b, r, c = hit.nonzero(as_tuple=True)
-        found.index_put_((blocks.queries[b, r], blocks.keys[b, c] % m), torch.ones_like(b), accumulate=True)
-        assert blocks.masked or hit.all()
+    plan = plan_blocks(qb.reshape(3, n, 1).long(), kb.reshape(3, m, 1).long(), causal=causal)
+    assert not plan.spread and all(blocks.masked or attended(blocks).all() for blocks in plan.classes)
     mask = attended_mask(qb, kb, causal=causal)[0].reshape(3 * n, m)
-    assert torch.equal(found, mask.long())
+    assert torch.equal(pair_counts(plan, m), mask.long())
     assert plan.num_pairs == int(mask.sum())
     assert plan.num_entries <= 4 * plan.num_pairs + 3 * n * 8  # ladder rounding and short buckets only
 
@@ -85,37 +80,43 @@ def test_values_and_gradients_match_reference(n, d, alpha, causal):
         assert_close_to_truth(ours, ref, truth)
 
 
+@pytest.mark.parametrize("spread", [False, True], ids=["one-row", "spread"])
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.7])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gradcheck_over_several_chunks(alpha, causal, monkeypatch):
+def test_gradcheck_over_several_chunks(alpha, causal, spread, monkeypatch):
     monkeypatch.setattr(torch_bucketed, "CHUNK_ENTRIES", 8)  # one block per chunk
     monkeypatch.setattr(bucket_blocks, "ROWS", 3)
     monkeypatch.setattr(bucket_blocks, "CAUSAL_ROWS", 2)  # buckets span several query chunks
+    monkeypatch.setattr(bucket_blocks, "BAND_ROWS", 2)
     gen = torch.Generator().manual_seed(4)
     q, k, v = (
         torch.randn(1, 2, 11, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in "qkv"
     )
     ids = skewed_ids(2, 11, seed=3)
-    assert len(plan_blocks(ids.reshape(2, 11).long(), ids.reshape(2, 11).long(), causal=causal).classes) > 1
+    pattern = {}
+    if spread:  # two ids per token, a window and a global token: every query's keys in several rows
+        ids = torch.cat([ids, skewed_ids(2, 11, seed=5)], dim=-1)
+        pattern = {"window": 3, "global_tokens": 1}
+    plan = torch_bucketed.plan_attention(
+        ids, ids, causal=causal, radius=1 if spread else -1, **({"global_tokens": 1} if spread else {})
+    )
+    assert plan.spread == spread and len(plan.classes) > 1
 
     def fn(q, k, v):
-        return attention(q, k, v, ids, ids, alpha=alpha, causal=causal)
+        return attention(q, k, v, ids, ids, alpha=alpha, causal=causal, **pattern)
 
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
 
 
-def test_single_bucket_ids_take_the_block_path(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the tile planner ran")
-
-    monkeypatch.setattr(torch_bucketed, "plan_tiles", refuse)
+def test_one_id_per_token_keeps_whole_rows():
+    """Extra slots that hold −1 or repeat the token's id add no bucket: still one row per query."""
     q, k, v = (torch.randn(1, 2, 40, 16) for _ in "qkv")
     ids = skewed_ids(2, 40, seed=0)
-    out = attention(q, k, v, ids, ids, alpha=1.5, causal=True)
-    torch.testing.assert_close(out, dense_bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True))
-    # Extra slots that hold −1 or repeat the token's id add no bucket: still one id per token.
     wide = torch.cat([ids, torch.full_like(ids, -1), ids], dim=-1)
     wide[0, 0, ::3, 1], wide[0, 0, ::3, 0] = wide[0, 0, ::3, 0], -1
+    assert not torch_bucketed.plan_attention(wide, wide, causal=True).spread
+    out = attention(q, k, v, ids, ids, alpha=1.5, causal=True)
+    torch.testing.assert_close(out, dense_bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True))
     torch.testing.assert_close(attention(q, k, v, wide, wide, alpha=1.5, causal=True), out)
 
 
@@ -130,5 +131,5 @@ def test_row_normaliser_equals_sort_based_entmax(alpha, spread):
     scores[0, 0] = float("-inf")
     expected = (entmax15 if alpha == 1.5 else sparsemax)(scores.masked_fill(scores.isinf(), -1e300), dim=-1)
     expected[0, 0] = 0
-    probs = torch_bucketed._normalise(scores.clone(), alpha, torch_bucketed._WholeRows, inplace=True)
+    [probs] = torch_bucketed._normalise([scores.clone()], alpha, torch_bucketed._WholeRows)
     torch.testing.assert_close(probs, expected, rtol=0, atol=1e-12)

@@ -16,10 +16,11 @@ import torch
 from entmax import entmax15, sparsemax
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import bucketed_attention, torch_bucketed
+from kernels import bucketed_attention
 from kernels.attended import window_radius
+from kernels.bucket_blocks import BlockPlan, attended
 from kernels.reference import attended_mask, dense_bucketed_attention, normalize
-from kernels.torch_bucketed import TILE, BlockEntmax, plan_tiles
+from kernels.torch_bucketed import _normalise, _SpreadRows, plan_attention
 
 # the PyTorch path through the public entry, which turns the window size into the band radius
 torch_bucketed_attention = functools.partial(bucketed_attention, backend="torch")
@@ -134,23 +135,27 @@ def test_gradients_match_reference(dtype, n, t, alpha, causal, pattern):
 
 
 @pytest.mark.parametrize("alpha", [1.0, 1.3, 1.5, 2.0, 2.5])
-def test_block_entmax_gradcheck(alpha):
-    # Query 0 spans two blocks, query 3 has no key, rows equal to num_queries are padding.
+def test_spread_normaliser_equals_entmax_over_each_querys_keys(alpha):
+    """Queries whose keys lie in rows of two parts of different widths, one query with no key: per query,
+    the normaliser equals α-entmax over the union of its entries."""
     gen = torch.Generator().manual_seed(0)
-    scores = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64)
-    rows = torch.tensor([[0, 1, 2, 3], [0, 4, 5, 6], [1, 6, 7, 7]])
-    attended = torch.rand(3, 4, 5, generator=gen) < 0.7
-    attended[:, 0, :2] = True  # query 0 and 1 keep keys in both of their blocks
-    attended[rows == 3] = False
-    attended[rows == 7] = False
+    parts = [torch.randn(3, 4, 5, generator=gen, dtype=torch.float64), torch.randn(2, 3, 6, generator=gen)]
+    parts[1] = parts[1].double()
+    rows = [torch.tensor([[0, 1, 2, 3], [0, 4, 5, 6], [1, 6, 3, 3]]), torch.tensor([[0, 2, 5], [4, 6, 6]])]
+    keep = [(torch.rand(p.shape, generator=gen) < 0.7).double() for p in parts]
+    for part, row, on in zip(parts, rows, keep, strict=True):
+        on[row == 3] = 0  # query 3 attends nothing
+        part.add_((1 - on) * -torch.finfo(torch.float32).max)
+    probs = _normalise([p.clone() for p in parts], alpha, _SpreadRows(rows, 7), [k.clone() for k in keep])
+    for query in range(7):
+        def entries(values, query=query):
+            return torch.cat([x[r == query].flatten() for x, r in zip(values, rows, strict=True)])
 
-    def fn(s):
-        return BlockEntmax.apply(s.masked_fill(~attended, float("-inf")), rows, 7, alpha)
-
-    probs = fn(scores)
-    per_query = torch.zeros(8, dtype=torch.float64).index_add_(0, rows.flatten(), probs.sum(-1).flatten())
-    assert torch.allclose(per_query[:7], torch.tensor([1.0, 1, 1, 0, 1, 1, 1], dtype=torch.float64))
-    assert torch.autograd.gradcheck(fn, (scores.requires_grad_(),), eps=1e-6, atol=1e-6)
+        scores, mask, ours = entries(parts), entries(keep) > 0, entries(probs)
+        expected = torch.zeros_like(scores)
+        if mask.any():
+            expected[mask] = normalize(scores[mask][None], alpha)[0]
+        torch.testing.assert_close(ours, expected, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.7])
@@ -208,7 +213,7 @@ def test_pair_sharing_several_buckets_counts_once():
     # pair shares two buckets and is met three times by naive enumeration.
     ids = torch.tensor([1, 2, 2], dtype=torch.int32).expand(1, 1, n, 3).contiguous()
     ids[0, 0, :4, 0] = 5  # the first four tokens hold {5, 2}: they share only bucket 2 with the rest
-    plan = plan_tiles(ids, ids)
+    plan = plan_attention(ids, ids)
     assert plan.num_pairs == n * n == int(attended_mask(ids, ids).sum())
     for alpha in ALPHAS:
         out = torch_bucketed_attention(q, k, v, ids, ids, alpha=alpha)
@@ -269,12 +274,18 @@ def test_future_tokens_never_change_past_outputs():
 def test_pairs_are_exactly_the_attended_set(n, m, t, opts):
     _, _, _, qb, kb = make_inputs(n, 4, t, seed=n + t, m=m, buckets=9)
     mask = attended_mask(qb, kb, **opts)  # (2, 2, n, m)
-    plan = plan_tiles(qb, kb, **backend_options(opts))
-    query, key = plan.pairs()
-    assert plan.num_pairs == query.numel() == int(mask.sum())
-    found = torch.zeros(2 * 2 * n, m, dtype=torch.int64)
-    found.index_put_((query, key % m), torch.ones_like(query), accumulate=True)
-    assert torch.equal(found.view(2, 2, n, m), mask.long())  # each attended pair once, nothing else
+    plan = plan_attention(qb, kb, **backend_options(opts))
+    assert plan.num_pairs == int(mask.sum())
+    assert torch.equal(pair_counts(plan, m).view(2, 2, n, m), mask.long())  # each attended pair once
+
+
+def pair_counts(plan: BlockPlan, m: int) -> torch.Tensor:
+    """(groups·n, m) how many times the plan's blocks attend each (query, key) pair."""
+    found = torch.zeros(plan.num_queries, m, dtype=torch.int64)
+    for blocks in plan.classes:
+        b, r, c = attended(blocks).nonzero(as_tuple=True)
+        found.index_put_((blocks.queries[b, r], blocks.keys[b, c] % m), torch.ones_like(b), accumulate=True)
+    return found
 
 
 def backend_options(opts: dict) -> dict:
@@ -309,30 +320,14 @@ class LargestTensor(TorchDispatchMode):
 def test_memory_grows_with_pairs_not_n_squared():
     n, buckets, d = 4096, 64, 64
     ids = balanced_buckets(1, n, buckets, seed=0)
-    plan = plan_tiles(ids, ids)
-    assert plan.num_pairs == n * n // buckets  # exactly the attended pairs: 1/64 of n²
-    assert plan.num_entries <= 2 * plan.num_pairs
-
-    q, k, v = (torch.randn(1, 1, n, d, requires_grad=True) for _ in "qkv")
-    with LargestTensor() as probe:
-        torch_bucketed_attention(q, k, v, ids, ids).sum().backward()
-    # Blocks hold TILE × TILE scores or TILE × d gathered rows per task, inputs n × d; nothing is n × n.
-    assert probe.largest <= max(plan.num_entries * max(1, d // TILE), (n + 1) * d) <= n * n // 16
-
-
-def test_runs_of_groups_give_the_same_result(monkeypatch):
-    q, k, v, qb, kb = make_inputs(97, 16, 2, seed=12, dtype=torch.float64)
-    opts = dict(causal=True, window=5, global_tokens=1)
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    whole = torch_bucketed_attention(q, k, v, qb, kb, **opts)
-    grads = torch.autograd.grad(whole.square().sum(), (q, k, v))
-    assert torch_bucketed._group_chunks(qb, kb, 2, 1) == [4]  # 2 × 2 groups fit one run
-
-    # Each group's bound covers its true pair count, so a budget below it gives one run per group.
-    mask = attended_mask(qb, kb, **opts).flatten(0, 1).flatten(1).sum(1)  # (groups,) true pairs
-    monkeypatch.setattr(torch_bucketed, "CHUNK_PAIRS", int(mask.min()))
-    assert torch_bucketed._group_chunks(qb, kb, 2, 1) == [1, 1, 1, 1]
-    split = torch_bucketed_attention(q, k, v, qb, kb, **opts)
-    torch.testing.assert_close(split, whole, rtol=0, atol=1e-13)
-    for got, want in zip(torch.autograd.grad(split.square().sum(), (q, k, v)), grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for opts in ({}, {"radius": 32, "global_tokens": 4}):
+        plan = plan_attention(ids, ids, **opts)
+        pattern = n * 65 - 32 * 33 + 8 * n if opts else 0  # band and global pairs, roughly
+        assert plan.num_pairs <= n * n // buckets + pattern  # 1/64 of n² and the pattern's pairs
+        assert plan.num_entries <= 2 * plan.num_pairs
+        window = {"window": 65, "global_tokens": 4} if opts else {}
+        q, k, v = (torch.randn(1, 1, n, d, requires_grad=True) for _ in "qkv")
+        with LargestTensor() as probe:
+            torch_bucketed_attention(q, k, v, ids, ids, **window).sum().backward()
+        # Blocks hold scores (entries) and gathered rows; inputs are n × d; nothing is n × n.
+        assert probe.largest <= max(plan.num_entries, (n + 1) * d) <= n * n // 16
