@@ -1,8 +1,9 @@
 """Params that pass the schema but fail on the data or on a checkpoint: one line, exit 2, nothing written.
 
-Every test runs a stage as a subprocess with the micro profile changed in one key. Stages run in a temporary
-folder, so the profile's relative output paths land there; inputs point at a tiny prepared corpus and a tiny
-α-entmax Marian checkpoint built once per module.
+Every test runs a stage (in this process, :func:`tests.stage_runner.run_module`) with the micro profile
+changed in one key. Stages run in a temporary folder, so the profile's relative output paths land there;
+inputs point at a tiny prepared corpus and a tiny α-entmax Marian checkpoint built once per module. One
+case runs ``python -m stages.pretrain`` as a process of its own, for the entry point itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pipeline.data.corpus import build_corpus
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.errors import UserError
 from pipeline.params import load_section
+from tests.stage_runner import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "configs" / "micro.yaml"
@@ -107,26 +109,10 @@ def params_file(folder: Path, changes: dict[str, Any]) -> Path:
 
 
 def run_stage(stage: str, folder: Path, changes: dict[str, Any], *args: str) -> subprocess.CompletedProcess:
-    """``python -m stages.STAGE --params FILE`` in ``folder``, offline.
-
-    Progress bars (loading weights, encoding) are turned off: they report work done before the check.
-    """
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    }
+    """``python -m stages.STAGE ARGS --params FILE`` in ``folder``, with the micro profile changed by
+    ``changes`` (run in this process, offline)."""
     path = params_file(folder, changes)
-    return subprocess.run(
-        [sys.executable, "-m", f"stages.{stage}", *args, "--params", str(path)],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return run_module(f"stages.{stage}", *args, "--params", str(path), cwd=folder)
 
 
 def assert_user_error(result: subprocess.CompletedProcess, key: str, unwritten: Path) -> str:
@@ -327,6 +313,40 @@ def test_generation_longer_than_the_init_positions(
     )
     assert f"has {TEACHER_POSITIONS} positions; allowed: at most {TEACHER_POSITIONS}" in line
     assert not (tmp_path / "artifacts/runs").exists()
+
+
+def test_pretrain_entry_point_prints_nothing_but_the_error(
+    tmp_path: Path, corpus: Path, teacher: Path
+) -> None:
+    """A real ``python -m stages.pretrain`` process, unlike every other case here: it covers the module's
+    own entry point, and its stderr is all the process printed from start to exit (imports, loading the
+    corpus and a checkpoint, the libraries' loggers), which an in-process run can only approximate."""
+    changes = {
+        "pretrain.data": str(corpus),
+        "pretrain.init": str(teacher),
+        "pretrain.eval.max_new_tokens": 100,
+    }
+    path = params_file(tmp_path, changes)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        # bars report work done before the check, not an error
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "stages.pretrain", "--params", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    line = assert_user_error(
+        result, "pretrain.eval.max_new_tokens = 100", tmp_path / "artifacts/models/pretrain"
+    )
+    assert f"has {TEACHER_POSITIONS} positions" in line and not (tmp_path / "artifacts/runs").exists()
 
 
 def test_teacher_data_missing(tmp_path: Path, teacher: Path) -> None:

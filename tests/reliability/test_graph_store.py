@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore
 from pipeline.graphs.mmap import map_safetensors
 from pipeline.graphs.store import MANIFEST, shard_name
+from tests.stage_runner import run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARD_0, SHARD_1 = shard_name(0), shard_name(1)
@@ -268,20 +267,11 @@ def test_shards_are_hashed_once_per_process(micro_store: Path, monkeypatch: pyte
 
 def test_cli_check_is_one_line_and_exit_2(micro_store: Path, tmp_path: Path) -> None:
     """``python -m pipeline inspect COPY --check``: exit 2, one ``error:`` line, no traceback."""
-    cases = [CASES[name] for name in ("absolute path", "corrupt header")]
-    folders = [corrupted_copy(micro_store, tmp_path / str(i), case.corrupt) for i, case in enumerate(cases)]
-    runs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "inspect", str(folder), "--check"],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for folder in folders
-    ]
-    for case, run in zip(cases, runs, strict=True):
-        _, err = run.communicate(timeout=120)
-        assert run.returncode == 2, err
+    for i, name in enumerate(("absolute path", "corrupt header")):
+        case = CASES[name]
+        folder = corrupted_copy(micro_store, tmp_path / str(i), case.corrupt)
+        result = run_module("pipeline", "inspect", str(folder), "--check", cwd=ROOT)
+        err = result.stderr
+        assert result.returncode == 2, err
         assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err
         assert case.message in err and case.file in err

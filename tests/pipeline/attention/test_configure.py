@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from pipeline.graphs.extract import teacher_fingerprint
 from pipeline.predictors import HeadInputs, IndexerPredictor, KMeansPredictor
 from pipeline.predictors.state import load_state, save_states
 from pipeline.projection.model import HeadProjections, load_projections, save_projections
+from tests.stage_runner import run_module
 from tests.tiny import tiny_marian, word_tokenizer
 
 VOCAB, HEADS, HEAD_DIM, LAYERS = 30, 2, 8, 2
@@ -150,11 +149,7 @@ def test_certified_indexer_is_the_teacher_even_with_no_margin(fitted, tmp_path):
 def test_a_state_for_another_head_count_is_refused(fitted, tmp_path):
     out = tmp_path / "indexer"
     args = ["configure", str(fitted["teacher"]), str(out), "--state", str(fitted["four_heads"])]
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", *args, "--method", "indexer", "--knob", "rank=2"],
-        capture_output=True,
-        text=True,
-    )
+    result = run_module("pipeline", *args, "--method", "indexer", "--knob", "rank=2")
     assert result.returncode == 2 and not out.exists()
     line = result.stderr.strip()
     assert "layer0.k_map is for 4 heads" in line and line.endswith("has 2 heads × 8 dims"), line
@@ -173,9 +168,7 @@ def test_a_state_for_another_head_count_is_refused(fitted, tmp_path):
 )
 def test_bad_options_exit_2_in_one_line_and_write_nothing(fitted, tmp_path, args, message):
     out = tmp_path / "bad"
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", *configure(fitted, out, *args)], capture_output=True, text=True
-    )
+    result = run_module("pipeline", *configure(fitted, out, *args))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and re.search(message, result.stderr)
     assert not out.exists()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from tests.pipeline.evaluation.synthetic import synthetic_evaluation
+from tests.stage_runner import run_module
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -24,13 +24,7 @@ def run_report(tmp_path: Path, evaluation: Path) -> subprocess.CompletedProcess:
         "metrics": str(tmp_path / "out" / "metrics" / "report.json"),
     }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"report": report}))
-    return subprocess.run(
-        [sys.executable, "-m", "stages.report", "--params", str(tmp_path / "params.yaml")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return run_module("stages.report", "--params", str(tmp_path / "params.yaml"), cwd=ROOT)
 
 
 def test_stage_writes_report_metrics_and_plots(tmp_path: Path):

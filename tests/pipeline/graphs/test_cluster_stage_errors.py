@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import yaml
 
 from pipeline.graphs import GraphStore
 from pipeline.projection import HeadProjections, save_projections
+from tests.stage_runner import run_module
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -24,13 +24,7 @@ def run_cluster(tmp_path: Path, store: Path, projections: Path) -> subprocess.Co
         metrics=str(tmp_path / "cluster.json"),
     )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    return subprocess.run(
-        [sys.executable, "-m", "stages.cluster", "--params", str(tmp_path / "params.yaml")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return run_module("stages.cluster", "--params", str(tmp_path / "params.yaml"), cwd=ROOT)
 
 
 def fake_projections(store: GraphStore, path: Path, kind: str, split: dict) -> Path:

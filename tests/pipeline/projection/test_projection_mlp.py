@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from pipeline.params import Project, load_section
 from pipeline.projection.fit_store import fit_store_projections
 from pipeline.projection.model import HeadProjections, load_projections
 from pipeline.projection.train import held_out_loss, train_layer_projections
+from tests.stage_runner import run_module
 
 ROOT = Path(__file__).resolve().parents[3]
 KIND = "decoder_self"
@@ -77,13 +77,7 @@ def micro_params(tmp_path: Path, store: Path, **project: object) -> Path:
 
 
 def run_project(params: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "stages.project", "--params", str(params)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return run_module("stages.project", "--params", str(params), cwd=ROOT)
 
 
 def test_project_stage_writes_mlp_projections(micro_store: Path, tmp_path: Path) -> None:

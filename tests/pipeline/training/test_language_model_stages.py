@@ -15,7 +15,7 @@ from transformers import Seq2SeqTrainingArguments
 
 from pipeline.attention import load_model
 from pipeline.graphs import GraphStore
-from pipeline.metrics.language_model import token_loss
+from pipeline.metrics.language_model import masked_positions, token_loss
 from pipeline.params import Distillation
 from pipeline.students.distill import DistillationTrainer
 from pipeline.training.run import load_corpus
@@ -119,12 +119,12 @@ def test_teacher_checkpoint_describes_itself(trained) -> None:
     assert model.config._attn_implementation == "entmax" and model.config.entmax_alpha == 1.5
 
 
-def test_the_causal_teacher_never_reads_the_future(trained) -> None:
+def test_only_the_causal_teacher_is_blind_to_later_tokens(trained) -> None:
+    """Changing the tokens from position 20 on: a causal LM's logits before 20 stay exactly as they were,
+    while a bidirectional masked LM's change, since every position attends the whole block."""
     task, folder = trained
-    if task != "lm":
-        pytest.skip("bidirectional by design")
     model = load_model(folder / "artifacts" / "models" / "teacher")
-    data, _ = load_corpus(str(folder / "artifacts" / "data"), tasks=("lm",))
+    data, _ = load_corpus(str(folder / "artifacts" / "data"), tasks=(task,))
     ids = torch.tensor(data["test"]["input_ids"][:2])
     perturbed = ids.clone()
     perturbed[:, 20:] = torch.randint(
@@ -132,21 +132,34 @@ def test_the_causal_teacher_never_reads_the_future(trained) -> None:
     )
     with torch.no_grad():
         before, after = model(input_ids=ids).logits, model(input_ids=perturbed).logits
-    torch.testing.assert_close(before[:, :20], after[:, :20], rtol=0, atol=1e-6)
+    if task == "lm":
+        torch.testing.assert_close(before[:, :20], after[:, :20], rtol=0, atol=1e-6)
+    else:
+        assert not torch.allclose(before[:, :20], after[:, :20], rtol=0, atol=1e-4)
     assert not torch.allclose(before[:, 20:], after[:, 20:])
 
 
-def test_the_lm_loss_is_the_models_own(trained) -> None:
+def test_the_loss_is_the_models_own(trained) -> None:
+    """The held-out loss is the one the model's own head computes from ``labels``: for the causal LM, over
+    every position but the first, each predicted by the logits one position before; for the masked LM,
+    over the chosen positions only (read as ``<mask>``), each predicted by the logits at that very
+    position, with no shift."""
     task, folder = trained
-    if task != "lm":
-        pytest.skip("the causal loss")
     model = load_model(folder / "artifacts" / "models" / "teacher")
-    data, _ = load_corpus(str(folder / "artifacts" / "data"), tasks=("lm",))
-    measured = token_loss(model, "lm", data["valid"], batch_size=4)
+    data, tokenizer = load_corpus(str(folder / "artifacts" / "data"), tasks=(task,))
+    measured = token_loss(model, task, data["valid"], batch_size=4, mask_id=tokenizer.mask_token_id)
     ids = torch.tensor(data["valid"]["input_ids"])
+    if task == "lm":
+        inputs, labels = ids, ids
+        assert measured["tokens"] == ids.shape[0] * (CONTEXT - 1)
+    else:
+        # the positions token_loss draws: the same seeded generator, batch after batch
+        generator = torch.Generator().manual_seed(0)
+        chosen = torch.cat([masked_positions(batch, generator) for batch in ids.split(4)])
+        inputs, labels = ids.masked_fill(chosen, tokenizer.mask_token_id), ids.masked_fill(~chosen, -100)
+        assert measured["tokens"] == int(chosen.sum()) < ids.numel()
     with torch.no_grad():
-        own = model(input_ids=ids, labels=ids).loss.item()
-    assert measured["tokens"] == ids.shape[0] * (CONTEXT - 1)
+        own = model(input_ids=inputs, labels=labels).loss.item()
     assert measured["loss"] == pytest.approx(own, abs=1e-4)
     assert measured["perplexity"] == pytest.approx(math.exp(measured["loss"]), rel=1e-3)
     assert metrics(folder, "teacher")["valid"]["loss"] == pytest.approx(own, abs=1e-4)
@@ -216,14 +229,13 @@ def test_students_are_distilled_and_measured_like_the_teacher(trained) -> None:
     assert [e["samples"] for e in rows["ssa"]["ensembles"]] == [1, 2]  # ... and as self-ensembles
 
 
-def test_causal_distillation_scores_each_token_with_the_logits_that_predict_it(trained, tmp_path) -> None:
-    """At weight 0 the distillation loss is the causal LM's own cross-entropy, which pairs the logits at
-    position t − 1 with token t."""
+def test_distillation_at_weight_0_is_the_models_own_loss(trained, tmp_path) -> None:
+    """At weight 0 the distillation loss is the model's own cross-entropy: a causal LM's pairs the logits
+    at position t − 1 with token t, a masked LM's the logits at each masked position with the token there
+    (no shift)."""
     task, folder = trained
-    if task != "lm":
-        pytest.skip("the causal shift")
     model = load_model(folder / "artifacts" / "models" / "teacher")
-    data, tokenizer = load_corpus(str(folder / "artifacts" / "data"), tasks=("lm",))
+    data, tokenizer = load_corpus(str(folder / "artifacts" / "data"), tasks=(task,))
     trainer = DistillationTrainer(
         model=model,
         args=Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True),
@@ -232,11 +244,17 @@ def test_causal_distillation_scores_each_token_with_the_logits_that_predict_it(t
         processing_class=tokenizer,
     )
     ids = torch.tensor(data["valid"]["input_ids"][:2])
+    if task == "lm":
+        inputs, labels = ids, ids
+    else:
+        chosen = masked_positions(ids, torch.Generator().manual_seed(0))
+        inputs, labels = ids.masked_fill(chosen, tokenizer.mask_token_id), ids.masked_fill(~chosen, -100)
     with torch.no_grad():
-        outputs = model(input_ids=ids, labels=ids)
+        outputs = model(input_ids=inputs, labels=labels)
         trainer._teacher_logits = outputs.logits
-        loss = trainer._loss(outputs, ids)
-    assert trainer.shifted and loss.item() == pytest.approx(outputs.loss.item(), rel=1e-5)
+        loss = trainer._loss(outputs, labels)
+    assert trainer.shifted == (task == "lm")
+    assert loss.item() == pytest.approx(outputs.loss.item(), rel=1e-5)
 
 
 def test_report_speaks_of_the_tasks_measures(trained) -> None:
