@@ -212,7 +212,11 @@ def _support_threshold(
 
 
 def _normalise(
-    scores: list[torch.Tensor], alpha: float, red: Reducer, keep: list[torch.Tensor | None] | None = None
+    scores: list[torch.Tensor],
+    alpha: float,
+    red: Reducer,
+    keep: list[torch.Tensor | None] | None = None,
+    log_norm: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """p = α-entmax(s) per query (softmax for α = 1) over the entries ``red`` gathers, computed in place of
     the scores. A query without keys gets zeros.
@@ -222,7 +226,7 @@ def _normalise(
     Entries off the mask hold −inf, or, when ``keep`` is given, ``_MASKED`` or less in the parts whose
     ``keep`` (1 on the mask, 0 off it) is not None: exp then runs on arguments clamped to ``_EXP_FLOOR``
     (below it exp underflows, and on CPU takes a slow path) and ``keep`` zeroes the entries off the mask
-    exactly.
+    exactly. For softmax, ``log_norm`` (per query) receives log Σ_j exp(s_j), −inf for a query without keys.
     """
     q_max = red.max(scores)
     q_max = q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)  # empty queries: any finite shift
@@ -252,6 +256,8 @@ def _normalise(
             elif alpha != 2.0:
                 p.pow_(1.0 / (alpha - 1.0))
     total = red.sum(probs)
+    if log_norm is not None:
+        torch.add(q_max, total.log(), out=log_norm)
     return [p.div_(t) for p, t in zip(probs, red.at(total.masked_fill(total == 0, 1.0)), strict=True)]
 
 
@@ -345,11 +351,53 @@ def _whole_rows_forward(
     return out, _Forward(kept)
 
 
+def _spread_softmax_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, *, keep: bool
+) -> tuple[torch.Tensor, _Forward]:
+    """Softmax with a query's keys in several block rows: each row is normalised on its own, a cache-sized
+    chunk at a time with its output product, and the rows are merged per query,
+
+        p_ij = p^row_ij · exp(w_r − w_i),   w_r = log Σ_{j∈r} exp(s_ij),   w_i = log Σ_r exp(w_r),
+
+    so the scores are read once (as in flash attention's online softmax, with the rows' partial outputs
+    kept instead of rescaled as they come)."""
+    dv = v.shape[1]
+    kept, log_norms, partial = [], [], []
+    for blocks in plan.classes:
+        shape = blocks.queries.shape  # (blocks, L)
+        probs = q.new_empty(*shape, blocks.keys.shape[1]) if keep else None
+        log_norm, out = q.new_empty(shape), q.new_empty(*shape, dv)
+        for a, b in _chunks(blocks):
+            scores, on = _block_scores(q, k, blocks, a, b, None if probs is None else probs[a:b])
+            keep_on = None if on is None else [on]
+            [p] = _normalise([scores], 1.0, _WholeRows, keep_on, log_norm=log_norm[a:b])
+            torch.bmm(p, _rows(v, blocks.keys[a:b]), out=out[a:b])
+        kept.append(probs)
+        log_norms.append(log_norm)
+        partial.append(out)
+    red = _SpreadRows([c.queries for c in plan.classes], plan.num_queries)
+    log_norms = [w[..., None] for w in log_norms]  # (blocks, L, 1): one entry per row
+    top = red.max(log_norms)  # (N,) finite even for a query without keys
+    total = red.sum([(w - t).exp_() for w, t in zip(log_norms, red.at(top), strict=True)])
+    query_norm = top + total.masked_fill(total == 0, 1.0).log()  # w_i, or a finite stand-in
+    factors = [(w - t).exp_() for w, t in zip(log_norms, red.at(query_norm), strict=True)]  # 0 on empty rows
+    out = v.new_zeros(plan.num_queries, dv)
+    for blocks, rows_out, factor in zip(plan.classes, partial, factors, strict=True):
+        out.index_add_(0, blocks.queries.reshape(-1), rows_out.mul_(factor).flatten(0, 1))
+    if not keep:
+        return out, _Forward([])
+    for probs, factor in zip(kept, factors, strict=True):
+        probs.mul_(factor)
+    return out, _Forward(kept, out, red.sum(factors))
+
+
 def _spread_rows_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
     """A query's keys in several block rows: every block's scores first, the normaliser over all of them,
     then the output a chunk at a time."""
+    if alpha == 1.0:
+        return _spread_softmax_forward(q, k, v, plan, keep=keep)
     scores, ons = [], []
     for blocks in plan.classes:
         s = q.new_empty(*blocks.queries.shape, blocks.keys.shape[1])
