@@ -32,8 +32,12 @@ corpus:
 repro: setup corpus
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), whole files to a worker so module fixtures are
+# built once; one intra-op thread each, so the workers never contend for the cores.
+TEST_WORKERS ?= 2
+
 test: setup corpus
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check pipeline stages kernels tests

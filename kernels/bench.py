@@ -12,7 +12,9 @@ batch 1, float32: ours (``kernels.bucketed_attention`` with ``backend="torch"``)
 α = 1.5 against SDPA (``torch.nn.functional.scaled_dot_product_attention``, dense softmax) and the dense
 masked α-entmax reference ``kernels.reference.dense_bucketed_attention`` (only up to ``CPU_DENSE_MAX``
 tokens: it holds n × n scores). Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
-turns sparsity into speed as well as SDPA uses dense FLOPs); ent/sm = our α = 1.5 time over our α = 1 time.
+turns sparsity into speed as well as SDPA uses dense FLOPs); ent/sm = our α = 1.5 time over our α = 1 time;
+overhead = what a learned predictor adds (projecting q and k to rank 4, assigning each its nearest centroids,
+planning the blocks) over our forward time.
 Forward time is measured under ``torch.no_grad`` (inference), forward+backward with gradients for q, k, v;
 each is the median over repetitions after one warm-up.
 Memory: every (configuration, method) runs in a fresh subprocess, which reads its peak resident set size
@@ -71,6 +73,7 @@ RESULT_PREFIX = "BENCH-RESULT "  # marks the worker's result line on stdout
 CPU_FULL = {"sizes": [1024, 2048, 4096, 8192, 16384], "tops": [1, 2], "heads": 8, "dim": 64, "reps": 3}
 CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1}
 CPU_BUCKETS, CPU_WINDOW, CPU_GLOBAL, CPU_DENSE_MAX, ALPHA = 16, 65, 8, 4096, 1.5
+PREDICTOR_RANK = 4  # Sparsefinder's projection rank
 # the index and indexed-attention sizes of the CPU suite
 INDEX_SIZES = {"full": [512, 1024, 2048, 4096], "quick": [256]}
 INDEX_RANK, INDEX_BLOCK = 8, 32
@@ -239,10 +242,47 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(row)
     # after the measurements: counting must not raise their baseline
     pairs = _count_pairs(ids, causal, **_pattern(spec)) if spec["method"] == "ours" else None
+    overhead = _predictor_overhead(q, k, spec, reps) if spec["method"] == "ours" else {}
     for row in rows:
         row["pairs"] = pairs
         row["density"] = 1.0 if pairs is None else density(pairs, 1, heads, n, causal)
+        row.update(overhead)
+        if "forward_ms" in row and overhead:
+            row["overhead_forward"] = (overhead["predict_ms"] + overhead["plan_ms"]) / row["forward_ms"]
     return rows
+
+
+def _predictor_overhead(
+    q: torch.Tensor, k: torch.Tensor, spec: dict[str, Any], reps: int
+) -> dict[str, float]:
+    """Median ms of what a learned predictor adds to an attention call, with the k-means predictor's shapes:
+    ``predict_ms`` projects queries and keys to rank ``PREDICTOR_RANK`` per head and gives each its ``top``
+    nearest of ``CPU_BUCKETS`` centroids; ``plan_ms`` lays the resulting pairs out in blocks (the planning
+    the forward time already includes)."""
+    from kernels.attended import window_radius
+    from kernels.torch_bucketed import plan_attention
+
+    heads, dim, top = q.shape[1], q.shape[3], spec["top"]
+    gen = torch.Generator().manual_seed(1)
+    project = torch.randn(heads, dim, PREDICTOR_RANK, generator=gen)  # (h, d, r)
+    centroids = torch.randn(heads, CPU_BUCKETS, PREDICTOR_RANK, generator=gen)  # (h, B, r)
+
+    def predict() -> torch.Tensor:
+        ids = []
+        for x in (q, k):
+            low = torch.einsum("bhnd,hdr->bhnr", x, project)  # (1, h, n, r)
+            distance = torch.cdist(low, centroids[None])  # (1, h, n, B)
+            ids.append(distance.topk(top, dim=-1, largest=False).indices.to(torch.int32))  # (1, h, n, top)
+        return ids[0]
+
+    pattern = _pattern(spec)
+    opts = dict(causal=spec["causal"], radius=window_radius(pattern.get("window", 0)))
+    opts["global_tokens"] = pattern.get("global_tokens", 0)
+    ids = predict()
+    return {
+        "predict_ms": _median_wall_ms(predict, reps),
+        "plan_ms": _median_wall_ms(lambda: plan_attention(ids, ids, **opts), reps),
+    }
 
 
 def structured_inputs(
@@ -493,6 +533,8 @@ def run_cpu(quick: bool, only_indexed: bool = False) -> dict[str, Any]:
             "memory": "peak RSS of a fresh subprocess minus its baseline after inputs and warm-up",
             "speedup": "sdpa time / our time",
             "efficiency": "speedup × density",
+            "overhead": "(predict + plan) / our forward time, k-means shapes: rank "
+            f"{PREDICTOR_RANK}, {CPU_BUCKETS} centroids",
         },
         "results": rows,
         "indexed": indexed,
@@ -543,6 +585,7 @@ def cpu_table(report: dict[str, Any]) -> str:
             _number("eff f+b", "efficiency_forward_backward", "8.2f"),
             _number("ent/sm", "entmax_over_softmax_forward", "7.2f"),
             _number("ent/sm f+b", "entmax_over_softmax_forward_backward", "10.2f"),
+            _number("overhead", "overhead_forward", "8.2f"),
             _number("f+b MiB", "extra_mb_forward_backward", "8.1f"),
         ],
     )
