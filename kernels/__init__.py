@@ -80,7 +80,7 @@ def _validate(
 ) -> tuple[float, bool, int, int, float | None, str]:
     """Raise ValueError naming the first bad argument; return the options the backends take (window as
     its radius w // 2, −1 for none)."""
-    batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=True)
+    batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=True, grouped=True)
     _check_buckets("q_buckets", q_buckets, (batch, heads, n), q.device)
     _check_buckets("k_buckets", k_buckets, (batch, heads, m), q.device)
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) or alpha < 1:
@@ -126,9 +126,12 @@ def bucketed_attention(
 ) -> torch.Tensor:
     """Bucketed α-entmax attention (softmax for α = 1); returns (batch, heads, n, d) in q's dtype.
 
-    q (batch, heads, n, d); k, v (batch, heads, m, d); q_buckets (batch, heads, n, T) and k_buckets
-    (batch, heads, m, T′) integer ids, −1 for none. Differentiable in q, k and v. ``backend``: "auto",
-    "triton" or "torch" (see the module docstring). Bad arguments raise ValueError before any work.
+    q (batch, heads, n, d); k, v (batch, kv_heads, m, d) with kv_heads a divisor of heads (grouped-query
+    attention: query head h reads key/value head h // (heads / kv_heads), and no copy of the keys and
+    values is made per query head); q_buckets (batch, heads, n, T) and k_buckets (batch, heads, m, T′)
+    integer ids, −1 for none, one assignment of the keys per query head. Differentiable in q, k and v.
+    ``backend``: "auto", "triton" or "torch" (see the module docstring). Bad arguments raise ValueError
+    before any work.
     """
     alpha, causal, radius, global_tokens, scale, backend = _validate(
         q, k, v, q_buckets, k_buckets, alpha, causal, window, global_tokens, scale, backend

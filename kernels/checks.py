@@ -11,11 +11,12 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_qkv(
-    q: object, k: object, v: object, *, same_value_dim: bool, **indices: object
+    q: object, k: object, v: object, *, same_value_dim: bool, grouped: bool = False, **indices: object
 ) -> tuple[int, int, int, int, int]:
     """(batch, heads, n, m, d) of queries (b, h, n, d), keys (b, h, m, d) and values (b, h, m, d_v), which
     must be float tensors of one dtype on one device (d_v = d when ``same_value_dim``); ``indices`` name
-    further float tensors (b, h, n | m, ·) that must live on the same device."""
+    further float tensors (b, h, n | m, ·) that must live on the same device. With ``grouped``, keys and
+    values may have fewer heads h_kv, a divisor of h (grouped-query attention)."""
     tensors = {"q": q, "k": k, "v": v, **indices}
     for name, x in tensors.items():
         if not isinstance(x, torch.Tensor):
@@ -36,13 +37,19 @@ def check_qkv(
     m = k.shape[2]
     if min(batch, heads, n, d) < 1 or m < 1:
         raise ValueError(f"q and k must be non-empty; got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if tuple(k.shape) != (batch, heads, m, d):
+    kv_heads = k.shape[1] if grouped and k.shape[1] >= 1 and heads % k.shape[1] == 0 else heads
+    if tuple(k.shape) != (batch, kv_heads, m, d):
+        if grouped:
+            raise ValueError(
+                f"k must be (batch, kv_heads, m, d) = ({batch}, a divisor of {heads}, m, {d}); "
+                f"got {tuple(k.shape)}"
+            )
         raise ValueError(f"k must be (batch, heads, m, d) = ({batch}, {heads}, m, {d}); got {tuple(k.shape)}")
     if same_value_dim and tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v must have k's shape {tuple(k.shape)}; got {tuple(v.shape)}")
-    if tuple(v.shape[:3]) != (batch, heads, m) or v.shape[3] < 1:
+    if tuple(v.shape[:3]) != (batch, kv_heads, m) or v.shape[3] < 1:
         raise ValueError(
-            f"v must be (batch, heads, m, d_v) = ({batch}, {heads}, {m}, ·); got {tuple(v.shape)}"
+            f"v must be (batch, heads, m, d_v) = ({batch}, {kv_heads}, {m}, ·); got {tuple(v.shape)}"
         )
     return batch, heads, n, m, d
 

@@ -39,7 +39,7 @@ g = p^{2−α}, ds = g·(dp − Σ g·dp / Σ g) per query.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -493,6 +493,14 @@ def plan_attention(
     return plan_blocks(q_ids, k_ids, causal=causal, radius=radius, global_tokens=global_tokens)
 
 
+def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:
+    """The plan reading key j of query group g (flat index g·m + j) from key/value group g // ``group``:
+    grouped-query attention, each key and value read where it is, never copied per query head; its
+    gradient sums over the query heads that share it (index_add in the backward)."""
+    classes = [replace(c, keys=c.keys // (m * group) * m + c.keys % m) for c in plan.classes]
+    return replace(plan, classes=classes, num_keys=plan.num_keys // group)
+
+
 def torch_bucketed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -508,23 +516,25 @@ def torch_bucketed_attention(
 ) -> torch.Tensor:
     """Bucketed α-entmax attention without any n × n tensor; returns (batch, heads, n, d_v) in q's dtype.
 
-    q (batch, heads, n, d), k (batch, heads, m, d), v (batch, heads, m, d_v); buckets int
-    (batch, heads, n|m, T) with −1 for none. Inputs are not validated here (``kernels.bucketed_attention``
-    does that).
+    q (batch, heads, n, d), k (batch, kv_heads, m, d), v (batch, kv_heads, m, d_v) with kv_heads dividing
+    heads; buckets int (batch, heads, n|m, T) with −1 for none. Inputs are not validated here
+    (``kernels.bucketed_attention`` does that).
     """
     b, h, n, d = q.shape
     m, dv = k.shape[2], v.shape[3]
-    G = b * h
+    G, kv_groups = b * h, b * k.shape[1]
     if G * n == 0 or m == 0:
         # Nothing to attend; the product keeps the result connected to the autograd graph.
         return q.new_zeros(b, h, n, dv) + 0.0 * (q.sum() + k.sum() + v.sum())
     scale = d**-0.5 if scale is None else scale
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
     plan = plan_attention(q_buckets, k_buckets, causal=causal, radius=radius, global_tokens=global_tokens)
+    if kv_groups < G:
+        plan = _grouped_keys(plan, m, G // kv_groups)
     flat = (
         (q.to(compute) * scale).reshape(G * n, d),  # the scale on the n × d queries, not on the scores
-        k.to(compute).reshape(G * m, d),
-        v.to(compute).reshape(G * m, dv),
+        k.to(compute).reshape(kv_groups * m, d),
+        v.to(compute).reshape(kv_groups * m, dv),
     )
     if torch.is_grad_enabled() and any(x.requires_grad for x in flat):
         out = BucketBlockAttention.apply(*flat, plan, float(alpha))

@@ -957,14 +957,27 @@ def triton_bucketed_attention(
 ) -> torch.Tensor:
     """Bucketed sparse attention (softmax for ``alpha`` = 1, α-entmax for ``alpha`` > 1) in Triton.
 
-    q: (batch, heads, n, d); k, v: (batch, heads, m, d); q_buckets (batch, heads, n, T) and k_buckets
+    q: (batch, heads, n, d); k, v: (batch, kv_heads, m, d), kv_heads dividing heads (grouped-query
+    attention, keys and values never copied per query head); q_buckets (batch, heads, n, T) and k_buckets
     (batch, heads, m, T') integer bucket ids, −1 for none. Returns (batch, heads, n, d) in q's dtype;
     differentiable in q, k and v. Runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``.
     Arguments are not validated here: ``kernels.bucketed_attention(..., backend="triton")`` does that.
     """
-    d = q.shape[-1]
+    batch, heads, n, d = q.shape
+    kv_heads, m = k.shape[1], k.shape[2]
     scale = d**-0.5 if scale is None else float(scale)
     t = max(q_buckets.shape[-1], k_buckets.shape[-1])
     cfg = _make_config(float(alpha), scale, causal, radius, global_tokens, d, t, q.dtype, q.device)
+    q_buckets, k_buckets = q_buckets.to(torch.int32), k_buckets.to(torch.int32)
+    if kv_heads < heads:
+        # Grouped-query attention as plain attention: the query heads sharing a key/value head become the
+        # heads of one batch entry whose keys and values are that head broadcast (stride 0, no copy); the
+        # broadcast's backward sums their dk, dv.
+        group = heads // kv_heads
+        q = q.reshape(batch * kv_heads, group, n, d)
+        k, v = (x.reshape(batch * kv_heads, 1, m, x.shape[-1]).expand(-1, group, -1, -1) for x in (k, v))
+        q_buckets = q_buckets.reshape(batch * kv_heads, group, n, -1)
+        k_buckets = k_buckets.reshape(batch * kv_heads, group, m, -1)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    return _BucketedAttention.apply(q, k, v, q_buckets.to(torch.int32), k_buckets.to(torch.int32), cfg)
+    out = _BucketedAttention.apply(q, k, v, q_buckets, k_buckets, cfg)
+    return out.reshape(batch, heads, n, -1)
