@@ -506,12 +506,16 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                 row[f"entmax_over_softmax_{phase}"] = row[key] / soft[key]
 
 
-def run_cpu(quick: bool, only_indexed: bool = False) -> dict[str, Any]:
+def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None) -> dict[str, Any]:
+    """The CPU suite: the bucketed comparison and the indexed one (``only`` one of them), at the suite's
+    sizes or at ``sizes``."""
     cfg = dict(CPU_QUICK if quick else CPU_FULL, index_sizes=INDEX_SIZES["quick" if quick else "full"])
-    specs = [] if only_indexed else cpu_specs(cfg)
+    if sizes:
+        cfg.update(sizes=sizes, index_sizes=sizes)
+    specs = [] if only == "indexed" else cpu_specs(cfg)
     rows = [row for spec in tqdm(specs, desc="cpu bench", unit="run") for row in _spawn_cpu_worker(spec)]
     add_ratios(rows)
-    indexed = run_indexed(cfg)
+    indexed = {"indexed": run_indexed(cfg)} if only != "bucketed" else {}
     return {
         "device": "cpu",
         "suite": "cpu",
@@ -537,7 +541,7 @@ def run_cpu(quick: bool, only_indexed: bool = False) -> dict[str, Any]:
             f"{PREDICTOR_RANK}, {CPU_BUCKETS} centroids",
         },
         "results": rows,
-        "indexed": indexed,
+        **indexed,
     }
 
 
@@ -934,6 +938,17 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
     write_json(out / "bench.json", report)
 
 
+def _sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated sequence lengths ≥ 16."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 16:
+        raise argparse.ArgumentTypeError(f"expected lengths ≥ 16 separated by commas, got {text!r}")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -947,8 +962,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test that runs in seconds")
     parser.add_argument(
         "--only",
-        choices=["indexed"],
-        help="CPU suite: run only the indexed-attention comparison (the bucketed table stays empty)",
+        choices=["indexed", "bucketed"],
+        help="CPU suite: run only the indexed-attention or only the bucketed comparison",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        help="CPU suite: sequence lengths to run instead of the suite's, comma-separated (e.g. 1024,4096)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one CPU measurement, in its own process
     args = parser.parse_args(argv)
@@ -961,15 +981,15 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     suite = args.suite if args.suite != "auto" else ("gpu" if device == "cuda" else "cpu")
-    if args.only and suite != "cpu":
-        parser.error("--only indexed belongs to the CPU suite")
+    if (args.only or args.sizes) and suite != "cpu":
+        parser.error("--only and --sizes belong to the CPU suite")
     if suite == "cpu" and device == "cuda":
         parser.error("--suite cpu measures the PyTorch path on CPU tensors: use --device cpu")
     if suite == "gpu":
         sizes = GPU_ON_CPU if device == "cpu" else GPU_QUICK if args.quick else GPU_FULL
         report = run_gpu(sizes, torch.device(device))
     else:
-        report = run_cpu(args.quick, only_indexed=args.only == "indexed")
+        report = run_cpu(args.quick, only=args.only, sizes=args.sizes)
     report["quick"] = args.quick
     print(gpu_table(report) if suite == "gpu" else cpu_table(report))
     write_outputs(report, args.out)

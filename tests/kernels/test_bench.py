@@ -107,6 +107,18 @@ def test_only_indexed_runs_just_the_indexed_comparison(tmp_path, capsys):
         bench.main(["--device", "cpu", "--suite", "gpu", "--only", "indexed", "--out", str(tmp_path)])
 
 
+def test_only_bucketed_at_chosen_sizes(tmp_path, capsys):
+    args = ["--device", "cpu", "--quick", "--only", "bucketed", "--sizes", "64", "--out", str(tmp_path)]
+    assert bench.main(args) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert "indexed" not in report and {r["n"] for r in report["results"]} == {64}
+    assert bench._sizes("1024,4096") == [1024, 4096]
+    assert "indexed attention" not in capsys.readouterr().out
+    for bad in ("8", "64,x", ""):
+        with pytest.raises(SystemExit):
+            bench.main(["--device", "cpu", "--sizes", bad, "--out", str(tmp_path)])
+
+
 def test_structured_inputs_have_small_local_support():
     from entmax import entmax15
 
