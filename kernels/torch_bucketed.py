@@ -19,9 +19,10 @@ per-pair gather and nothing of size n × n is ever built.
 * One id per token and no pattern (the common learned-bucket case): each query sits in one block row, so
   the normaliser is a plain row operation. Blocks are processed a cache-sized chunk (``CHUNK_ENTRIES``
   entries) at a time, scores, normaliser and output product together.
-* Several ids per token, a window or global tokens: a query's keys are spread over up to T + 2 rows. The
-  scores of every block are computed first; per-query maxima, sums and threshold moments are row
-  reductions gathered per query; then the output product runs chunk by chunk.
+* Several ids per token, a window or global tokens: a query's keys are spread over up to T + 2 rows.
+  Softmax normalises each row on its own with its output product, chunk by chunk, and merges the rows of a
+  query by their log-normalisers. α-entmax computes the scores of every block first, finds each query's
+  threshold from row reductions gathered per query, then runs the output product chunk by chunk.
 
 The forward keeps the probabilities for the backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
 ds = entmax′(dp), dq = ds·k, dk = dsᵀ·q). entmax′ needs one per-query ratio Σ_j g_ij dp_ij / Σ_j g_ij
