@@ -395,8 +395,9 @@ def _spread_softmax_forward(
 def _spread_rows_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
-    """A query's keys in several block rows: every block's scores first, the normaliser over all of them,
-    then the output a chunk at a time."""
+    """A query's keys in several block rows. Softmax merges rows normalised on their own
+    (:func:`_spread_softmax_forward`); α-entmax computes every block's scores first, its threshold over all
+    of them, then the output a chunk at a time."""
     if alpha == 1.0:
         return _spread_softmax_forward(q, k, v, plan, keep=keep)
     scores, ons = [], []
