@@ -267,21 +267,25 @@ def _predictor_overhead(
     project = torch.randn(heads, dim, PREDICTOR_RANK, generator=gen)  # (h, d, r)
     centroids = torch.randn(heads, CPU_BUCKETS, PREDICTOR_RANK, generator=gen)  # (h, B, r)
 
-    def predict() -> torch.Tensor:
+    def predict() -> list[torch.Tensor]:
+        """Bucket ids (1, h, n, top) of the queries, then of the keys."""
         ids = []
         for x in (q, k):
             low = torch.einsum("bhnd,hdr->bhnr", x, project)  # (1, h, n, r)
             distance = torch.cdist(low, centroids[None])  # (1, h, n, B)
-            ids.append(distance.topk(top, dim=-1, largest=False).indices.to(torch.int32))  # (1, h, n, top)
-        return ids[0]
+            ids.append(distance.topk(top, dim=-1, largest=False).indices.to(torch.int32))
+        return ids
 
     pattern = _pattern(spec)
-    opts = dict(causal=spec["causal"], radius=window_radius(pattern.get("window", 0)))
-    opts["global_tokens"] = pattern.get("global_tokens", 0)
-    ids = predict()
+    opts = dict(
+        causal=spec["causal"],
+        radius=window_radius(pattern.get("window", 0)),
+        global_tokens=pattern.get("global_tokens", 0),
+    )
+    q_ids, k_ids = predict()
     return {
         "predict_ms": _median_wall_ms(predict, reps),
-        "plan_ms": _median_wall_ms(lambda: plan_attention(ids, ids, **opts), reps),
+        "plan_ms": _median_wall_ms(lambda: plan_attention(q_ids, k_ids, **opts), reps),
     }
 
 

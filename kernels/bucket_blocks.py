@@ -264,9 +264,13 @@ def plan_blocks(
     c_start, c_rows, b_start, b_keys, kind, bucket = (
         x[keep] for x in (c_start, c_rows, b_start, b_keys, kind, bucket)
     )
-    q_all = torch.cat([q_ids.reshape(G * n, T), q_ids.new_full((1, T), -2)])  # ids of a flat query
-    k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)])
-    q_all = q_all.masked_fill(q_all < 0, -2)  # "none" never equals a key's id or none
+    # Every id of a flat query or key, for the classes whose drop mask compares ids: pattern blocks, and
+    # bucket blocks when both sides hold several ids ("none" as −2 and −3, never equal).
+    dedupe = T > 1 and Tk > 1
+    if pattern or dedupe:
+        q_all = torch.cat([q_ids.reshape(G * n, T), q_ids.new_full((1, T), -2)])
+        q_all = q_all.masked_fill(q_all < 0, -2)
+        k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)])
 
     L, M = ladder(c_rows), ladder(b_keys)
     width = (m + 1) * 4  # above every rounded key count
@@ -279,7 +283,9 @@ def plan_blocks(
         real_q, queries, q_at = _padded(c_start[sel], c_rows[sel], width_q, q_flat, q_pos)
         real_k, keys, k_at = _padded(b_start[sel], b_keys[sel], width_k, k_flat, k_pos)
         queries, keys = queries * real_q, keys * real_k
-        dropped = _dropped(block_kind, q_at, k_at, bucket[sel], q_all[queries], k_all[keys], radius)
+        dropped = None
+        if block_kind != _BUCKET or dedupe:
+            dropped = _dropped(block_kind, q_at, k_at, bucket[sel], q_all[queries], k_all[keys], radius)
         limit = q_at.float() if causal else torch.full(q_at.shape, _NO_LIMIT, device=q_at.device)
         key_pos = k_at.float() if causal else torch.zeros(k_at.shape, device=k_at.device)
         limit, key_pos = limit.masked_fill(~real_q, -1), key_pos.masked_fill(~real_k, 2 * _NO_LIMIT)
@@ -306,10 +312,9 @@ def _dropped(
     equal).
     """
     if kind == _BUCKET:
-        if q_ids.shape[2] == 1 or k_ids.shape[2] == 1:
-            return None  # a pair shares at most one bucket
-        # The pair stays in the smallest bucket its tokens share, so an entry is dropped when they share an
-        # id below the block's. Only ids below it matter, at most T − 1 per token (not the block's own).
+        # Called when both sides hold several ids (with one, a pair shares at most one bucket). The pair
+        # stays in the smallest bucket its tokens share, so an entry is dropped when they share an id below
+        # the block's. Only ids below it matter, at most T − 1 per token (not the block's own).
         below = bucket[:, None, None]
         q_ids = q_ids.masked_fill(q_ids >= below, -2).sort(-1, descending=True).values[..., :-1]
         k_ids = k_ids.masked_fill(k_ids >= below, -3).sort(-1, descending=True).values[..., :-1]

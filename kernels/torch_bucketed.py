@@ -413,12 +413,12 @@ def _spread_rows_forward(
     red = _SpreadRows([c.queries for c in plan.classes], plan.num_queries)
     probs = _normalise(scores, alpha, red, ons)
     out = v.new_zeros(plan.num_queries, v.shape[1])
-    weighted = out if alpha == 1.0 or not keep else torch.zeros_like(out)
+    weighted = torch.zeros_like(out) if keep else None
     for blocks, p_all in zip(plan.classes, probs, strict=True):
         for a, b in _chunks(blocks):
             rows, vb = blocks.queries[a:b].reshape(-1), _rows(v, blocks.keys[a:b])
             out.index_add_(0, rows, torch.bmm(p_all[a:b], vb).flatten(0, 1))
-            if weighted is not out:
+            if weighted is not None:
                 weight = entmax_gradient_weight(p_all[a:b], alpha)
                 weighted.index_add_(0, rows, torch.bmm(weight, vb).flatten(0, 1))
     if not keep:
