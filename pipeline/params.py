@@ -402,14 +402,19 @@ class Quality(Section):
 class Speed(Section):
     """Block tasks: forward (and forward + backward) tokens/s of the model at each of ``contexts``, side by
     side — softmax SDPA, the dense α-entmax teacher, and the teacher on each of ``methods``' predicted graph
-    at its sparsest setting with recall ≥ ``recall_target`` (bucket predictors run on the bucketed kernel,
-    the τ-indexer on the indexed one; with ``certified`` the indexer also runs exact, its predicted sets
-    deciding only which key blocks are skipped) — and the share of the forward spent in attention."""
+    (bucket predictors run on the bucketed kernel, the τ-indexer on the indexed one; with ``certified`` the
+    indexer also runs exact, its predicted sets deciding only which key blocks are skipped) — and the share
+    of the forward spent in attention.
+
+    A method runs at its sparsest quality point whose perplexity is within ``perplexity_gap`` (a fraction)
+    of the teacher's, when that is set and such a point exists; otherwise at its sparsest setting with
+    recall ≥ ``recall_target``."""
 
     contexts: list[Annotated[int, Field(ge=2)]] = []  # empty: not measured
     methods: Annotated[list[str], Field(min_length=1)] = ["kmeans"]
     certified: bool = True
     recall_target: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    perplexity_gap: Annotated[float, Field(ge=0.0)] | None = None
     repeats: PositiveInt = 3
     backward: bool = True
 

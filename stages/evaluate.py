@@ -114,14 +114,30 @@ def check_speed(params: Evaluate, model: PreTrainedModel) -> None:
             )
 
 
-def speed_setting(params: Evaluate, rows: list, method: str) -> tuple[Setting, dict]:
-    """The setting the speed table runs ``method``'s predicted graph with: its sparsest setting with recall
-    ≥ ``speed.recall_target``, or its highest-recall one when none reaches it."""
+GRAPH_FIELDS = ("graph_sparsity", "graph_recall", "perplexity")
+"""What a speed row says of the graph its model attends."""
+
+
+def speed_setting(
+    params: Evaluate, rows: list, method: str, teacher_quality: dict, points: list[dict]
+) -> tuple[Setting, dict, str]:
+    """(setting, graph row, what chose it) the speed table runs ``method``'s predicted graph with.
+
+    With ``speed.perplexity_gap``, its sparsest quality point whose perplexity is at most (1 + gap) times
+    the teacher's ("perplexity"); otherwise, or when no point is that close, its sparsest setting with recall
+    ≥ ``speed.recall_target``, or its highest-recall one when none reaches it ("recall")."""
     found = [(s, r) for s, r in rows if r["method"] == method]
+    gap = params.speed.perplexity_gap
+    if gap is not None:
+        limit = (1.0 + gap) * teacher_quality["perplexity"]
+        close = {p["label"] for p in points if p["method"] == method and p["perplexity"] <= limit}
+        within = [(s, r) for s, r in found if r["label"] in close]
+        if within:
+            return (*max(within, key=lambda point: (point[1]["sparsity"], point[1]["recall"])), "perplexity")
     reaching = [(s, r) for s, r in found if r["recall"] >= params.speed.recall_target]
     if reaching:
-        return max(reaching, key=lambda point: (point[1]["sparsity"], point[1]["recall"]))
-    return max(found, key=lambda point: (point[1]["recall"], point[1]["sparsity"]))
+        return (*max(reaching, key=lambda point: (point[1]["sparsity"], point[1]["recall"])), "recall")
+    return (*max(found, key=lambda point: (point[1]["recall"], point[1]["sparsity"])), "recall")
 
 
 def speed_rows(
@@ -131,26 +147,37 @@ def speed_rows(
     projections: dict,
     rows: list,
     gold: float,
+    quality: tuple[dict, list[dict]],
     test: Dataset,
 ) -> list[dict]:
     """The speed table (:func:`~pipeline.evaluation.speed.speed_table`) of softmax SDPA, the dense α-entmax
     teacher and the teacher on each ``speed.methods`` predicted graph at :func:`speed_setting` (the
     τ-indexer also certified when ``speed.certified``), each row with the sparsity and recall of the graph
-    its attention weights live on; [] without contexts."""
+    its attention weights live on, the perplexity measured on it where the quality sweep measured one
+    (``quality`` = the teacher's and the points'), and for predicted graphs what chose the setting; [] without
+    contexts."""
     settings = params.speed
     if not settings.contexts:
         return []
-    # (sparsity, recall) of the graph each model's attention weights live on: the dense ones on every
-    # valid pair (sparsity 0), certified attention on the teacher's own support
-    graphs = {"softmax (sdpa)": (0.0, 1.0), "entmax (dense)": (0.0, 1.0)}
+    teacher_quality, points = quality
+    measured_perplexity = {p["label"]: p["perplexity"] for p in points}
+    # (sparsity, recall, perplexity) of the graph each model's attention weights live on: the dense ones on
+    # every valid pair (sparsity 0; softmax's perplexity is not measured), certified attention on the
+    # teacher's own support
+    exact = teacher_quality["perplexity"]
+    graphs = {"softmax (sdpa)": (0.0, 1.0, None), "entmax (dense)": (0.0, 1.0, exact)}
+    chosen_by = {}
     variants = []  # (label, setting, certified) of each predicted-graph model
     for method in settings.methods:
-        setting, row = speed_setting(params, rows, method)
-        variants.append((row["label"], setting, False))
-        graphs[row["label"]] = (row["sparsity"], row["recall"])
+        setting, row, reason = speed_setting(params, rows, method, teacher_quality, points)
+        label = row["label"]
+        variants.append((label, setting, False))
+        graphs[label] = (row["sparsity"], row["recall"], measured_perplexity.get(label))
+        chosen_by[label] = reason
         if settings.certified and isinstance(setting.predictor, IndexerPredictor):
-            variants.append((f"{row['label']} certified", setting, True))
-            graphs[f"{row['label']} certified"] = (gold, 1.0)
+            variants.append((f"{label} certified", setting, True))
+            graphs[f"{label} certified"] = (gold, 1.0, exact)
+            chosen_by[f"{label} certified"] = reason
     with loading(teacher, "evaluate.teacher"):
         models = {
             "softmax (sdpa)": load_model(teacher, attn_implementation="sdpa"),
@@ -163,7 +190,11 @@ def speed_rows(
         models, test, settings.contexts, repeats=settings.repeats, backward=settings.backward
     )
     return [
-        {**entry, "graph_sparsity": graphs[entry["model"]][0], "graph_recall": graphs[entry["model"]][1]}
+        {
+            **entry,
+            **dict(zip(GRAPH_FIELDS, graphs[entry["model"]], strict=True)),
+            **({"chosen_by": chosen_by[entry["model"]]} if entry["model"] in chosen_by else {}),
+        }
         for entry in measured
     ]
 
@@ -278,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     teacher_quality["sparsity"] = gold["sparsity"]
     students = evaluate_students(params, weights, task, encoded["train"], measure, ensemble)
-    speed = speed_rows(params, teacher, kind, projections, rows, gold["sparsity"], data["test"])
+    found = (teacher_quality, point_rows)
+    speed = speed_rows(params, teacher, kind, projections, rows, gold["sparsity"], found, data["test"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
     write_metrics(
         params.out,

@@ -65,6 +65,11 @@ def write(tmp_path: Path, data: dict) -> Path:
             "pretrain",
             "pretrain.train.max_steps = 1.5: Input should be a valid integer",
         ),
+        (
+            {"evaluate": {"speed": {"perplexity_gap": -0.05}}},
+            "evaluate",
+            "evaluate.speed.perplexity_gap = -0.05: Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_bad_values_give_one_line(tmp_path: Path, data: dict, section: str, expected: str) -> None:

@@ -39,6 +39,7 @@ CONTEXT = 48
 KINDS = {"lm": "decoder_self", "mlm": "encoder_self"}
 STUDENTS = ("sparsefinder", "ssa", "sbm", "samsa")
 PAR_STUDENTS = ("par", "par-hand")  # the lm task's: PAR's papers are decoder-only LMs
+PERPLEXITY_GAP = 0.2
 
 
 def block_params(task: str, corpus: Path) -> dict:
@@ -59,6 +60,8 @@ def block_params(task: str, corpus: Path) -> dict:
     # rotary positions take any length; RoBERTa's learned ones stop at the context
     contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
     params["evaluate"]["speed"] = {"contexts": contexts, "methods": ["kmeans", "indexer"], "repeats": 1}
+    if task == "lm":  # the lm picks its speed settings by perplexity, the mlm by recall
+        params["evaluate"]["speed"]["perplexity_gap"] = PERPLEXITY_GAP
     instances = params["student"]["instances"]
     for name in STUDENTS:
         if "kinds" in instances[name]:
@@ -207,6 +210,19 @@ def test_speed_table_runs_the_models_side_by_side(trained) -> None:
     # certified attention lives on the teacher's own support
     assert (rows[4]["graph_sparsity"], rows[4]["graph_recall"]) == (evaluation["gold_sparsity"], 1.0)
     assert rows[0]["graph_recall"] == 1.0
+    teacher_perplexity = evaluation["quality"]["teacher"]["perplexity"]
+    assert rows[0]["perplexity"] is None
+    assert rows[1]["perplexity"] == rows[4]["perplexity"] == teacher_perplexity
+    points, limit = evaluation["quality"]["points"], (1 + PERPLEXITY_GAP) * teacher_perplexity
+    for row in rows[2:4]:
+        method = row["model"].split("(")[0]
+        close = [p for p in points if p["method"] == method and p["perplexity"] <= limit]
+        if task == "lm" and close:  # the sparsest point within the gap, with its measured perplexity
+            best = max(close, key=lambda p: (p["graph_sparsity"], p["graph_recall"]))
+            assert row["chosen_by"] == "perplexity" and row["model"] == best["label"]
+            assert row["perplexity"] == best["perplexity"]
+        else:
+            assert row["chosen_by"] == "recall"
     # the wall times live beside the metrics, which stay reproducible
     assert all("forward_seconds" not in row for row in rows)
     assert [t["model"] for t in timings["speed"]] == [row["model"] for row in rows]
