@@ -79,24 +79,28 @@ def _distinct_ids(buckets: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------- normaliser
 # A normaliser works on the entries of every query, held in one or several tensors ("parts", each
-# (…, W) with one row of entries per leading index); a reducer maps rows to queries.
+# (…, W) with one row of entries per leading index); a reducer maps rows to queries. Each pass of a
+# normaliser takes the parts one at a time and runs all of its operations on a part before the next, so a
+# cache-sized part is read from memory once per pass; per-row statistics are then summed per query.
 
 
 class _WholeRows:
     """One part whose every row holds all keys of its query: per-query values have the rows' shape (…)."""
 
     @staticmethod
-    def sum(values: list[torch.Tensor]) -> torch.Tensor:
-        return values[0].sum(-1)
+    def reduce(stats: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        """Per-query sums of the parts' per-row statistics: S values (…) per part, S values (…) in all."""
+        return stats[0]
 
     @staticmethod
     def max(values: list[torch.Tensor]) -> torch.Tensor:
-        return values[0].amax(-1)
+        """Per-query maxima of the parts' per-row values (…)."""
+        return values[0]
 
     @staticmethod
-    def at(per_query: torch.Tensor) -> list[torch.Tensor]:
-        """Per-query values (…) broadcast over a row's entries (…, 1)."""
-        return [per_query[..., None]]
+    def at(per_query: torch.Tensor, part: int) -> torch.Tensor:
+        """Per-query values (…) broadcast over the entries of each row of ``part`` (…, 1)."""
+        return per_query[..., None]
 
 
 @dataclass(frozen=True)
@@ -107,37 +111,48 @@ class _SpreadRows:
     rows: list[torch.Tensor]
     num_queries: int
 
-    def sum(self, values: list[torch.Tensor]) -> torch.Tensor:
-        out = values[0].new_zeros(self.num_queries)
-        for part, rows in zip(values, self.rows, strict=True):
-            out.index_add_(0, rows.reshape(-1), part.sum(-1).reshape(-1))
-        return out
+    def reduce(self, stats: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        out = stats[0][0].new_zeros(len(stats[0]), self.num_queries)
+        for part, rows in zip(stats, self.rows, strict=True):
+            out.index_add_(1, rows.reshape(-1), torch.stack(part).flatten(1))
+        return list(out)
 
     def max(self, values: list[torch.Tensor]) -> torch.Tensor:
         out = values[0].new_full((self.num_queries,), _MASKED)
         for part, rows in zip(values, self.rows, strict=True):
-            out.scatter_reduce_(0, rows.reshape(-1), part.amax(-1).reshape(-1), "amax")
+            out.scatter_reduce_(0, rows.reshape(-1), part.reshape(-1), "amax")
         return out
 
-    def at(self, per_query: torch.Tensor) -> list[torch.Tensor]:
-        return [per_query[rows][..., None] for rows in self.rows]
+    def at(self, per_query: torch.Tensor, part: int) -> torch.Tensor:
+        return per_query[self.rows[part]][..., None]
 
 
 Reducer = type[_WholeRows] | _SpreadRows
 
 
-def _clamped_diffs(
-    xs: list[torch.Tensor], tau: torch.Tensor, red: Reducer, out: list[torch.Tensor]
-) -> list[torch.Tensor]:
-    """(x − τ)₊ of every part, written into ``out``."""
-    return [torch.sub(x, t, out=o).clamp_min_(0) for x, t, o in zip(xs, red.at(tau), out, strict=True)]
+def _query_sums(values: list[torch.Tensor], red: Reducer) -> torch.Tensor:
+    """Σ over each query's entries of the parts ``values``."""
+    return red.reduce([[v.sum(-1)] for v in values])[0]
+
+
+def _thresholds(
+    red: Reducer, per_query: torch.Tensor, offsets: list[torch.Tensor | None], part: int
+) -> torch.Tensor:
+    """A per-query threshold τ as each row of ``part`` sees it (…, 1): τ plus the row's offset."""
+    at = red.at(per_query, part)
+    return at if offsets[part] is None else at + offsets[part]
+
+
+def _clamped(x: torch.Tensor, tau: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """(x − τ)₊ written into the front of ``buffer`` (reused: fresh large buffers cost page faults)."""
+    return torch.sub(x, tau, out=buffer[: x.numel()].view(x.shape)).clamp_min_(0)
 
 
 def _newton_threshold(
-    xs: list[torch.Tensor], count: torch.Tensor, alpha: float, red: Reducer
+    xs: list[torch.Tensor], offsets: list, count: torch.Tensor, alpha: float, red: Reducer
 ) -> torch.Tensor:
-    """τ per query for x = (α − 1)(s − max) (far below −1 off the mask), any α > 1; count = attended keys
-    per query.
+    """τ per query for rows x (far below −1 off the mask) whose query sees x − offset, x − offset =
+    (α − 1)(s − max) over the query's entries, any α > 1; count = attended keys per query.
 
     F(τ) = Σ_j [x_j − τ]₊^β (β = 1/(α − 1)) decreases and F(τ*) = 1 for τ* in [−1, −(1/count)^{α−1}].
     Newton on h(τ) = F(τ)^{1/β} − 1, safeguarded by bisection on that bracket.
@@ -147,12 +162,15 @@ def _newton_threshold(
     hi = -((1.0 / count.clamp_min(1)) ** (alpha - 1.0))  # F(hi) ≤ 1: each key contributes ≤ 1/count
     tau = lo.clone()
     tol = 4 * torch.finfo(xs[0].dtype).eps
-    buffers = [torch.empty_like(x) for x in xs]  # reused: fresh large buffers cost page faults
+    buffer = xs[0].new_empty(max(x.numel() for x in xs))
     for _ in range(_MAX_NEWTON_STEPS):
-        diffs = _clamped_diffs(xs, tau, red, buffers)
-        mass = red.sum([d.pow(beta) for d in diffs])
-        slopes = [torch.where(d > 0, d, 1.0).pow(beta - 1.0).masked_fill(d <= 0, 0) for d in diffs]
-        slope = beta * red.sum(slopes)
+        stats = []
+        for part, x in enumerate(xs):
+            d = _clamped(x, _thresholds(red, tau, offsets, part), buffer)
+            slope_terms = torch.where(d > 0, d, 1.0).pow_(beta - 1.0).masked_fill_(d <= 0, 0)  # d^{β−1}
+            stats.append([torch.linalg.vecdot(slope_terms, d), slope_terms.sum(-1)])
+        mass, slope = red.reduce(stats)
+        slope = beta * slope
         lo = torch.where(mass >= 1, tau, lo)
         hi = torch.where(mass < 1, tau, hi)
         # For β ≥ 1, h is a norm of (x − τ)₊: convex and decreasing, so steps from below never overshoot,
@@ -166,49 +184,105 @@ def _newton_threshold(
     return tau
 
 
+def _support_sums(
+    x: torch.Tensor,
+    tau: torch.Tensor,
+    beta: float,
+    buffer: torch.Tensor,
+    candidate: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Per row of x: Σ (x − τ)₊, Σ (x − τ)₊² (β = 2 only) and |{x > τ}|, then |{x > candidate}| when given;
+    τ and candidate (…, 1), all of them in one visit of x."""
+    d = _clamped(x, tau, buffer)
+    sums = [d.sum(-1), torch.linalg.vecdot(d, d)] if beta == 2.0 else [d.sum(-1)]
+    sums.append(d.sign_().sum(-1))  # the sign of a float: cheaper than counting a mask
+    if candidate is not None:
+        sums.append(_clamped(x, candidate, d).sign_().sum(-1))
+    return sums
+
+
+def _support_steps(sums: list[torch.Tensor], tau: torch.Tensor, beta: float) -> tuple[torch.Tensor, ...]:
+    """From the sums at τ ≤ τ* (:func:`_support_sums`, per query): the τ′ solving the equation on the
+    support S = {x > τ}, the Newton step from below, and |S|."""
+    s1, k = sums[0], sums[-1]
+    if beta == 1.0:
+        exact = tau + (s1 - 1.0) / k.clamp_min(1)
+        return exact, exact, k
+    s2 = sums[1]
+    root = (s1 * s1 - k * (s2 - 1.0)).clamp_min(0).sqrt()
+    exact = tau + (s2 - 1.0) / (s1 + root).masked_fill(s1 + root == 0, 1.0)
+    newton = tau + (s2 - s2.sqrt()) / s1.masked_fill(s1 == 0, 1.0)
+    return exact, newton, k
+
+
 def _support_threshold(
-    xs: list[torch.Tensor], start: torch.Tensor, alpha: float, red: Reducer, *, first_check: int = 1
+    x: torch.Tensor, start: torch.Tensor, alpha: float, *, check_first: bool = False
 ) -> torch.Tensor:
-    """Exact τ per query for α = 2 (β = 1) or α = 1.5 (β = 2); x = (α − 1)(s − max), start ≤ τ* per query.
+    """Exact τ per row of x (…, M) for α = 2 (β = 1) or α = 1.5 (β = 2); x = (α − 1)(s − max), start ≤ τ*.
 
     At τ ≤ τ* the support S = {x > τ} contains the true one. With y = x − τ on S, the τ′ = τ + δ solving
     Σ_S (y − δ) = 1 or Σ_S (y − δ)² = 1 (smaller root, written without cancellation) is τ* exactly when
-    {x > τ′} still has |S| elements (nested sets, so then it is S itself): the sort-based value. Queries not
-    yet there take a Newton step on F^{1/β} − 1 from below, which never overshoots. The check starts at step
-    ``first_check`` (from τ = −1 the first support is almost never final). With whole rows, once most rows
-    are settled the rest continue on their own (a gather of few rows beats more passes over all).
+    {x > τ′} still has |S| elements (nested sets, so then it is S itself): the sort-based value. Rows not
+    yet there take a Newton step on F^{1/β} − 1 from below, which never overshoots. The first step's τ′ is
+    checked only with ``check_first`` (from τ = −1 it is almost never final). Once most rows are settled the
+    rest continue on their own (a gather of few rows beats more passes over all).
     """
     beta = 1.0 / (alpha - 1.0)
     tau = start
-    buffers = [torch.empty_like(x) for x in xs]  # reused: fresh large buffers cost page faults
-    squares = [torch.empty_like(x) for x in xs] if beta == 2.0 else None
+    buffer = torch.empty_like(x)  # reused: fresh large buffers cost page faults
     for step in range(_MAX_NEWTON_STEPS):
-        diffs = _clamped_diffs(xs, tau, red, buffers)
-        s1 = red.sum(diffs)
-        if squares is None:
-            k = red.sum([d.sign_() for d in diffs])
-            exact = newton = tau + (s1 - 1.0) / k.clamp_min(1)
-        else:
-            s2 = red.sum([torch.mul(d, d, out=sq) for d, sq in zip(diffs, squares, strict=True)])
-            k = red.sum([d.sign_() for d in diffs])  # |S|; sign of a float, cheaper than counting a mask
-            root = (s1 * s1 - k * (s2 - 1.0)).clamp_min(0).sqrt()
-            exact = tau + (s2 - 1.0) / (s1 + root).masked_fill(s1 + root == 0, 1.0)
-            newton = tau + (s2 - s2.sqrt()) / s1.masked_fill(s1 == 0, 1.0)
-        if step < first_check:
+        exact, newton, k = _support_steps(_support_sums(x, tau[..., None], beta, buffer), tau, beta)
+        if step == 0 and not check_first:
             tau = newton
             continue
-        done = red.sum([d.sign_() for d in _clamped_diffs(xs, exact, red, buffers)]) == k
+        done = _clamped(x, exact[..., None], buffer).sign_().sum(-1) == k
         tau = torch.where(done, exact, newton)
         left = int(done.numel() - done.sum())
         if left == 0:
             break
-        if red is _WholeRows and 2 * left <= done.numel():
-            x = xs[0]
+        if 2 * left <= done.numel():
             rest = (~done).flatten().nonzero().squeeze(1)  # (left,) rows still searching
             flat = tau.flatten()  # a copy or a view of the fresh τ: safe to write into
             sub = x.reshape(-1, x.shape[-1]).index_select(0, rest)  # (left, M)
-            flat[rest] = _support_threshold([sub], flat[rest], alpha, red, first_check=0)
+            flat[rest] = _support_threshold(sub, flat[rest], alpha, check_first=True)
             return flat.view(tau.shape)
+    return tau
+
+
+def _spread_support_threshold(
+    xs: list[torch.Tensor], offsets: list, alpha: float, red: _SpreadRows
+) -> torch.Tensor:
+    """:func:`_support_threshold` for queries whose entries are spread over rows of several parts; a row's
+    query sees x − offset = (α − 1)(s − max). The parts together exceed the cache, so each step reads them
+    once: the sums at the Newton point and the count that checks the previous step's τ′ together."""
+    beta = 1.0 / (alpha - 1.0)
+    tau = xs[0].new_full((red.num_queries,), -1.0)
+    candidate, size = None, None
+    settled = torch.zeros_like(tau, dtype=torch.bool)
+    buffer = xs[0].new_empty(max(x.numel() for x in xs))
+    for step in range(_MAX_NEWTON_STEPS):
+        sums = red.reduce(
+            [
+                _support_sums(
+                    x,
+                    _thresholds(red, tau, offsets, part),
+                    beta,
+                    buffer,
+                    None if candidate is None else _thresholds(red, candidate, offsets, part),
+                )
+                for part, x in enumerate(xs)
+            ]
+        )
+        if candidate is not None:
+            exact = (sums.pop() == size) & ~settled
+            tau = torch.where(exact, candidate, tau)
+            settled |= exact
+            if bool(settled.all()):
+                break
+        candidate, newton, size = _support_steps(sums, tau, beta)
+        tau = torch.where(settled, tau, newton)
+        if step == 0:
+            candidate = None  # from τ = −1 almost never final
     return tau
 
 
@@ -224,42 +298,63 @@ def _normalise(
 
     α-entmax(s)_j = [(α − 1)(s_j − max s) − τ]₊^{1/(α−1)} with τ such that Σ_j p_j = 1.
 
-    Entries off the mask hold −inf, or, when ``keep`` is given, ``_MASKED`` or less in the parts whose
-    ``keep`` (1 on the mask, 0 off it) is not None: exp then runs on arguments clamped to ``_EXP_FLOOR``
-    (below it exp underflows, and on CPU takes a slow path) and ``keep`` zeroes the entries off the mask
-    exactly. For softmax, ``log_norm`` (per query) receives log Σ_j exp(s_j), −inf for a query without keys.
+    Each row is shifted by its own maximum r; a query whose maximum m lies in another row sees the row's
+    entries lowered by (α − 1)(m − r) (softmax: scaled by exp(r − m)). Entries off the mask hold −inf, or,
+    when ``keep`` is given, ``_MASKED`` or less in the parts whose ``keep`` (1 on the mask, 0 off it) is not
+    None: exp then runs on arguments clamped to ``_EXP_FLOOR`` (below it exp underflows, and on CPU takes a
+    slow path) and ``keep`` zeroes the entries off the mask exactly. For softmax, ``log_norm`` (per query)
+    receives log Σ_j exp(s_j), −inf for a query without keys.
     """
-    q_max = red.max(scores)
-    q_max = q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)  # empty queries: any finite shift
-    shifted = [s.sub_(m) for s, m in zip(scores, red.at(q_max), strict=True)]  # ≤ 0 off empty queries
     keep = [None] * len(scores) if keep is None else keep
+    row_max = [s.amax(-1) for s in scores]
+    q_max = red.max(row_max)
+    q_max = q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)  # empty queries: any finite shift
+    if red is _WholeRows:
+        row_max, below = [q_max], [None]
+    else:  # a row without keys takes its query's shift; below: how far each row's maximum lies under it
+        row_max = [
+            torch.where(r <= 0.5 * _MASKED, red.at(q_max, i)[..., 0], r) for i, r in enumerate(row_max)
+        ]
+        below = [red.at(q_max, i) - r[..., None] for i, r in enumerate(row_max)]
+    for s, r in zip(scores, row_max, strict=True):
+        s.sub_(r[..., None])  # ≤ 0 off empty rows
     if alpha == 1.0:
         probs = [
             x.exp_() if on is None else x.clamp_min_(_EXP_FLOOR).exp_().mul_(on)
-            for x, on in zip(shifted, keep, strict=True)
+            for x, on in zip(scores, keep, strict=True)
         ]
+        factors = [None if b is None else b.neg_().exp_() for b in below]
     else:
-        xs = [x.mul_(alpha - 1.0) for x in shifted]
+        xs = [x.mul_(alpha - 1.0) for x in scores]
+        offsets = [None if b is None else b.mul_(alpha - 1.0) for b in below]
         if alpha in (1.5, 2.0):
-            tau = _support_threshold(xs, torch.full_like(q_max, -1.0), alpha, red)
-        else:
-            count = red.sum(
-                [
-                    (x > 0.5 * _MASKED).to(x.dtype) if on is None else on
-                    for x, on in zip(xs, keep, strict=True)
-                ]
+            tau = (
+                _support_threshold(xs[0], torch.full_like(q_max, -1.0), alpha)
+                if red is _WholeRows
+                else _spread_support_threshold(xs, offsets, alpha, red)
             )
-            tau = _newton_threshold(xs, count, alpha, red)
-        probs = [x.sub_(t).clamp_min_(0) for x, t in zip(xs, red.at(tau), strict=True)]
-        for p in probs:
+        else:
+            masks = [
+                (x > 0.5 * _MASKED if on is None else on).to(x.dtype) for x, on in zip(xs, keep, strict=True)
+            ]
+            tau = _newton_threshold(xs, offsets, _query_sums(masks, red), alpha, red)
+        probs = []
+        for part, x in enumerate(xs):
+            p = x.sub_(_thresholds(red, tau, offsets, part)).clamp_min_(0)
             if alpha == 1.5:
                 p.square_()
             elif alpha != 2.0:
                 p.pow_(1.0 / (alpha - 1.0))
-    total = red.sum(probs)
+            probs.append(p)
+        factors = [None] * len(probs)
+    sums = [p.sum(-1) if f is None else p.sum(-1) * f[..., 0] for p, f in zip(probs, factors, strict=True)]
+    total = red.reduce([[row_sum] for row_sum in sums])[0]
     if log_norm is not None:
         torch.add(q_max, total.log(), out=log_norm)
-    return [p.div_(t) for p, t in zip(probs, red.at(total.masked_fill(total == 0, 1.0)), strict=True)]
+    total = total.masked_fill(total == 0, 1.0)
+    for part, (p, f) in enumerate(zip(probs, factors, strict=True)):
+        p.div_(red.at(total, part) if f is None else red.at(total, part) / f)
+    return probs
 
 
 def entmax_gradient_weight(probs: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -377,11 +472,11 @@ def _spread_softmax_forward(
         log_norms.append(log_norm)
         partial.append(out)
     red = _SpreadRows([c.queries for c in plan.classes], plan.num_queries)
-    log_norms = [w[..., None] for w in log_norms]  # (blocks, L, 1): one entry per row
     top = red.max(log_norms)  # (N,) finite even for a query without keys
-    total = red.sum([(w - t).exp_() for w, t in zip(log_norms, red.at(top), strict=True)])
+    total = _query_sums([(w[..., None] - red.at(top, c)).exp_() for c, w in enumerate(log_norms)], red)
     query_norm = top + total.masked_fill(total == 0, 1.0).log()  # w_i, or a finite stand-in
-    factors = [(w - t).exp_() for w, t in zip(log_norms, red.at(query_norm), strict=True)]  # 0 on empty rows
+    # (blocks, L, 1), 0 on empty rows
+    factors = [(w[..., None] - red.at(query_norm, c)).exp_() for c, w in enumerate(log_norms)]
     out = v.new_zeros(plan.num_queries, dv)
     for blocks, rows_out, factor in zip(plan.classes, partial, factors, strict=True):
         out.index_add_(0, blocks.queries.reshape(-1), rows_out.mul_(factor).flatten(0, 1))
@@ -389,7 +484,7 @@ def _spread_softmax_forward(
         return out, _Forward([])
     for probs, factor in zip(kept, factors, strict=True):
         probs.mul_(factor)
-    return out, _Forward(kept, out, red.sum(factors))
+    return out, _Forward(kept, out, _query_sums(factors, red))
 
 
 def _spread_rows_forward(
@@ -397,34 +492,34 @@ def _spread_rows_forward(
 ) -> tuple[torch.Tensor, _Forward]:
     """A query's keys in several block rows. Softmax merges rows normalised on their own
     (:func:`_spread_softmax_forward`); α-entmax computes every block's scores first, its threshold over all
-    of them, then the output a chunk at a time."""
+    of them (the normaliser's parts are the cache-sized chunks), then the output a chunk at a time."""
     if alpha == 1.0:
         return _spread_softmax_forward(q, k, v, plan, keep=keep)
-    scores, ons = [], []
+    scores, parts, rows, ons = [], [], [], []
     for blocks in plan.classes:
         s = q.new_empty(*blocks.queries.shape, blocks.keys.shape[1])
-        on = torch.empty_like(s) if blocks.masked else None
         for a, b in _chunks(blocks):
-            part_on = _block_scores(q, k, blocks, a, b, s[a:b])[1]
-            if on is not None:
-                on[a:b] = part_on
+            parts.append(s[a:b])
+            rows.append(blocks.queries[a:b])
+            ons.append(_block_scores(q, k, blocks, a, b, s[a:b])[1])
         scores.append(s)
-        ons.append(on)
-    red = _SpreadRows([c.queries for c in plan.classes], plan.num_queries)
-    probs = _normalise(scores, alpha, red, ons)
+    red = _SpreadRows(rows, plan.num_queries)
+    _normalise(parts, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
     out = v.new_zeros(plan.num_queries, v.shape[1])
     weighted = torch.zeros_like(out) if keep else None
-    for blocks, p_all in zip(plan.classes, probs, strict=True):
+    weights = []
+    for blocks, p_all in zip(plan.classes, scores, strict=True):
         for a, b in _chunks(blocks):
-            rows, vb = blocks.queries[a:b].reshape(-1), _rows(v, blocks.keys[a:b])
-            out.index_add_(0, rows, torch.bmm(p_all[a:b], vb).flatten(0, 1))
+            at, vb = blocks.queries[a:b].reshape(-1), _rows(v, blocks.keys[a:b])
+            out.index_add_(0, at, torch.bmm(p_all[a:b], vb).flatten(0, 1))
             if weighted is not None:
                 weight = entmax_gradient_weight(p_all[a:b], alpha)
-                weighted.index_add_(0, rows, torch.bmm(weight, vb).flatten(0, 1))
+                weighted.index_add_(0, at, torch.bmm(weight, vb).flatten(0, 1))
+                weights.append(weight.sum(-1))
     if not keep:
         return out, _Forward([])
-    weight_sums = red.sum([entmax_gradient_weight(p, alpha) for p in probs])
-    return out, _Forward(probs, weighted, weight_sums)
+    weight_sums = red.reduce([[w] for w in weights])[0]
+    return out, _Forward(scores, weighted, weight_sums)
 
 
 class BucketBlockAttention(torch.autograd.Function):
