@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-ROWS = 128
+ROWS = 256
 """Most queries in one block (non-causal)."""
 
 CAUSAL_ROWS = 64

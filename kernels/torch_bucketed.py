@@ -46,7 +46,7 @@ import torch
 
 from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
 
-CHUNK_ENTRIES = 2**17
+CHUNK_ENTRIES = 2**18
 """Score entries per chunk: scores, probabilities and gradients of a chunk stay in L2."""
 
 _MASKED = -torch.finfo(torch.float32).max
