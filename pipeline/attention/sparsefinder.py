@@ -257,10 +257,10 @@ def sparsefinder_attention_forward(
             head.record_graph(graph.expand(-1, query.shape[1], -1, -1), allowed, q_valid)
     if not use_kernel:
         return entmax_attention_forward(*dense, graph, **options)
-    output = bucketed_attention(
+    output = bucketed_attention(  # the kernel reads grouped keys and values where they are
         query,
-        keys,
-        _per_query_head(value, groups),
+        key,
+        value,
         prediction.q_buckets,
         prediction.k_buckets,
         alpha=alpha,
