@@ -11,7 +11,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedModel
 
-from pipeline.attention import load_model
+from pipeline.attention import load_model, model_skeleton
 from pipeline.attention.recording import Layout, model_layout
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.corpus_card import TASKS, read_corpus_card
@@ -63,14 +63,16 @@ def main(argv: list[str] | None = None) -> None:
     teacher = resolve_checkpoint(params.teacher, "extract.teacher", local=True)
     data, corpus_tokenizer = load_corpus(params.data, "extract.data", tasks=TASKS)
     with loading(teacher, "extract.teacher"):
-        model = load_model(teacher)
+        skeleton = model_skeleton(teacher)  # the checks need no weights: they come after
         tokenizer = AutoTokenizer.from_pretrained(teacher)
-    check_kinds(params, model)
+    check_kinds(params, skeleton)
     task = read_corpus_card(params.data, "extract.data").task
     key = f"extract.teacher = {params.teacher!r}"
-    data = data_for_model(data, corpus_tokenizer, tokenizer, model, task=task, key=key)
+    data = data_for_model(data, corpus_tokenizer, tokenizer, skeleton, task=task, key=key)
     for name, store in params.stores.items():
-        check_lengths(params, name, data[store.split], model_layout(model))
+        check_lengths(params, name, data[store.split], model_layout(skeleton))
+    with loading(teacher, "extract.teacher"):
+        model = load_model(teacher)
     fingerprint = teacher_fingerprint(model, teacher)
     summaries = {}
     for name, store in params.stores.items():

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint
 from pipeline.corpus_card import TASKS, read_corpus_card
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> None:
         parent = None
     else:
         with loading(init, "pretrain.init"):
+            check_generation_fits("pretrain", params, AutoConfig.from_pretrained(init))
             tokenizer = AutoTokenizer.from_pretrained(init)
             model = load_pretrained(init, attn_implementation="sdpa")
-        check_generation_fits("pretrain", params, model)
         table = getattr(model.config, "max_position_embeddings", params.model.max_positions)
         data = encode_with(tokenizer, data, min(params.model.max_positions, table))
         parent = describe_parent(init)

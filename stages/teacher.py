@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from pipeline.attention import ENTMAX, attach_learned_alpha
 from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint
@@ -20,12 +20,12 @@ def main(argv: list[str] | None = None) -> None:
     data, corpus_tokenizer = load_corpus(params.data, "teacher.data", tasks=TASKS)
     task = read_corpus_card(params.data, "teacher.data").task
     with loading(init, "teacher.init"):
+        if task == "translation":
+            check_generation_fits("teacher", params, AutoConfig.from_pretrained(init))
         model = load_pretrained(init, task, attn_implementation=ENTMAX, entmax_alpha=params.alpha)
         tokenizer = AutoTokenizer.from_pretrained(init)
     if params.learn_alpha:
         attach_learned_alpha(model)
-    if task == "translation":
-        check_generation_fits("teacher", params, model)
     data = data_for_model(
         data, corpus_tokenizer, tokenizer, model, task=task, key=f"teacher.init = {params.init!r}"
     )

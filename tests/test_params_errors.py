@@ -8,6 +8,7 @@ case runs ``python -m stages.pretrain`` as a process of its own, for the entry p
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import subprocess
@@ -297,10 +298,21 @@ def test_pretrain_positions_shorter_than_the_corpus(tmp_path: Path, corpus: Path
     assert "holds sequences of up to" in line and not (tmp_path / "artifacts/runs").exists()
 
 
+def forbid_loading_weights(monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> None:
+    """Make ``module.name`` (the stage's weight loader) fail the test: a check that needs no weights must
+    stop the stage before any are read."""
+
+    def loaded(*args, **kwargs):
+        raise AssertionError(f"{module}.{name} loaded weights before the check")
+
+    monkeypatch.setattr(importlib.import_module(module), name, loaded)
+
+
 @pytest.mark.parametrize("stage", ["pretrain", "teacher"])
 def test_generation_longer_than_the_init_positions(
-    tmp_path: Path, corpus: Path, teacher: Path, stage: str
+    tmp_path: Path, corpus: Path, teacher: Path, stage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    forbid_loading_weights(monkeypatch, f"stages.{stage}", "load_pretrained")
     changes = {
         f"{stage}.data": str(corpus),
         f"{stage}.init": str(teacher),
@@ -371,9 +383,11 @@ def test_teacher_init_unknown_hub_id(tmp_path: Path, corpus: Path) -> None:
 
 @pytest.mark.parametrize("store", ["train", "test"])
 def test_extract_min_length_beyond_every_sentence(
-    tmp_path: Path, corpus: Path, teacher: Path, store: str
+    tmp_path: Path, corpus: Path, teacher: Path, store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every store is checked before any is written: a bad held-out store leaves no training store."""
+    """Every store is checked before any is written, and before the teacher's weights are read: a bad
+    held-out store leaves no training store."""
+    forbid_loading_weights(monkeypatch, "stages.extract", "load_model")
     changes = {
         "extract.data": str(corpus),
         "extract.teacher": str(teacher),
@@ -388,7 +402,10 @@ def test_extract_min_length_beyond_every_sentence(
     assert int(line.rsplit(" ", 1)[1]) <= TEACHER_POSITIONS
 
 
-def test_extract_kinds_of_different_shapes(tmp_path: Path, corpus: Path, teacher: Path) -> None:
+def test_extract_kinds_of_different_shapes(
+    tmp_path: Path, corpus: Path, teacher: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forbid_loading_weights(monkeypatch, "stages.extract", "load_model")
     changes = {
         "extract.data": str(corpus),
         "extract.teacher": str(teacher),

@@ -27,7 +27,7 @@ from pipeline.attention.interface import (
     register_attention,
     register_state_attacher,
 )
-from pipeline.attention.loading import load_model
+from pipeline.attention.loading import load_model, model_skeleton
 from pipeline.attention.sparsity import attention_sparsity, collect_marian_sparsity
 
 register_entmax()
@@ -47,6 +47,7 @@ __all__ = [
     "entmax_normalize",
     "load_model",
     "mask_scores",
+    "model_skeleton",
     "register_attention",
     "register_entmax",
     "register_state_attacher",

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import torch
 import transformers
 from safetensors.torch import load_file
 from torch import Tensor
@@ -48,6 +49,35 @@ def load_model(
     """
     folder = Path(folder)
     verify_checkpoint(folder)
+    model = _build(folder, model_cls, attn_implementation)
+    missing, unexpected = model.load_state_dict(_load_state_dict(folder), strict=False)
+    left_out = set(model.all_tied_weights_keys) | set(model._keys_to_ignore_on_save)
+    missing = sorted(set(missing) - left_out)
+    if missing or unexpected:
+        raise UserError(
+            f"checkpoint {folder} does not match {type(model).__name__}: "
+            f"missing {missing}, unexpected {sorted(unexpected)}"
+        )
+    return model.eval()
+
+
+def model_skeleton(
+    folder: str | os.PathLike,
+    model_cls: type[PreTrainedModel] | None = None,
+    *,
+    attn_implementation: str = ENTMAX,
+) -> PreTrainedModel:
+    """The model :func:`load_model` builds from ``folder``, on the meta device and without its weights:
+    its config and modules, for checks that need no weights, at no cost whatever the checkpoint's size."""
+    with torch.device("meta"):
+        return _build(Path(folder), model_cls, attn_implementation)
+
+
+def _build(
+    folder: Path, model_cls: type[PreTrainedModel] | None, attn_implementation: str
+) -> PreTrainedModel:
+    """The model of ``folder``'s config (class from ``config.architectures`` unless ``model_cls`` is given)
+    with its stacks and attention state, weights freshly initialised."""
     if model_cls is None:
         config = AutoConfig.from_pretrained(folder)
         model_cls = getattr(transformers, config.architectures[0])
@@ -56,13 +86,4 @@ def load_model(
     model = model_cls._from_config(config, attn_implementation=attn_implementation)
     build_configured_stacks(model)
     attach_state(model)
-
-    missing, unexpected = model.load_state_dict(_load_state_dict(folder), strict=False)
-    left_out = set(model.all_tied_weights_keys) | set(model._keys_to_ignore_on_save)
-    missing = sorted(set(missing) - left_out)
-    if missing or unexpected:
-        raise UserError(
-            f"checkpoint {folder} does not match {model_cls.__name__}: "
-            f"missing {missing}, unexpected {sorted(unexpected)}"
-        )
-    return model.eval()
+    return model

@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 from datasets import DatasetDict, load_from_disk
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import (
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+)
 
 import pipeline.attention  # noqa: F401  (registers the attention implementations)
 from pipeline.attention.sparsity import collect_marian_sparsity
@@ -54,9 +60,10 @@ def longest_sequence(data: DatasetDict) -> int:
     )
 
 
-def check_generation_fits(stage: str, params: Pretrain | Teacher, model: PreTrainedModel) -> None:
-    """Raise :class:`UserError` when ``eval.max_new_tokens`` runs past the ``init`` model's positions."""
-    positions = getattr(model.config, "max_position_embeddings", None)
+def check_generation_fits(stage: str, params: Pretrain | Teacher, config: PretrainedConfig) -> None:
+    """Raise :class:`UserError` when ``eval.max_new_tokens`` runs past the positions of the ``init`` model
+    (its ``config``: checked before any weight is loaded)."""
+    positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and params.eval.max_new_tokens > positions:
         raise UserError(
             f"{stage}.eval.max_new_tokens = {params.eval.max_new_tokens}: the model of {stage}.init = "

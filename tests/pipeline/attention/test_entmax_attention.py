@@ -30,6 +30,7 @@ from pipeline.attention import (
     entmax_attention_forward,
     entmax_normalize,
     load_model,
+    model_skeleton,
 )
 from pipeline.errors import UserError
 from tests.tiny import standard_marian
@@ -391,3 +392,16 @@ def test_load_model_rejects_a_checkpoint_that_does_not_match(tmp_path):
     model.config.save_pretrained(tmp_path)
     with pytest.raises(UserError, match=r"missing .*entmax_alpha"):
         load_model(tmp_path, MarianMTModel)
+
+
+def test_model_skeleton_has_the_loaded_models_modules_and_reads_no_weights(tmp_path):
+    model = marian(1.5)
+    attach_learned_alpha(model)
+    model.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path)
+    (tmp_path / "model.safetensors").unlink()  # the skeleton needs the config alone
+    skeleton = model_skeleton(tmp_path)
+    assert type(skeleton) is MarianMTModel and skeleton.config._attn_implementation == ENTMAX
+    shapes = {name: p.shape for name, p in skeleton.named_parameters()}
+    assert shapes == {name: p.shape for name, p in loaded.named_parameters()}  # learned α included
+    assert all(p.is_meta for p in skeleton.parameters())
