@@ -1,0 +1,123 @@
+"""The long-context profile end to end: ``dvc repro`` of ``configs/lm.yaml`` shrunk to micro sizes (a few
+books, 64-token blocks, a two-layer Llama, a handful of steps) in a temporary copy of the project, through
+the report: block corpus, softmax then α-entmax LM, decoder self-attention graphs, predictors, PAR and the
+other students, perplexity at each method's points and the speed table."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_pipeline_e2e import ROOT, dvc, project_files
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path("/usr/share/sword/mods.d/engKJV2006eb.conf").is_file(), reason="SWORD modules not installed"
+    ),
+]
+
+CONTEXT = 64
+# configs/lm.yaml's keys changed for micro sizes, as (section path, values)
+MICRO = [
+    (("prepare",), {"context": CONTEXT, "vocab_size": 300, "valid_fraction": 0.1, "test_fraction": 0.1}),
+    (("prepare", "sword"), {"books": ["Ruth", "Jonah", "Obad", "Phlm", "Jude"]}),
+    (
+        ("pretrain", "model"),
+        {"d_model": 32, "decoder_layers": 2, "heads": 2, "ffn_dim": 64, "max_positions": CONTEXT},
+    ),
+    # enough steps at a high enough rate for the α-entmax teacher's attention to be sparse
+    (
+        ("pretrain", "train"),
+        {"max_steps": 150, "lr": 0.01, "warmup_steps": 5, "eval_steps": 150, "save_steps": 150},
+    ),
+    (("pretrain", "eval"), {"test_examples": 4, "sparsity_examples": 2}),
+    (
+        ("teacher", "train"),
+        {"max_steps": 10, "lr": 0.001, "warmup_steps": 1, "eval_steps": 10, "save_steps": 10},
+    ),
+    (("teacher", "eval"), {"test_examples": 4, "sparsity_examples": 2}),
+    (("extract", "stores", "train"), {"max_sentences": 12}),
+    (("extract", "stores", "test"), {"max_sentences": 4}),
+    (("project",), {"hidden": 8, "epochs": 1}),
+    (("cluster",), {"bucket_counts": [2, 4], "routing_clusters": [2], "reformer_buckets": [2]}),
+    (("cluster", "indexer"), {"ranks": [2], "epochs": 1}),
+    (("configure", "knobs"), {"buckets": 4}),
+    (("evaluate",), {"windows": [0, 7], "global_tokens": [0]}),
+    (("evaluate", "methods"), {"distance": {"threshold": [1.0]}, "quantization": {"bins": [2]}}),
+    (("evaluate", "quality"), {"examples": 2}),
+    (("evaluate", "speed"), {"contexts": [CONTEXT, 2 * CONTEXT], "repeats": 1}),
+    (("par_search", "train"), {"max_steps": 4, "eval_steps": 4, "save_steps": 4, "logging_steps": 2}),
+    (("par_search", "architecture"), {"frozen_steps": 2}),
+    (("par_search", "eval"), {"test_examples": 2, "sparsity_examples": 2}),
+    (("student", "train"), {"max_steps": 3, "eval_steps": 3, "save_steps": 3, "logging_steps": 3}),
+    (("student", "eval"), {"test_examples": 2, "sparsity_examples": 2}),
+    (("student", "instances", "ssa"), {"keys": 8}),
+]
+STUDENTS = ("sparsefinder", "ssa", "dense", "par", "par-sfff")
+
+
+def micro_lm_params() -> dict:
+    params = yaml.safe_load((ROOT / "configs" / "lm.yaml").read_text())
+    for path, values in MICRO:
+        section = params
+        for key in path:
+            section = section[key]
+        section.update(values)
+    return params
+
+
+@pytest.fixture(scope="module")
+def lm_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git + DVC copy of the project whose params.yaml is the micro-sized lm profile."""
+    folder = tmp_path_factory.mktemp("lm-project")
+    for name in project_files():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, folder / name)
+    (folder / "params.yaml").write_text(yaml.safe_dump(micro_lm_params(), sort_keys=False))
+    subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
+    return folder
+
+
+def load(project: Path, name: str) -> dict:
+    return json.loads((project / name).read_text())
+
+
+def test_dvc_repro_of_the_lm_profile_runs_through_the_report(lm_project: Path) -> None:
+    dvc(lm_project, "repro")
+
+    card = load(lm_project, "artifacts/data/corpus.json")
+    assert card["task"] == "lm" and card["context"] == CONTEXT
+    teacher = load(lm_project, "artifacts/metrics/teacher.json")
+    assert math.isfinite(teacher["test"]["perplexity"]) and teacher["test"]["perplexity"] > 1.0
+    assert "bleu" not in teacher["test"]
+
+    evaluation = load(lm_project, "artifacts/evaluation/evaluate.json")
+    assert evaluation["task"] == "lm" and evaluation["kind"] == "decoder_self"
+    assert 0.0 < evaluation["gold_sparsity"] < 1.0
+    points = evaluation["quality"]["points"]
+    assert "kmeans" in {p["method"] for p in points}
+    assert all(math.isfinite(p["perplexity"]) for p in points)
+    assert {row["student"] for row in evaluation["students"]} == set(STUDENTS)
+
+    # the speed table: five models (SDPA, dense entmax, k-means, indexer, indexer certified) at each context,
+    # predictors at their sparsest point within 5 % of the teacher's perplexity, or by recall
+    speed = evaluation["speed"]
+    assert [row["context"] for row in speed] == [n for n in (CONTEXT, 2 * CONTEXT) for _ in range(5)]
+    teacher_perplexity = evaluation["quality"]["teacher"]["perplexity"]
+    for row in speed[2:4]:
+        assert row["chosen_by"] in ("perplexity", "recall")
+        if row["chosen_by"] == "perplexity":
+            assert row["perplexity"] <= 1.05 * teacher_perplexity
+    timings = load(lm_project, "artifacts/evaluation/evaluate.timings.json")
+    assert all(t["forward_seconds"] > 0 for t in timings["speed"])
+
+    report = (lm_project / "artifacts" / "report.md").read_text()
+    assert "## Speed inside the model" in report and "perplexity" in report
+    assert "up to date" in dvc(lm_project, "status").stdout
