@@ -32,6 +32,7 @@ rebuilds the heads from the config before loading the weights.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -186,6 +187,27 @@ def _indexed_forward(
     )
 
 
+_VALID_KEYS: dict[int, dict[int, Tensor]] = {}
+"""Per live model mask (by identity; its entry goes when the mask does), per key count m: the keys some query
+may see."""
+
+
+def _valid_keys(attention_mask: Tensor | None, allowed: Tensor) -> Tensor:
+    """(b, m) bool: the keys some query may see; a key no query may see is padding. It reads all n × m
+    allowed pairs, and a model hands every layer the same mask: computed once per mask, not per layer."""
+    b, m = allowed.shape[0], allowed.shape[-1]
+    if attention_mask is None:
+        return torch.ones(b, m, dtype=torch.bool, device=allowed.device)
+    mask_id = id(attention_mask)
+    if mask_id not in _VALID_KEYS:
+        _VALID_KEYS[mask_id] = {}
+        weakref.finalize(attention_mask, _VALID_KEYS.pop, mask_id, None)
+    per_count = _VALID_KEYS[mask_id]
+    if m not in per_count:
+        per_count[m] = allowed.any(dim=-2).any(dim=1)
+    return per_count[m]
+
+
 def sparsefinder_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -213,7 +235,7 @@ def sparsefinder_attention_forward(
     b, _, n, _ = query.shape
     m = keys.shape[-2]
     allowed = _allowed_pairs(attention_mask, b, n, m, query.device)  # (b, 1 | h, n, m)
-    k_valid = allowed.any(dim=-2).any(dim=1)  # (b, m): a key no query may see is padding
+    k_valid = _valid_keys(attention_mask, allowed)  # (b, m)
     q_offset = m - n if head.self_attention else 0  # cached keys before this step's queries
     if head.self_attention:
         q_valid = k_valid[:, q_offset:]

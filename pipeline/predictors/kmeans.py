@@ -44,7 +44,11 @@ def nearest_centroids(
         raise ValueError(f"top_k must be in [1, {n_centroids}], got {top_k}")
     # (b, h, n, 1, r) − (1, h, 1, B, r) -> (b, h, n, B); explicit differences keep ties exact
     dist = (x[..., :, None, :] - centroids[None, :, None, :, :].to(x.dtype)).square().sum(-1)
-    ids = dist.argsort(dim=-1, stable=True)[..., :top_k].to(torch.int32)
+    # argmin takes the first of tied minima, as the stable sort does
+    nearest = (
+        dist.argmin(dim=-1, keepdim=True) if top_k == 1 else dist.argsort(dim=-1, stable=True)[..., :top_k]
+    )
+    ids = nearest.to(torch.int32)
     return ids if valid is None else padding_to_none(ids, valid)
 
 

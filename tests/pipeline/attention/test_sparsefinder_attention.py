@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import MarianMTModel
 
+import pipeline.attention.sparsefinder as sparsefinder
 from pipeline.attention import ENTMAX, entmax_attention_forward, load_model
 from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import (
@@ -230,3 +231,17 @@ def test_quantization_runs_in_encoder_self_attention():
                 p.normal_()
         logits = model(**batch()).logits
     assert torch.isfinite(logits).all()
+
+
+def test_valid_keys_are_read_once_per_mask_and_forgotten_with_it():
+    """Every layer gets the model's one mask: the keys some query may see are computed from its n × m pairs
+    once, for as long as the mask lives."""
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()[None, None].expand(2, 1, 6, 6).clone()
+    mask[1, :, :, :2] = False  # two padding keys in the second sequence
+    first = sparsefinder._valid_keys(mask, mask)
+    assert first.tolist() == [[True] * 6, [False, False, True, True, True, True]]
+    assert sparsefinder._valid_keys(mask, mask) is first  # the same mask: not recomputed
+    assert sparsefinder._valid_keys(mask, mask[..., :4]).shape == (2, 4)  # another key count: its own entry
+    entries = len(sparsefinder._VALID_KEYS)
+    del mask
+    assert len(sparsefinder._VALID_KEYS) == entries - 1

@@ -121,3 +121,12 @@ def test_bad_knobs_are_one_line_errors(knobs, message):
     with pytest.raises(UserError, match=message) as info:
         make_predictor("kmeans", **knobs)
     assert "\n" not in str(info.value)
+
+
+def test_ties_go_to_the_lowest_centroid_index_for_every_top_k():
+    """Points equidistant from several centroids: the nearest ids are the tied ones in index order, as the
+    stable sort gives, for top-1 (a minimum) as for top-k."""
+    centroids = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]])  # (1 head, 4, 2)
+    points = torch.tensor([[[[0.0, 0.0], [1.0, 1.0], [-1.0, -1.0], [0.0, 2.0]]]])  # (1, 1, 4, 2)
+    assert nearest_centroids(points, centroids, 1)[0, 0, :, 0].tolist() == [0, 0, 2, 1]
+    assert nearest_centroids(points, centroids, 2)[0, 0].tolist() == [[0, 1], [0, 1], [2, 3], [1, 0]]
