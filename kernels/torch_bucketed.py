@@ -250,15 +250,20 @@ def _support_threshold(
 
 
 def _spread_support_threshold(
-    xs: list[torch.Tensor], offsets: list, alpha: float, red: _SpreadRows
+    xs: list[torch.Tensor], offsets: list, alpha: float, red: _SpreadRows, start: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`_support_threshold` for queries whose entries are spread over rows of several parts; a row's
-    query sees x − offset = (α − 1)(s − max). The parts together exceed the cache, so each step reads them
-    once: the sums at the Newton point and the count that checks the previous step's τ′ together."""
+    query sees x − offset = (α − 1)(s − max); start ≤ τ* per query (−1 when not given). The parts together
+    exceed the cache, so each step reads them once: the sums at the Newton point and the count that checks
+    the previous step's τ′ together. Once most queries are settled, the rows of the rest continue on their
+    own (:func:`_rows_of`)."""
     beta = 1.0 / (alpha - 1.0)
-    tau = xs[0].new_full((red.num_queries,), -1.0)
+    tau = xs[0].new_full((red.num_queries,), -1.0) if start is None else start
     candidate, size = None, None
-    settled = torch.zeros_like(tau, dtype=torch.bool)
+    settled = torch.ones_like(tau, dtype=torch.bool)  # queries without rows here: nothing to find
+    for rows in red.rows:
+        settled[rows.reshape(-1)] = False
+    searching = int(settled.numel() - settled.sum())
     buffer = xs[0].new_empty(max(x.numel() for x in xs))
     for step in range(_MAX_NEWTON_STEPS):
         sums = red.reduce(
@@ -277,13 +282,32 @@ def _spread_support_threshold(
             exact = (sums.pop() == size) & ~settled
             tau = torch.where(exact, candidate, tau)
             settled |= exact
-            if bool(settled.all()):
+            left = int(settled.numel() - settled.sum())
+            if left == 0:
                 break
+            if 2 * left <= searching:  # τ is below τ* for the rest: their rows restart from it
+                parts, shifts, rows = _rows_of(~settled, xs, offsets, red)
+                return torch.where(settled, tau, _spread_support_threshold(parts, shifts, alpha, rows, tau))
         candidate, newton, size = _support_steps(sums, tau, beta)
         tau = torch.where(settled, tau, newton)
-        if step == 0:
+        if step == 0 and start is None:
             candidate = None  # from τ = −1 almost never final
     return tau
+
+
+def _rows_of(
+    queries: torch.Tensor, xs: list[torch.Tensor], offsets: list, red: _SpreadRows
+) -> tuple[list[torch.Tensor], list, _SpreadRows]:
+    """The rows (and their offsets) of the ``queries`` (a mask over queries), as parts of one row each
+    (rows, W): a spread problem over those queries alone."""
+    parts, shifts, rows = [], [], []
+    for x, offset, owner in zip(xs, offsets, red.rows, strict=True):
+        at = queries[owner].flatten().nonzero().squeeze(1)  # (r,) rows of this part to keep
+        if at.numel():
+            parts.append(x.reshape(-1, x.shape[-1]).index_select(0, at))
+            shifts.append(offset.reshape(-1, 1).index_select(0, at))
+            rows.append(owner.reshape(-1).index_select(0, at))
+    return parts, shifts, _SpreadRows(rows, red.num_queries)
 
 
 def _normalise(
