@@ -19,7 +19,10 @@ from tests.test_pipeline_e2e import ROOT, dvc, project_files
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not Path("/usr/share/sword/mods.d/engKJV2006eb.conf").is_file(), reason="SWORD modules not installed"
+        not all(
+            Path(f"/usr/share/sword/mods.d/{m}.conf").is_file() for m in ("engWEB2015eb", "engKJV2006eb")
+        ),
+        reason="SWORD modules not installed",
     ),
 ]
 
