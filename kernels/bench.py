@@ -11,7 +11,9 @@ top-2, with and without the pattern (window ``CPU_WINDOW`` and ``CPU_GLOBAL`` gl
 batch 1, float32: ours (``kernels.bucketed_attention`` with ``backend="torch"``) at α = 1 (softmax) and
 α = 1.5 against SDPA (``torch.nn.functional.scaled_dot_product_attention``, dense softmax) and the dense
 masked α-entmax reference ``kernels.reference.dense_bucketed_attention`` (only up to ``CPU_DENSE_MAX``
-tokens: it holds n × n scores). Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
+tokens: it holds n × n scores), and compiled FlexAttention (softmax; forward only, it has no backward on CPU
+tensors) on the same pairs with the tokens sorted by (first bucket id, position), sorting and block-mask
+building timed with it. Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
 turns sparsity into speed as well as SDPA uses dense FLOPs); ent/sm = our α = 1.5 time over our α = 1 time;
 overhead = what a learned predictor adds (projecting q and k to rank 4, assigning each its nearest centroids,
 planning the blocks) over our forward time.
@@ -70,8 +72,16 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_PREFIX = "BENCH-RESULT "  # marks the worker's result line on stdout
 
-CPU_FULL = {"sizes": [1024, 2048, 4096, 8192, 16384], "tops": [1, 2], "heads": 8, "dim": 64, "reps": 3}
-CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1}
+CPU_FULL = {
+    "sizes": [1024, 2048, 4096, 8192, 16384],
+    "tops": [1, 2],
+    "heads": 8,
+    "dim": 64,
+    "reps": 3,
+    "flex": True,
+}
+CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1, "flex": False}
+FLEX = "flex_sorted"  # compiled FlexAttention on bucket-sorted tokens (CPU suite)
 CPU_BUCKETS, CPU_WINDOW, CPU_GLOBAL, CPU_DENSE_MAX, ALPHA = 16, 65, 8, 4096, 1.5
 PREDICTOR_RANK = 4  # Sparsefinder's projection rank
 # the index and indexed-attention sizes of the CPU suite
@@ -165,14 +175,18 @@ def _count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens
 
 
 def _measure_cpu(
-    fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], reps: int
+    fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], reps: int, *, backward: bool = True
 ) -> dict[str, Any]:
-    """Forward (no grad) and forward+backward median ms of ``fn(q, k, v)`` and the peak RSS after each."""
+    """Forward (no grad) and, with ``backward``, forward+backward median ms of ``fn(q, k, v)``, and the peak
+    RSS after each."""
     row: dict[str, Any] = {}
     try:
         with torch.no_grad():
             row["forward_ms"] = _median_wall_ms(lambda: fn(*inputs), reps)
         row["peak_rss_mb_forward"] = _peak_rss_mb()
+        row["status"] = "ok"
+        if not backward:
+            return row
         grads = tuple(x.clone().requires_grad_() for x in inputs)
 
         def step() -> None:
@@ -182,7 +196,6 @@ def _measure_cpu(
 
         row["forward_backward_ms"] = _median_wall_ms(step, reps)
         row["peak_rss_mb_forward_backward"] = _peak_rss_mb()
-        row["status"] = "ok"
     except (RuntimeError, MemoryError) as err:
         row["status"] = "oom" if _is_oom(err) else _failure(err)
     return row
@@ -194,6 +207,33 @@ def _ours(alpha: float, causal: bool, pattern: dict[str, int]) -> Callable[..., 
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return bucketed_attention(q, k, v, ids, ids, alpha=alpha, causal=causal, backend="torch", **pattern)
+
+    return fn
+
+
+def _flex_sorted(causal: bool, pattern: dict[str, int]) -> Callable[..., torch.Tensor]:
+    """Compiled FlexAttention (softmax) as fn(q, k, v, ids) on the equivalent block mask, with the tokens
+    sorted by (first bucket id, position) so that buckets fill whole blocks, as a FlexAttention user would lay
+    them out. Sorting, building the block mask (compiled) and unsorting are timed with the attention, as our
+    planning is."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from kernels.attended import window_radius
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    block_mask = torch.compile(create_block_mask)
+    radius, global_tokens = window_radius(pattern.get("window", 0)), pattern.get("global_tokens", 0)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        b, h, n, _ = q.shape
+        order = torch.argsort(ids[..., 0].long() * n + torch.arange(n), dim=-1)  # (b, h, n)
+
+        def permuted(x: torch.Tensor) -> torch.Tensor:
+            return x.gather(2, order[..., None].expand(-1, -1, -1, x.shape[-1]))
+
+        mask_mod = _flex_mask_mod(permuted(ids), causal, order, radius, global_tokens)
+        out = flex(permuted(q), permuted(k), permuted(v), block_mask=block_mask(mask_mod, b, h, n, n))
+        return torch.empty_like(out).scatter_(2, order[..., None].expand_as(out), out)
 
     return fn
 
@@ -215,9 +255,13 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))
     base = {key: spec[key] for key in ("n", "causal", "method", "top", "pattern")}
-    if spec["method"] == "ours":
+    bucketed = spec["method"] in ("ours", FLEX)
+    if bucketed:
         ids = balanced_buckets(1, heads, n, CPU_BUCKETS, spec["top"], seed=spec["top"])
+    if spec["method"] == "ours":
         fns = {alpha: _ours(alpha, causal, _pattern(spec)) for alpha in (1.0, ALPHA)}
+    elif spec["method"] == FLEX:
+        fns = {1.0: _flex_sorted(causal, _pattern(spec))}
     elif spec["method"] == "sdpa":
         fns = {
             1.0: lambda q, k, v, ids: torch.nn.functional.scaled_dot_product_attention(
@@ -227,21 +271,26 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         ids = torch.zeros(1, heads, n, 1, dtype=torch.int32)  # one bucket: every pair
         fns = {ALPHA: functools.partial(_dense, causal=causal)}
-    small = balanced_buckets(1, 1, 16, 2, spec["top"] or 1, seed=1)
-    for fn in fns.values():  # load lazy kernels
-        fn(q[:, :1, :16], k[:, :1, :16], v[:, :1, :16], small)
+    if spec["method"] == FLEX:  # compile before anything is measured (no backward on CPU tensors)
+        with torch.no_grad():
+            fns[1.0](q, k, v, ids)
+    else:
+        small = balanced_buckets(1, 1, 16, 2, spec["top"] or 1, seed=1)
+        for fn in fns.values():  # load lazy kernels
+            fn(q[:, :1, :16], k[:, :1, :16], v[:, :1, :16], small)
     # The high-water mark only rises, so the baseline is read before anything large is allocated.
     baseline = _peak_rss_mb()
     rows = []
     for alpha, fn in fns.items():
         call = functools.partial(fn, ids=ids if spec["method"] != "sdpa" else None)
-        row = {**base, "alpha": alpha, "baseline_rss_mb": baseline, **_measure_cpu(call, (q, k, v), reps)}
-        if row["status"] == "ok":
-            row["extra_mb_forward"] = row["peak_rss_mb_forward"] - baseline
-            row["extra_mb_forward_backward"] = row["peak_rss_mb_forward_backward"] - baseline
+        measured = _measure_cpu(call, (q, k, v), reps, backward=spec["method"] != FLEX)
+        row = {**base, "alpha": alpha, "baseline_rss_mb": baseline, **measured}
+        for phase in ("forward", "forward_backward"):
+            if f"peak_rss_mb_{phase}" in row:
+                row[f"extra_mb_{phase}"] = row[f"peak_rss_mb_{phase}"] - baseline
         rows.append(row)
     # after the measurements: counting must not raise their baseline
-    pairs = _count_pairs(ids, causal, **_pattern(spec)) if spec["method"] == "ours" else None
+    pairs = _count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
     overhead = _predictor_overhead(q, k, spec, reps) if spec["method"] == "ours" else {}
     for row in rows:
         row["pairs"] = pairs
@@ -466,12 +515,14 @@ def _spawn_cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         "oom" if proc.returncode == -9 else f"failed: exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
     )
     base = {key: spec[key] for key in ("n", "causal", "method", "top", "pattern")}
-    alphas = (1.0, ALPHA) if spec["method"] == "ours" else (1.0 if spec["method"] == "sdpa" else ALPHA,)
+    one = ALPHA if spec["method"] == "dense_entmax" else 1.0
+    alphas = (1.0, ALPHA) if spec["method"] == "ours" else (one,)
     return [{**base, "alpha": alpha, "status": status} for alpha in alphas]
 
 
 def cpu_specs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """One spec per (n, causal, method[, top, pattern]); dense entmax only up to ``CPU_DENSE_MAX``."""
+    """One spec per (n, causal, method[, top, pattern]); dense entmax only up to ``CPU_DENSE_MAX``;
+    FlexAttention when ``cfg["flex"]`` (its compilation takes seconds per configuration)."""
     common = {"heads": cfg["heads"], "dim": cfg["dim"], "reps": cfg["reps"]}
     specs = []
     for n in cfg["sizes"]:
@@ -482,7 +533,8 @@ def cpu_specs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                 specs.append({**base, "method": "dense_entmax"})
             for top in cfg["tops"]:
                 for pattern in (False, True):
-                    specs.append({**base, "method": "ours", "top": top, "pattern": pattern})
+                    for method in ("ours", FLEX) if cfg["flex"] else ("ours",):
+                        specs.append({**base, "method": method, "top": top, "pattern": pattern})
     return specs
 
 
@@ -495,11 +547,11 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         if r["method"] == "ours" and r["alpha"] == 1
     }
     for row in rows:
-        if row["method"] != "ours":
+        if row["method"] not in ("ours", FLEX):
             continue
         dense, soft = (
             sdpa.get((row["n"], row["causal"]), {}),
-            softmax[(row["n"], row["causal"], row["top"], row["pattern"])],
+            softmax[(row["n"], row["causal"], row["top"], row["pattern"])] if row["method"] == "ours" else {},
         )
         for phase in ("forward", "forward_backward"):
             key = f"{phase}_ms"
@@ -616,7 +668,8 @@ def _n_axis(ax, ns: list[int]) -> None:
 
 
 def cpu_plot(report: dict[str, Any], ax_time, ax_eff) -> None:
-    """Forward+backward time against n of SDPA and ours (top-1, no pattern), and every efficiency."""
+    """Forward+backward time against n of SDPA, ours and FlexAttention (top-1, no pattern), and every
+    efficiency."""
     if not report["results"]:  # --only indexed: nothing to draw
         for ax in (ax_time, ax_eff):
             ax.set_title("no bucketed rows (--only indexed)")
@@ -625,13 +678,14 @@ def cpu_plot(report: dict[str, Any], ax_time, ax_eff) -> None:
     series: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         label = "causal " if r["causal"] else ""
-        if r["method"] == "ours":
-            tail = f"top-{r['top']}{' +pattern' if r['pattern'] else ''} α={r['alpha']:g}"
+        if r["method"] in ("ours", FLEX):
+            name = "ours" if r["method"] == "ours" else "flex"
+            tail = f"{name} top-{r['top']}{' +pattern' if r['pattern'] else ''} α={r['alpha']:g}"
             if "efficiency_forward_backward" in r:
                 series.setdefault(f"{label}{tail}", []).append((r["n"], r["efficiency_forward_backward"]))
             if r["top"] != 1 or r["pattern"]:
                 continue
-            label += f"ours α={r['alpha']:g}"
+            label += f"{name} α={r['alpha']:g}"
         else:
             label += r["method"]
         series.setdefault(f"time {label}", []).append((r["n"], r["forward_backward_ms"]))
@@ -717,20 +771,34 @@ def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool)
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def _flex_mask_mod(ids: torch.Tensor, causal: bool):
-    """mask_mod for FlexAttention: share a bucket id ≥ 0 (any of T × T slots), and j ≤ i when causal."""
+def _flex_mask_mod(
+    ids: torch.Tensor,
+    causal: bool,
+    positions: torch.Tensor | None = None,
+    radius: int = -1,
+    global_tokens: int = 0,
+):
+    """mask_mod for FlexAttention: share a bucket id ≥ 0 (any of T × T slots), or lie in the window band
+    (|i − j| ≤ ``radius``) or on a global row or column (position < ``global_tokens``); and j ≤ i when causal.
+    ``ids`` (batch, heads, n, T) in the layout the call uses; ``positions`` (batch, heads, n) the original
+    position of each slot when the tokens are permuted (None: the identity)."""
     slots = [
         ids[..., s].contiguous() for s in range(ids.shape[-1])
     ]  # T × (batch, heads, n): index by tensors
 
     def mask_mod(b, h, q_idx, kv_idx):
+        i, j = (q_idx, kv_idx) if positions is None else (positions[b, h, q_idx], positions[b, h, kv_idx])
         hit = None
         for q_slot in slots:
             qs = q_slot[b, h, q_idx]
             for k_slot in slots:
                 same = (qs == k_slot[b, h, kv_idx]) & (qs >= 0)
                 hit = same if hit is None else hit | same
-        return hit & (kv_idx <= q_idx) if causal else hit
+        if radius >= 0:
+            hit = hit | ((i - j).abs() <= radius)
+        if global_tokens > 0:
+            hit = hit | (i < global_tokens) | (j < global_tokens)
+        return hit & (j <= i) if causal else hit
 
     return mask_mod
 
@@ -770,6 +838,7 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
         # the unfused eager flex_attention, which materialises the scores and would be timed instead.
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         flex = torch.compile(flex_attention, dynamic=False)
+        block_mask = torch.compile(create_block_mask)
         flex_error = None
     except Exception as err:
         flex_error = _failure(err)
@@ -838,9 +907,7 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
                     rows.append({**spec, "method": "flex", "status": flex_error})
                 else:
                     try:
-                        mask = create_block_mask(
-                            _flex_mask_mod(ids, causal), 1, heads, n, n, device=device, _compile=True
-                        )
+                        mask = block_mask(_flex_mask_mod(ids, causal), 1, heads, n, n, device=device)
                         fn = functools.partial(flex, block_mask=mask)
                         rows.append({**spec, "method": "flex", **_measure_gpu(fn, (q, k, v), cfg)})
                     except Exception as err:  # compilation or mask construction failures are results too

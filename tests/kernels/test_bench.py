@@ -164,3 +164,25 @@ def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys):
                     assert "backward on CPU" in flex["status"]
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
     assert "ours_entmax" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("top", "pattern", "causal"), [(1, False, True), (2, True, False)])
+def test_flex_on_sorted_tokens_computes_our_softmax_attention(top, pattern, causal):
+    """The FlexAttention baseline attends the same pairs as ours (sorting, the block mask and unsorting
+    included), so the two differ by round-off only."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 96, 16, generator=gen) for _ in range(3))
+    ids = bench.balanced_buckets(1, 2, 96, 4, top, seed=top)
+    options = {"window": 9, "global_tokens": 2} if pattern else {}
+    with torch.no_grad():
+        flex = bench._flex_sorted(causal, options)(q, k, v, ids)
+        ours = bench._ours(1.0, causal, options)(q, k, v, ids)
+    torch.testing.assert_close(flex, ours, rtol=1e-4, atol=1e-5)
+
+
+def test_the_cpu_worker_measures_flex_beside_ours():
+    spec = {"n": 64, "heads": 2, "dim": 16, "reps": 1, "causal": True, "method": bench.FLEX, "top": 1}
+    [row] = bench.cpu_worker({**spec, "pattern": False})
+    assert row["status"] == "ok" and row["alpha"] == 1.0
+    assert row["forward_ms"] > 0 and 0 < row["density"] < 1
+    assert "forward_backward_ms" not in row  # FlexAttention has no backward on CPU tensors
