@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import matplotlib
 import pytest
 import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 
 from kernels import bench
 
@@ -186,3 +190,11 @@ def test_the_cpu_worker_measures_flex_beside_ours():
     assert row["status"] == "ok" and row["alpha"] == 1.0
     assert row["forward_ms"] > 0 and 0 < row["density"] < 1
     assert "forward_backward_ms" not in row  # FlexAttention has no backward on CPU tensors
+    sdpa = {**row, "method": "sdpa", "top": None, "pattern": None, "density": 1.0}
+    report = {"results": [sdpa, row]}
+    bench.add_ratios(report["results"])
+    assert row["efficiency_forward"] == pytest.approx(sdpa["forward_ms"] / row["forward_ms"] * row["density"])
+    figure, (ax_time, ax_eff) = plt.subplots(1, 2)
+    bench.cpu_plot(report, ax_time, ax_eff)  # the figure draws a row without a backward
+    assert [line.get_label() for line in ax_time.lines] == ["causal flex α=1", "causal sdpa"]
+    plt.close(figure)
