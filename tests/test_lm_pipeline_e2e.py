@@ -5,16 +5,13 @@ other students, perplexity at each method's points and the speed table."""
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.test_pipeline_e2e import ROOT, dvc, project_files
+from tests.test_pipeline_e2e import ROOT, dvc, load, project_copy
 
 pytestmark = [
     pytest.mark.slow,
@@ -78,18 +75,9 @@ def micro_lm_params() -> dict:
 
 @pytest.fixture(scope="module")
 def lm_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A git + DVC copy of the project whose params.yaml is the micro-sized lm profile."""
-    folder = tmp_path_factory.mktemp("lm-project")
-    for name in project_files():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, folder / name)
-    (folder / "params.yaml").write_text(yaml.safe_dump(micro_lm_params(), sort_keys=False))
-    subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
-    return folder
-
-
-def load(project: Path, name: str) -> dict:
-    return json.loads((project / name).read_text())
+    """A copy of the project whose params.yaml is the micro-sized lm profile."""
+    params = yaml.safe_dump(micro_lm_params(), sort_keys=False)
+    return project_copy(tmp_path_factory.mktemp("lm-project"), params)
 
 
 def test_dvc_repro_of_the_lm_profile_runs_through_the_report(lm_project: Path) -> None:

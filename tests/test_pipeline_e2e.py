@@ -39,16 +39,20 @@ def project_files() -> list[str]:
     return [name for name in listed.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A git + DVC copy of the project with the micro profile as params.yaml."""
-    folder = tmp_path_factory.mktemp("project")
+def project_copy(folder: Path, params: str) -> Path:
+    """A git + DVC copy of the project in ``folder`` whose params.yaml holds ``params``."""
     for name in project_files():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, folder / name)
-    shutil.copy2(folder / "configs" / "micro.yaml", folder / "params.yaml")
+    (folder / "params.yaml").write_text(params)
     subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
     return folder
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the project with the micro profile as params.yaml."""
+    return project_copy(tmp_path_factory.mktemp("project"), (ROOT / "configs" / "micro.yaml").read_text())
 
 
 def run(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
