@@ -133,11 +133,16 @@ def speed_setting(
         close = {p["label"] for p in points if p["method"] == method and p["perplexity"] <= limit}
         within = [(s, r) for s, r in found if r["label"] in close]
         if within:
-            return (*max(within, key=lambda point: (point[1]["sparsity"], point[1]["recall"])), "perplexity")
+            return (*max(within, key=_sparsest), "perplexity")
     reaching = [(s, r) for s, r in found if r["recall"] >= params.speed.recall_target]
     if reaching:
-        return (*max(reaching, key=lambda point: (point[1]["sparsity"], point[1]["recall"])), "recall")
+        return (*max(reaching, key=_sparsest), "recall")
     return (*max(found, key=lambda point: (point[1]["recall"], point[1]["sparsity"])), "recall")
+
+
+def _sparsest(point: tuple[Setting, dict]) -> tuple[float, float]:
+    """Sort key of (setting, graph row) points: sparsity first, recall between equally sparse ones."""
+    return point[1]["sparsity"], point[1]["recall"]
 
 
 def speed_rows(
