@@ -15,8 +15,8 @@ tokens: it holds n × n scores), and compiled FlexAttention (softmax; forward on
 tensors) on the same pairs with the tokens sorted by (first bucket id, position), sorting and block-mask
 building timed with it. Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
 turns sparsity into speed as well as SDPA uses dense FLOPs); ent/sm = our α = 1.5 time over our α = 1 time;
-overhead = what a learned predictor adds (projecting q and k to rank 4, assigning each its nearest centroids,
-planning the blocks) over our forward time.
+overhead = what a learned predictor adds (projecting q and k to rank 4 through the pipeline's projector,
+assigning each its nearest centroids, planning the blocks) over our forward time.
 Forward time is measured under ``torch.no_grad`` (inference), forward+backward with gradients for q, k, v;
 each is the median over repetitions after one warm-up.
 Memory: every (configuration, method) runs in a fresh subprocess, which reads its peak resident set size
@@ -83,7 +83,7 @@ CPU_FULL = {
 CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1, "flex": False}
 FLEX = "flex_sorted"  # compiled FlexAttention on bucket-sorted tokens (CPU suite)
 CPU_BUCKETS, CPU_WINDOW, CPU_GLOBAL, CPU_DENSE_MAX, ALPHA = 16, 65, 8, 4096, 1.5
-PREDICTOR_RANK = 4  # Sparsefinder's projection rank
+PREDICTOR_RANK, PREDICTOR_HIDDEN = 4, 32  # the long-context profiles' projector: rank 4 through 32 tanh units
 # the index and indexed-attention sizes of the CPU suite
 INDEX_SIZES = {"full": [512, 1024, 2048, 4096], "quick": [256]}
 INDEX_RANK, INDEX_BLOCK = 8, 32
@@ -304,26 +304,26 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def _predictor_overhead(
     q: torch.Tensor, k: torch.Tensor, spec: dict[str, Any], reps: int
 ) -> dict[str, float]:
-    """Median ms of what a learned predictor adds to an attention call, with the k-means predictor's shapes:
-    ``predict_ms`` projects queries and keys to rank ``PREDICTOR_RANK`` per head and gives each its ``top``
-    nearest of ``CPU_BUCKETS`` centroids; ``plan_ms`` lays the resulting pairs out in blocks (the planning
-    the forward time already includes)."""
+    """Median ms of what a learned predictor adds to an attention call, with the k-means predictor of the
+    long-context profiles: ``predict_ms`` projects queries and keys per head (the pipeline's own
+    :class:`~pipeline.projection.model.HeadProjections`, a shared tanh MLP of ``PREDICTOR_HIDDEN`` units to
+    rank ``PREDICTOR_RANK``) and gives each its ``top`` nearest of ``CPU_BUCKETS`` centroids (the pipeline's
+    :func:`~pipeline.predictors.kmeans.nearest_centroids`); ``plan_ms`` lays the resulting pairs out in
+    blocks (the planning the forward time already includes)."""
     from kernels.attended import window_radius
     from kernels.torch_bucketed import plan_attention
+    from pipeline.predictors.kmeans import nearest_centroids
+    from pipeline.projection.model import HeadProjections
 
     heads, dim, top = q.shape[1], q.shape[3], spec["top"]
     gen = torch.Generator().manual_seed(1)
-    project = torch.randn(heads, dim, PREDICTOR_RANK, generator=gen)  # (h, d, r)
+    project = HeadProjections(heads, dim, PREDICTOR_RANK, shared=True, hidden=PREDICTOR_HIDDEN, generator=gen)
     centroids = torch.randn(heads, CPU_BUCKETS, PREDICTOR_RANK, generator=gen)  # (h, B, r)
 
+    @torch.no_grad()
     def predict() -> list[torch.Tensor]:
         """Bucket ids (1, h, n, top) of the queries, then of the keys."""
-        ids = []
-        for x in (q, k):
-            low = torch.einsum("bhnd,hdr->bhnr", x, project)  # (1, h, n, r)
-            distance = torch.cdist(low, centroids[None])  # (1, h, n, B)
-            ids.append(distance.topk(top, dim=-1, largest=False).indices.to(torch.int32))
-        return ids
+        return [nearest_centroids(low, centroids, top) for low in project(q, k)]
 
     pattern = _pattern(spec)
     opts = dict(
@@ -593,8 +593,8 @@ def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None
             "memory": "peak RSS of a fresh subprocess minus its baseline after inputs and warm-up",
             "speedup": "sdpa time / our time",
             "efficiency": "speedup × density",
-            "overhead": "(predict + plan) / our forward time, k-means shapes: rank "
-            f"{PREDICTOR_RANK}, {CPU_BUCKETS} centroids",
+            "overhead": "(predict + plan) / our forward time, k-means shapes: shared tanh MLP of "
+            f"{PREDICTOR_HIDDEN} units to rank {PREDICTOR_RANK}, {CPU_BUCKETS} centroids",
         },
         "results": rows,
         **indexed,

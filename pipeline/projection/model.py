@@ -89,9 +89,10 @@ class HeadProjections(nn.Module):
         """(batch, H, n, d) → (batch, H, n, r) through side ``side``'s maps."""
         if self.hidden is not None:
             weight, bias = getattr(self, f"{side}_hidden_weight"), getattr(self, f"{side}_hidden_bias")
-            x = torch.tanh(torch.einsum("bhnd,hed->bhne", x, weight) + bias[:, None, :])  # (b, H, n, e)
+            # in place on the fresh product: each new tensor of this size costs page faults on CPU
+            x = torch.einsum("bhnd,hed->bhne", x, weight).add_(bias[:, None, :]).tanh_()  # (b, H, n, e)
         weight, bias = getattr(self, f"{side}_weight"), getattr(self, f"{side}_bias")
-        return torch.einsum("bhnd,hrd->bhnr", x, weight) + bias[:, None, :]
+        return torch.einsum("bhnd,hrd->bhnr", x, weight).add_(bias[:, None, :])
 
     def project_queries(self, q: torch.Tensor) -> torch.Tensor:
         """(batch, H, n, d) → (batch, H, n, r)."""

@@ -130,3 +130,15 @@ def test_ties_go_to_the_lowest_centroid_index_for_every_top_k():
     points = torch.tensor([[[[0.0, 0.0], [1.0, 1.0], [-1.0, -1.0], [0.0, 2.0]]]])  # (1, 1, 4, 2)
     assert nearest_centroids(points, centroids, 1)[0, 0, :, 0].tolist() == [0, 0, 2, 1]
     assert nearest_centroids(points, centroids, 2)[0, 0].tolist() == [[0, 1], [0, 1], [2, 3], [1, 0]]
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_nearest_centroids_rank_by_explicit_distances(top_k):
+    """At the shapes a model uses (many tokens, 16 centroids, two batch rows), the ids are the explicit
+    distances' stable ranking (float64: no near-tie is decided by rounding)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 257, 4, generator=gen, dtype=torch.float64)
+    centroids = torch.randn(3, 16, 4, generator=gen, dtype=torch.float64)
+    distances = (x[..., :, None, :] - centroids[None, :, None]).square().sum(-1)  # (2, 3, 257, 16)
+    expected = distances.argsort(dim=-1, stable=True)[..., :top_k]
+    assert torch.equal(nearest_centroids(x, centroids, top_k).long(), expected)
