@@ -108,9 +108,12 @@ def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Ten
     valid = ids >= 0
     keys = (group * nid + ids)[valid]  # (copies,) in (group, position, slot) order
     flat = (group * L + torch.arange(L, device=ids.device)[:, None]).expand_as(ids)[valid]
-    keys, order = torch.sort(keys, stable=True)  # stable: positions stay ascending inside a bucket
+    # Stable, so positions stay ascending inside a bucket; on the narrowest integers that hold the keys,
+    # since the sort's cost grows with their bytes (int16 sorts about 4x faster than int64 on CPU).
+    narrow = next(t for t in (torch.int16, torch.int32, torch.int64) if G * nid <= torch.iinfo(t).max)
+    order = torch.sort(keys.to(narrow), stable=True).indices
     flat = flat[order]
-    return keys, flat, flat % L
+    return keys[order], flat, flat % L
 
 
 def _runs(start: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

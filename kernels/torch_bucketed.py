@@ -16,13 +16,15 @@ Layout. :mod:`kernels.bucket_blocks` places every attended pair in exactly one d
 of sorted queries against a contiguous run of sorted keys, so scores and outputs are batched matmuls with no
 per-pair gather and nothing of size n × n is ever built.
 
-* One id per token and no pattern (the common learned-bucket case): each query sits in one block row, so
-  the normaliser is a plain row operation. Blocks are processed a cache-sized chunk (``CHUNK_ENTRIES``
-  entries) at a time, scores, normaliser and output product together.
-* Several ids per token, a window or global tokens: a query's keys are spread over up to T + 2 rows.
-  Softmax normalises each row on its own with its output product, chunk by chunk, and merges the rows of a
-  query by their log-normalisers. α-entmax computes the scores of every block first, finds each query's
-  threshold from row reductions gathered per query, then runs the output product chunk by chunk.
+* Softmax, one id per token and no pattern (the common learned-bucket case): each query sits in one block
+  row, so the normaliser is a plain row operation. Blocks are processed a cache-sized chunk
+  (``CHUNK_ENTRIES`` entries) at a time, scores, normaliser and output product together.
+* Softmax with several ids per token, a window or global tokens: a query's keys are spread over up to
+  T + 2 rows. Each row is normalised on its own with its output product, chunk by chunk, and the rows of a
+  query are merged by their log-normalisers.
+* α-entmax computes the scores of every block first, finds each query's threshold from row reductions
+  gathered per query (each step of the search reads all scores once, in one fused pass:
+  :mod:`kernels.support_sums`), then runs the output product chunk by chunk.
 
 The forward keeps the probabilities for the backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
 ds = entmax′(dp), dq = ds·k, dk = dsᵀ·q). entmax′ needs one per-query ratio Σ_j g_ij dp_ij / Σ_j g_ij
@@ -45,6 +47,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
+from kernels.support_sums import support_sums
 
 CHUNK_ENTRIES = 2**18
 """Score entries per chunk: scores, probabilities and gradients of a chunk stay in L2."""
@@ -85,7 +88,8 @@ def _distinct_ids(buckets: torch.Tensor) -> torch.Tensor:
 
 
 class _WholeRows:
-    """One part whose every row holds all keys of its query: per-query values have the rows' shape (…)."""
+    """One part whose every row holds all keys of its query: per-query values have the rows' shape (…).
+    (Softmax only: the α-entmax threshold search gathers the rows of unsettled queries, as spread rows.)"""
 
     @staticmethod
     def reduce(stats: list[list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -185,20 +189,17 @@ def _newton_threshold(
 
 
 def _support_sums(
-    x: torch.Tensor,
-    tau: torch.Tensor,
-    beta: float,
-    buffer: torch.Tensor,
-    candidate: torch.Tensor | None = None,
+    x: torch.Tensor, tau: torch.Tensor, beta: float, candidate: torch.Tensor | None = None
 ) -> list[torch.Tensor]:
-    """Per row of x: Σ (x − τ)₊, Σ (x − τ)₊² (β = 2 only) and |{x > τ}|, then |{x > candidate}| when given;
-    τ and candidate (…, 1), all of them in one visit of x."""
-    d = _clamped(x, tau, buffer)
-    sums = [d.sum(-1), torch.linalg.vecdot(d, d)] if beta == 2.0 else [d.sum(-1)]
-    sums.append(d.sign_().sum(-1))  # the sign of a float: cheaper than counting a mask
-    if candidate is not None:
-        sums.append(_clamped(x, candidate, d).sign_().sum(-1))
-    return sums
+    """Per row of x (…, W): Σ (x − τ)₊, Σ (x − τ)₊² (β = 2 only) and |{x > τ}|, then |{x > candidate}| when
+    given; τ and candidate (…, 1), all of them in one read of x (:mod:`kernels.support_sums`). x is a tensor
+    of its own (no view: the compiled kernel would be specialised to the shapes of its base); τ and the
+    candidate are passed as copies (…), which are small."""
+    check = torch.full_like(tau, torch.inf) if candidate is None else candidate
+    rows = x.shape[:-1]
+    s1, s2, k, k_check = support_sums(x, tau.reshape(rows).clone(), check.reshape(rows).clone())
+    sums = [s1, s2, k] if beta == 2.0 else [s1, k]
+    return sums if candidate is None else [*sums, k_check]
 
 
 def _support_steps(sums: list[torch.Tensor], tau: torch.Tensor, beta: float) -> tuple[torch.Tensor, ...]:
@@ -216,55 +217,33 @@ def _support_steps(sums: list[torch.Tensor], tau: torch.Tensor, beta: float) -> 
 
 
 def _support_threshold(
-    x: torch.Tensor, start: torch.Tensor, alpha: float, *, check_first: bool = False
+    xs: list[torch.Tensor],
+    offsets: list,
+    alpha: float,
+    red: _SpreadRows,
+    start: torch.Tensor,
+    *,
+    check_first: bool,
 ) -> torch.Tensor:
-    """Exact τ per row of x (…, M) for α = 2 (β = 1) or α = 1.5 (β = 2); x = (α − 1)(s − max), start ≤ τ*.
+    """Exact τ per query for α = 2 (β = 1) or α = 1.5 (β = 2). The parts ``xs`` hold rows (…, W) that
+    ``red`` maps to queries; a row's query sees x − offset = (α − 1)(s − max) over its entries; start ≤ τ*
+    per query.
 
     At τ ≤ τ* the support S = {x > τ} contains the true one. With y = x − τ on S, the τ′ = τ + δ solving
     Σ_S (y − δ) = 1 or Σ_S (y − δ)² = 1 (smaller root, written without cancellation) is τ* exactly when
-    {x > τ′} still has |S| elements (nested sets, so then it is S itself): the sort-based value. Rows not
-    yet there take a Newton step on F^{1/β} − 1 from below, which never overshoots. The first step's τ′ is
-    checked only with ``check_first`` (from τ = −1 it is almost never final). Once most rows are settled the
-    rest continue on their own (a gather of few rows beats more passes over all).
+    {x > τ′} still has |S| elements (nested sets, so then it is S itself): the sort-based value. Queries not
+    yet there take a Newton step on F^{1/β} − 1 from below, which never overshoots. Each read of the parts
+    gives the sums at the Newton point and the count that checks the previous step's τ′ together; the first
+    τ′ is checked only with ``check_first`` (from τ = −1 it is almost never final). Once most queries are
+    settled, the rows of the rest continue on their own (:func:`_rows_of`): a gather of few rows beats more
+    reads of all.
     """
     beta = 1.0 / (alpha - 1.0)
-    tau = start
-    buffer = torch.empty_like(x)  # reused: fresh large buffers cost page faults
-    for step in range(_MAX_NEWTON_STEPS):
-        exact, newton, k = _support_steps(_support_sums(x, tau[..., None], beta, buffer), tau, beta)
-        if step == 0 and not check_first:
-            tau = newton
-            continue
-        done = _clamped(x, exact[..., None], buffer).sign_().sum(-1) == k
-        tau = torch.where(done, exact, newton)
-        left = int(done.numel() - done.sum())
-        if left == 0:
-            break
-        if 2 * left <= done.numel():
-            rest = (~done).flatten().nonzero().squeeze(1)  # (left,) rows still searching
-            flat = tau.flatten()  # a copy or a view of the fresh τ: safe to write into
-            sub = x.reshape(-1, x.shape[-1]).index_select(0, rest)  # (left, M)
-            flat[rest] = _support_threshold(sub, flat[rest], alpha, check_first=True)
-            return flat.view(tau.shape)
-    return tau
-
-
-def _spread_support_threshold(
-    xs: list[torch.Tensor], offsets: list, alpha: float, red: _SpreadRows, start: torch.Tensor | None = None
-) -> torch.Tensor:
-    """:func:`_support_threshold` for queries whose entries are spread over rows of several parts; a row's
-    query sees x − offset = (α − 1)(s − max); start ≤ τ* per query (−1 when not given). The parts together
-    exceed the cache, so each step reads them once: the sums at the Newton point and the count that checks
-    the previous step's τ′ together. Once most queries are settled, the rows of the rest continue on their
-    own (:func:`_rows_of`)."""
-    beta = 1.0 / (alpha - 1.0)
-    tau = xs[0].new_full((red.num_queries,), -1.0) if start is None else start
-    candidate, size = None, None
+    tau, candidate, size = start, None, None
     settled = torch.ones_like(tau, dtype=torch.bool)  # queries without rows here: nothing to find
     for rows in red.rows:
         settled[rows.reshape(-1)] = False
     searching = int(settled.numel() - settled.sum())
-    buffer = xs[0].new_empty(max(x.numel() for x in xs))
     for step in range(_MAX_NEWTON_STEPS):
         sums = red.reduce(
             [
@@ -272,7 +251,6 @@ def _spread_support_threshold(
                     x,
                     _thresholds(red, tau, offsets, part),
                     beta,
-                    buffer,
                     None if candidate is None else _thresholds(red, candidate, offsets, part),
                 )
                 for part, x in enumerate(xs)
@@ -287,11 +265,12 @@ def _spread_support_threshold(
                 break
             if 2 * left <= searching:  # τ is below τ* for the rest: their rows restart from it
                 parts, shifts, rows = _rows_of(~settled, xs, offsets, red)
-                return torch.where(settled, tau, _spread_support_threshold(parts, shifts, alpha, rows, tau))
+                rest = _support_threshold(parts, shifts, alpha, rows, tau, check_first=True)
+                return torch.where(settled, tau, rest)
         candidate, newton, size = _support_steps(sums, tau, beta)
         tau = torch.where(settled, tau, newton)
-        if step == 0 and start is None:
-            candidate = None  # from τ = −1 almost never final
+        if step == 0 and not check_first:
+            candidate = None
     return tau
 
 
@@ -305,7 +284,7 @@ def _rows_of(
         at = queries[owner].flatten().nonzero().squeeze(1)  # (r,) rows of this part to keep
         if at.numel():
             parts.append(x.reshape(-1, x.shape[-1]).index_select(0, at))
-            shifts.append(offset.reshape(-1, 1).index_select(0, at))
+            shifts.append(None if offset is None else offset.reshape(-1, 1).index_select(0, at))
             rows.append(owner.reshape(-1).index_select(0, at))
     return parts, shifts, _SpreadRows(rows, red.num_queries)
 
@@ -352,11 +331,7 @@ def _normalise(
         xs = [x.mul_(alpha - 1.0) for x in scores]
         offsets = [None if b is None else b.mul_(alpha - 1.0) for b in below]
         if alpha in (1.5, 2.0):
-            tau = (
-                _support_threshold(xs[0], torch.full_like(q_max, -1.0), alpha)
-                if red is _WholeRows
-                else _spread_support_threshold(xs, offsets, alpha, red)
-            )
+            tau = _support_threshold(xs, offsets, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
         else:
             masks = [
                 (x > 0.5 * _MASKED if on is None else on).to(x.dtype) for x, on in zip(xs, keep, strict=True)
@@ -454,16 +429,17 @@ class _Forward:
 
 
 def _whole_rows_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
-    """Each query in one block row: scores, normaliser and output a cache-sized chunk at a time."""
+    """Softmax with each query in one block row: scores, normaliser and output a cache-sized chunk at a
+    time."""
     out = v.new_zeros(plan.num_queries, v.shape[1])
     kept = []
     for blocks in plan.classes:
         probs = q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) if keep else None
         for a, b in _chunks(blocks):
             scores, on = _block_scores(q, k, blocks, a, b, None if probs is None else probs[a:b])
-            [p] = _normalise([scores], alpha, _WholeRows, None if on is None else [on])
+            [p] = _normalise([scores], 1.0, _WholeRows, None if on is None else [on])
             values = torch.bmm(p, _rows(v, blocks.keys[a:b])).flatten(0, 1)
             out.index_add_(0, blocks.queries[a:b].reshape(-1), values)
         if probs is not None:
@@ -511,39 +487,44 @@ def _spread_softmax_forward(
     return out, _Forward(kept, out, _query_sums(factors, red))
 
 
-def _spread_rows_forward(
+def _entmax_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
-    """A query's keys in several block rows. Softmax merges rows normalised on their own
-    (:func:`_spread_softmax_forward`); α-entmax computes every block's scores first, its threshold over all
-    of them (the normaliser's parts are the cache-sized chunks), then the output a chunk at a time."""
-    if alpha == 1.0:
-        return _spread_softmax_forward(q, k, v, plan, keep=keep)
-    scores, parts, rows, ons = [], [], [], []
+    """α-entmax (α > 1): every block's scores first, each query's threshold over all of them (the
+    normaliser's parts are the classes: each step of its search reads them once, fused), then the output a
+    chunk at a time. With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per query for
+    the backward; whole rows need neither."""
+    scores, ons = [], []
+    general = alpha not in (1.5, 2.0)  # only the tolerance search counts keys by a mask
     for blocks in plan.classes:
         s = q.new_empty(*blocks.queries.shape, blocks.keys.shape[1])
+        on = q.new_empty(s.shape) if general and blocks.masked else None
         for a, b in _chunks(blocks):
-            parts.append(s[a:b])
-            rows.append(blocks.queries[a:b])
-            ons.append(_block_scores(q, k, blocks, a, b, s[a:b])[1])
+            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b])[1]
+            if on is not None:
+                on[a:b] = chunk_on
         scores.append(s)
-    red = _SpreadRows(rows, plan.num_queries)
-    _normalise(parts, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
+        ons.append(on)
+    red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
+    _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
     out = v.new_zeros(plan.num_queries, v.shape[1])
-    weighted = torch.zeros_like(out) if keep else None
-    weights = []
+    weighted = torch.zeros_like(out) if keep and plan.spread else None
+    weights = []  # Σ_j g_ij per row, (blocks, L) per class
     for blocks, p_all in zip(plan.classes, scores, strict=True):
+        if weighted is not None:
+            weights.append(q.new_empty(blocks.queries.shape))
         for a, b in _chunks(blocks):
             at, vb = blocks.queries[a:b].reshape(-1), _rows(v, blocks.keys[a:b])
             out.index_add_(0, at, torch.bmm(p_all[a:b], vb).flatten(0, 1))
             if weighted is not None:
                 weight = entmax_gradient_weight(p_all[a:b], alpha)
                 weighted.index_add_(0, at, torch.bmm(weight, vb).flatten(0, 1))
-                weights.append(weight.sum(-1))
+                torch.sum(weight, -1, out=weights[-1][a:b])
     if not keep:
         return out, _Forward([])
-    weight_sums = red.reduce([[w] for w in weights])[0]
-    return out, _Forward(scores, weighted, weight_sums)
+    if weighted is None:
+        return out, _Forward(scores)
+    return out, _Forward(scores, weighted, red.reduce([[w] for w in weights])[0])
 
 
 class BucketBlockAttention(torch.autograd.Function):
@@ -594,8 +575,10 @@ def _blocks_forward(
     o (N, d_v) and, when ``keep``, what the backward needs."""
     if not plan.classes:
         return v.new_zeros(plan.num_queries, v.shape[1]), _Forward([])
-    forward = _spread_rows_forward if plan.spread else _whole_rows_forward
-    return forward(q, k, v, plan, alpha, keep=keep)
+    if alpha != 1.0:
+        return _entmax_forward(q, k, v, plan, alpha, keep=keep)
+    forward = _spread_softmax_forward if plan.spread else _whole_rows_forward
+    return forward(q, k, v, plan, keep=keep)
 
 
 def plan_attention(

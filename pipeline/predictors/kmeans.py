@@ -48,7 +48,7 @@ def nearest_centroids(
     n_centroids = centroids.shape[-2]
     if not 1 <= top_k <= n_centroids:
         raise ValueError(f"top_k must be in [1, {n_centroids}], got {top_k}")
-    centroids = centroids.to(x.dtype)
+    x, centroids = x.detach(), centroids.detach().to(x.dtype)  # ids have no gradient
     points = x.permute(1, 3, 0, 2).reshape(h, r, b * n)  # (h, r, tokens)
     energy = torch.baddbmm(centroids.square().sum(-1, keepdim=True), centroids, points, alpha=-2.0)
     # Everything below works in place on the (h, B, tokens) energy, or in one buffer, since fresh tensors of

@@ -123,13 +123,14 @@ def test_one_id_per_token_keeps_whole_rows():
 @pytest.mark.parametrize("alpha", [1.5, 2.0])
 @pytest.mark.parametrize("spread", [0.3, 1.0, 4.0])
 def test_row_normaliser_equals_sort_based_entmax(alpha, spread):
-    """Whole-row α-entmax (support check, rows that settle late continuing on their own) against the
-    sort-based entmax15 / sparsemax, with −inf entries and an empty row."""
+    """Row α-entmax, each row its own query (support check, rows that settle late continuing on their own)
+    against the sort-based entmax15 / sparsemax, with −inf entries and an empty row."""
     gen = torch.Generator().manual_seed(int(spread * 10))
     scores = torch.randn(6, 64, 50, generator=gen, dtype=torch.float64) * spread
     scores[scores < -1.5 * spread] = float("-inf")
     scores[0, 0] = float("-inf")
     expected = (entmax15 if alpha == 1.5 else sparsemax)(scores.masked_fill(scores.isinf(), -1e300), dim=-1)
     expected[0, 0] = 0
-    [probs] = torch_bucketed._normalise([scores.clone()], alpha, torch_bucketed._WholeRows)
+    rows = torch_bucketed._SpreadRows([torch.arange(6 * 64).view(6, 64)], 6 * 64)
+    [probs] = torch_bucketed._normalise([scores.clone()], alpha, rows)
     torch.testing.assert_close(probs, expected, rtol=0, atol=1e-12)

@@ -142,3 +142,10 @@ def test_nearest_centroids_rank_by_explicit_distances(top_k):
     distances = (x[..., :, None, :] - centroids[None, :, None]).square().sum(-1)  # (2, 3, 257, 16)
     expected = distances.argsort(dim=-1, stable=True)[..., :top_k]
     assert torch.equal(nearest_centroids(x, centroids, top_k).long(), expected)
+
+
+def test_nearest_centroids_of_points_that_carry_gradients():
+    """Projections with trainable weights give points that require grad: the ids are computed all the same."""
+    q, _, centroids, _, _ = make_inputs()
+    ids = nearest_centroids(q.requires_grad_(), centroids.requires_grad_(), 2)
+    assert torch.equal(ids, nearest_centroids(q.detach(), centroids.detach(), 2))
