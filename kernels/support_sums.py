@@ -1,15 +1,16 @@
 """The row sums that locate an α-entmax threshold, read from the scores in one fused pass.
 
-For rows x (…, M), a trial threshold τ (…) and a candidate τ′ (…), per row:
+For rows of scores s (…, M), per row a shift m (the query's largest score), a trial threshold τ and a
+candidate τ′ (…), with x = (α − 1)(s − m):
 
     s₁ = Σ_j (x_j − τ)₊,   s₂ = Σ_j (x_j − τ)₊²,   k = |{j : x_j > τ}|,   k′ = |{j : x_j > τ′}|.
 
 s₁, s₂ and k give the next Newton step and the exact threshold on the support {x > τ} (for α = 2 and
 α = 1.5); k′ checks whether the previous step's exact value kept its support. Written as tensor operations
-these are about eleven passes over x, each writing a temporary; compiled (``torch.compile``, TorchInductor's
-C++ backend on CPU) they are one read of x with four running sums per row, several times faster. Where
-compiling is not possible (no C++ compiler, an unsupported platform), the same function runs eagerly, with
-one warning.
+these are about eleven passes over the scores, each writing a temporary; compiled (``torch.compile``,
+TorchInductor's C++ backend on CPU) they are one read of s with four running sums per row, several times
+faster, and x is never written. Where compiling is not possible (no C++ compiler, an unsupported
+platform), the same function runs eagerly, with one warning.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import warnings
 import torch
 
 
-def _sums(x: torch.Tensor, tau: torch.Tensor, candidate: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """s₁, s₂, k, k′ per row (…) of x (…, M), τ and τ′ (…)."""
+def _sums(
+    scores: torch.Tensor, shift: torch.Tensor, tau: torch.Tensor, candidate: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, ...]:
+    """s₁, s₂, k, k′ per row (…) of scores (…, M), shift, τ and τ′ (…), scale = α − 1."""
+    x = (scores - shift[..., None]) * scale  # (…, M)
     tau, candidate = tau[..., None], candidate[..., None]
     d = (x - tau).clamp_min(0)  # (…, M)
     return d.sum(-1), (d * d).sum(-1), (d > 0).to(x.dtype).sum(-1), (x > candidate).to(x.dtype).sum(-1)
@@ -30,16 +34,19 @@ _compiled = torch.compile(_sums, dynamic=True)
 _eager = False  # set once compiling has failed: every later call runs eagerly
 
 
-def support_sums(x: torch.Tensor, tau: torch.Tensor, candidate: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """s₁, s₂, k, k′ (each (…)) of rows x (…, M) at τ and τ′ (…); a candidate of +∞ counts nothing."""
+def support_sums(
+    scores: torch.Tensor, shift: torch.Tensor, tau: torch.Tensor, candidate: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, ...]:
+    """s₁, s₂, k, k′ (each (…)) of rows of scores (…, M) shifted by m (…) and scaled by α − 1, at τ and
+    τ′ (…); a candidate of +∞ counts nothing."""
     global _eager
     if not _eager:
         try:
             with torch.no_grad():  # sums are never differentiated: one kernel whatever the grad mode
-                return _compiled(x, tau, candidate)
+                return _compiled(scores, shift, tau, candidate, scale)
         except Exception as err:  # compilation failed: the environment lacks what Inductor needs
             _eager = True
             warnings.warn(
                 f"entmax threshold sums run eagerly (torch.compile failed: {err!r:.200})", stacklevel=2
             )
-    return _sums(x, tau, candidate)
+    return _sums(scores, shift, tau, candidate, scale)

@@ -189,16 +189,22 @@ def _newton_threshold(
 
 
 def _support_sums(
-    x: torch.Tensor, tau: torch.Tensor, beta: float, candidate: torch.Tensor | None = None
+    scores: torch.Tensor,
+    shift: torch.Tensor,
+    tau: torch.Tensor,
+    alpha: float,
+    candidate: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """Per row of x (…, W): Σ (x − τ)₊, Σ (x − τ)₊² (β = 2 only) and |{x > τ}|, then |{x > candidate}| when
-    given; τ and candidate (…, 1), all of them in one read of x (:mod:`kernels.support_sums`). x is a tensor
-    of its own (no view: the compiled kernel would be specialised to the shapes of its base); τ and the
-    candidate are passed as copies (…), which are small."""
+    """Per row of scores (…, W), with x = (α − 1)(s − shift): Σ (x − τ)₊, Σ (x − τ)₊² (α = 1.5 only) and
+    |{x > τ}|, then |{x > candidate}| when given; shift, τ and candidate (…, 1), all of them in one read of
+    the scores (:mod:`kernels.support_sums`). The scores are a tensor of their own (no view: the compiled
+    kernel would be specialised to the shapes of its base); the per-row values are passed as copies (…),
+    which are small."""
+    rows = scores.shape[:-1]
     check = torch.full_like(tau, torch.inf) if candidate is None else candidate
-    rows = x.shape[:-1]
-    s1, s2, k, k_check = support_sums(x, tau.reshape(rows).clone(), check.reshape(rows).clone())
-    sums = [s1, s2, k] if beta == 2.0 else [s1, k]
+    per_row = (v.reshape(rows).clone() for v in (shift, tau, check))
+    s1, s2, k, k_check = support_sums(scores, *per_row, alpha - 1.0)
+    sums = [s1, s2, k] if alpha == 1.5 else [s1, k]
     return sums if candidate is None else [*sums, k_check]
 
 
@@ -218,16 +224,16 @@ def _support_steps(sums: list[torch.Tensor], tau: torch.Tensor, beta: float) -> 
 
 def _support_threshold(
     xs: list[torch.Tensor],
-    offsets: list,
+    shift: torch.Tensor,
     alpha: float,
     red: _SpreadRows,
     start: torch.Tensor,
     *,
     check_first: bool,
 ) -> torch.Tensor:
-    """Exact τ per query for α = 2 (β = 1) or α = 1.5 (β = 2). The parts ``xs`` hold rows (…, W) that
-    ``red`` maps to queries; a row's query sees x − offset = (α − 1)(s − max) over its entries; start ≤ τ*
-    per query.
+    """Exact τ per query for α = 2 (β = 1) or α = 1.5 (β = 2), over the scores s of the parts ``xs`` (rows
+    (…, W) that ``red`` maps to queries): with x = (α − 1)(s − shift), shift the query's maximum score,
+    Σ_j (x_j − τ)₊^β = 1. start ≤ τ* per query; x ≤ 0, so F(−1) ≥ 1.
 
     At τ ≤ τ* the support S = {x > τ} contains the true one. With y = x − τ on S, the τ′ = τ + δ solving
     Σ_S (y − δ) = 1 or Σ_S (y − δ)² = 1 (smaller root, written without cancellation) is τ* exactly when
@@ -239,6 +245,7 @@ def _support_threshold(
     reads of all.
     """
     beta = 1.0 / (alpha - 1.0)
+    shifts = [red.at(shift, part) for part in range(len(xs))]
     tau, candidate, size = start, None, None
     settled = torch.ones_like(tau, dtype=torch.bool)  # queries without rows here: nothing to find
     for rows in red.rows:
@@ -249,9 +256,10 @@ def _support_threshold(
             [
                 _support_sums(
                     x,
-                    _thresholds(red, tau, offsets, part),
-                    beta,
-                    None if candidate is None else _thresholds(red, candidate, offsets, part),
+                    shifts[part],
+                    red.at(tau, part),
+                    alpha,
+                    None if candidate is None else red.at(candidate, part),
                 )
                 for part, x in enumerate(xs)
             ]
@@ -264,8 +272,8 @@ def _support_threshold(
             if left == 0:
                 break
             if 2 * left <= searching:  # τ is below τ* for the rest: their rows restart from it
-                parts, shifts, rows = _rows_of(~settled, xs, offsets, red)
-                rest = _support_threshold(parts, shifts, alpha, rows, tau, check_first=True)
+                parts, rows = _rows_of(~settled, xs, red)
+                rest = _support_threshold(parts, shift, alpha, rows, tau, check_first=True)
                 return torch.where(settled, tau, rest)
         candidate, newton, size = _support_steps(sums, tau, beta)
         tau = torch.where(settled, tau, newton)
@@ -275,18 +283,38 @@ def _support_threshold(
 
 
 def _rows_of(
-    queries: torch.Tensor, xs: list[torch.Tensor], offsets: list, red: _SpreadRows
-) -> tuple[list[torch.Tensor], list, _SpreadRows]:
-    """The rows (and their offsets) of the ``queries`` (a mask over queries), as parts of one row each
-    (rows, W): a spread problem over those queries alone."""
-    parts, shifts, rows = [], [], []
-    for x, offset, owner in zip(xs, offsets, red.rows, strict=True):
+    queries: torch.Tensor, xs: list[torch.Tensor], red: _SpreadRows
+) -> tuple[list[torch.Tensor], _SpreadRows]:
+    """The rows of the ``queries`` (a mask over queries), as parts of one row each (rows, W): a spread
+    problem over those queries alone."""
+    parts, rows = [], []
+    for x, owner in zip(xs, red.rows, strict=True):
         at = queries[owner].flatten().nonzero().squeeze(1)  # (r,) rows of this part to keep
         if at.numel():
             parts.append(x.reshape(-1, x.shape[-1]).index_select(0, at))
-            shifts.append(None if offset is None else offset.reshape(-1, 1).index_select(0, at))
             rows.append(owner.reshape(-1).index_select(0, at))
-    return parts, shifts, _SpreadRows(rows, red.num_queries)
+    return parts, _SpreadRows(rows, red.num_queries)
+
+
+def _exact_thresholds(
+    scores: list[torch.Tensor], alpha: float, red: _SpreadRows
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For α = 1.5 or 2, per part the (shift, τ) of each row's query (…, 1): α-entmax is then
+    p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`), shift the query's largest
+    score."""
+    q_max = red.max([s.amax(-1) for s in scores])
+    q_max = q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)  # empty queries: any finite shift
+    tau = _support_threshold(scores, q_max, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
+    return [(red.at(q_max, part), red.at(tau, part)) for part in range(len(scores))]
+
+
+def _exact_probabilities(
+    scores: torch.Tensor, shift: torch.Tensor, tau: torch.Tensor, alpha: float
+) -> torch.Tensor:
+    """p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} for α = 1.5 or 2, in place of the scores (…, W); shift and τ
+    (…, 1). τ is the sort-based threshold, so p sums to 1 as entmax's own does (no renormalisation)."""
+    p = scores.sub_(shift).mul_(alpha - 1.0).sub_(tau).clamp_min_(0)
+    return p.square_() if alpha == 1.5 else p
 
 
 def _normalise(
@@ -308,6 +336,9 @@ def _normalise(
     slow path) and ``keep`` zeroes the entries off the mask exactly. For softmax, ``log_norm`` (per query)
     receives log Σ_j exp(s_j), −inf for a query without keys.
     """
+    if alpha in (1.5, 2.0):
+        thresholds = _exact_thresholds(scores, alpha, red)
+        return [_exact_probabilities(s, *t, alpha) for s, t in zip(scores, thresholds, strict=True)]
     keep = [None] * len(scores) if keep is None else keep
     row_max = [s.amax(-1) for s in scores]
     q_max = red.max(row_max)
@@ -330,21 +361,14 @@ def _normalise(
     else:
         xs = [x.mul_(alpha - 1.0) for x in scores]
         offsets = [None if b is None else b.mul_(alpha - 1.0) for b in below]
-        if alpha in (1.5, 2.0):
-            tau = _support_threshold(xs, offsets, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
-        else:
-            masks = [
-                (x > 0.5 * _MASKED if on is None else on).to(x.dtype) for x, on in zip(xs, keep, strict=True)
-            ]
-            tau = _newton_threshold(xs, offsets, _query_sums(masks, red), alpha, red)
-        probs = []
-        for part, x in enumerate(xs):
-            p = x.sub_(_thresholds(red, tau, offsets, part)).clamp_min_(0)
-            if alpha == 1.5:
-                p.square_()
-            elif alpha != 2.0:
-                p.pow_(1.0 / (alpha - 1.0))
-            probs.append(p)
+        masks = [
+            (x > 0.5 * _MASKED if on is None else on).to(x.dtype) for x, on in zip(xs, keep, strict=True)
+        ]
+        tau = _newton_threshold(xs, offsets, _query_sums(masks, red), alpha, red)
+        probs = [
+            x.sub_(_thresholds(red, tau, offsets, part)).clamp_min_(0).pow_(1.0 / (alpha - 1.0))
+            for part, x in enumerate(xs)
+        ]
         factors = [None] * len(probs)
     sums = [p.sum(-1) if f is None else p.sum(-1) * f[..., 0] for p, f in zip(probs, factors, strict=True)]
     total = red.reduce([[row_sum] for row_sum in sums])[0]
@@ -491,9 +515,10 @@ def _entmax_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
     """α-entmax (α > 1): every block's scores first, each query's threshold over all of them (the
-    normaliser's parts are the classes: each step of its search reads them once, fused), then the output a
-    chunk at a time. With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per query for
-    the backward; whole rows need neither."""
+    normaliser's parts are the classes: each step of the exact search reads them once, fused), then a
+    chunk at a time the probabilities (α = 1.5 and 2: from the scores and the thresholds, while the chunk is
+    in cache) and the output. With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per
+    query for the backward; whole rows need neither."""
     scores, ons = [], []
     general = alpha not in (1.5, 2.0)  # only the tolerance search counts keys by a mask
     for blocks in plan.classes:
@@ -506,14 +531,20 @@ def _entmax_forward(
         scores.append(s)
         ons.append(on)
     red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
-    _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
+    if general:
+        _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
+        thresholds = [None] * len(scores)
+    else:
+        thresholds = _exact_thresholds(scores, alpha, red)  # the chunks below turn scores into probabilities
     out = v.new_zeros(plan.num_queries, v.shape[1])
     weighted = torch.zeros_like(out) if keep and plan.spread else None
     weights = []  # Σ_j g_ij per row, (blocks, L) per class
-    for blocks, p_all in zip(plan.classes, scores, strict=True):
+    for blocks, p_all, t in zip(plan.classes, scores, thresholds, strict=True):
         if weighted is not None:
             weights.append(q.new_empty(blocks.queries.shape))
         for a, b in _chunks(blocks):
+            if t is not None:
+                _exact_probabilities(p_all[a:b], t[0][a:b], t[1][a:b], alpha)
             at, vb = blocks.queries[a:b].reshape(-1), _rows(v, blocks.keys[a:b])
             out.index_add_(0, at, torch.bmm(p_all[a:b], vb).flatten(0, 1))
             if weighted is not None:

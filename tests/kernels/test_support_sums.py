@@ -7,9 +7,10 @@ from kernels import support_sums as module
 from kernels.support_sums import support_sums
 
 
-def by_definition(x, tau, candidate):
-    """s₁, s₂, k, k′ per row, one row at a time in float64."""
-    rows = x.reshape(-1, x.shape[-1]).double()
+def by_definition(scores, shift, tau, candidate, scale):
+    """s₁, s₂, k, k′ per row of x = scale·(s − shift), one row at a time in float64."""
+    x = (scores.double() - shift.double()[..., None]) * scale
+    rows = x.reshape(-1, x.shape[-1])
     out = []
     for row, t, c in zip(rows, tau.reshape(-1).tolist(), candidate.reshape(-1).tolist(), strict=True):
         above = row[row > t] - t
@@ -19,19 +20,23 @@ def by_definition(x, tau, candidate):
 
 @pytest.mark.parametrize("shape", [(5, 7), (3, 4, 9), (1, 1), (2, 1, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_sums_follow_their_definition(shape, dtype):
+@pytest.mark.parametrize("scale", [0.5, 1.0])
+def test_sums_follow_their_definition(shape, dtype, scale):
     gen = torch.Generator().manual_seed(sum(shape))
-    x = torch.randn(shape, generator=gen, dtype=dtype)
-    x[..., 0] = -torch.inf  # masked entries
-    tau = torch.randn(shape[:-1], generator=gen, dtype=dtype) - 0.5
+    scores = torch.randn(shape, generator=gen, dtype=dtype)
+    shift = scores.amax(-1)
+    scores[..., 0] = -torch.inf  # masked entries
+    tau = torch.rand(shape[:-1], generator=gen, dtype=dtype) - 1.0
     candidate = tau + 0.3
-    got = torch.stack(support_sums(x, tau, candidate))
-    torch.testing.assert_close(got.double(), by_definition(x, tau, candidate), rtol=1e-6, atol=1e-6)
+    got = torch.stack(support_sums(scores, shift, tau, candidate, scale))
+    expected = by_definition(scores, shift, tau, candidate, scale)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_an_infinite_candidate_counts_nothing():
-    x = torch.randn(4, 6)
-    *_, count = support_sums(x, torch.full((4,), -9.0), torch.full((4,), torch.inf))
+    scores = torch.randn(4, 6)
+    tau, candidate = torch.full((4,), -9.0), torch.full((4,), torch.inf)
+    *_, count = support_sums(scores, scores.amax(-1), tau, candidate, 0.5)
     assert count.tolist() == [0.0] * 4
 
 
@@ -44,11 +49,12 @@ def test_sums_run_eagerly_once_compiling_fails(monkeypatch):
 
     monkeypatch.setattr(module, "_compiled", failing)
     monkeypatch.setattr(module, "_eager", False)
-    x, tau = torch.randn(3, 5), torch.zeros(3)
+    scores, tau = torch.randn(3, 5), torch.full((3,), -0.5)
+    args = (scores, scores.amax(-1), tau, tau, 0.5)
     with pytest.warns(UserWarning, match="run eagerly.*no C\\+\\+ compiler"):
-        first = support_sums(x, tau, tau)
-    second = support_sums(x, tau, tau)  # no second attempt, no second warning
+        first = support_sums(*args)
+    second = support_sums(*args)  # no second attempt, no second warning
     assert len(calls) == 1
-    for a, b, c in zip(first, second, by_definition(x, tau, tau), strict=True):
+    for a, b, c in zip(first, second, by_definition(*args), strict=True):
         assert torch.equal(a, b)
         torch.testing.assert_close(a.double(), c)
