@@ -52,17 +52,34 @@ class BlockClass:
     """Blocks of one shape: ``blocks`` × L queries against ``blocks`` × M keys.
 
     Query index ``g·n + i``, key index ``g·m + j``; padding rows and columns hold index 0. Entry (r, c) of a
-    block is attended iff ``key_pos[c] ≤ query_limit[r]`` and not ``dropped[r, c]``; padding keys have a
-    position above every limit and padding queries the limit −1, so their entries are never attended and
-    their probabilities are 0.
+    block is attended iff ``key_pos[c] ≤ query_limit[r]`` and not dropped (:meth:`dropped_at`); padding
+    keys have a position above every limit and padding queries the limit −1, so their entries are never
+    attended and their probabilities are 0.
+
+    Bucket blocks whose tokens hold several ids keep a pair only when its tokens share no smaller id: rather
+    than a (blocks, L, M) mask, each row and column carries those smaller ids (``q_lower``, ``k_lower``),
+    compared a chunk at a time where the scores are made.
     """
 
     queries: torch.Tensor  # (blocks, L) int64 flat query index
     keys: torch.Tensor  # (blocks, M) int64 flat key index
     query_limit: torch.Tensor  # (blocks, L) float32 largest key position the row may attend
     key_pos: torch.Tensor  # (blocks, M) float32 key position (or 0 when not causal)
-    dropped: torch.Tensor | None  # (blocks, L, M) bool, True on entries left to another block, or None
+    dropped: torch.Tensor | None  # (blocks, L, M) bool, True on pattern entries left to another block
     masked: bool  # False when every entry is attended (no padding, not causal, nothing dropped)
+    q_lower: torch.Tensor | None = None  # (T − 1, blocks, L) ids below the block's a query holds, −2 else
+    k_lower: torch.Tensor | None = None  # (T′ − 1, blocks, M) ids below the block's a key holds, −3 else
+
+    def dropped_at(self, a: int, b: int) -> torch.Tensor | None:
+        """(b − a, L, M) bool, True on the entries of blocks a..b left to another block or beyond their
+        pattern, or None when there is none."""
+        out = None if self.dropped is None else self.dropped[a:b]
+        if self.q_lower is not None:
+            for q_ids in self.q_lower:
+                for k_ids in self.k_lower:
+                    hit = q_ids[a:b, :, None] == k_ids[a:b, None, :]  # a smaller bucket holds the pair
+                    out = hit if out is None else out | hit
+        return out
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,8 @@ class BlockPlan:
 def attended(blocks: BlockClass) -> torch.Tensor:
     """(blocks, L, M) bool: the entries of ``blocks`` that are attended pairs."""
     hit = blocks.key_pos[:, None, :] <= blocks.query_limit[:, :, None]
-    return hit if blocks.dropped is None else hit & ~blocks.dropped
+    dropped = blocks.dropped_at(0, blocks.queries.shape[0])
+    return hit if dropped is None else hit & ~dropped
 
 
 def ladder(x: torch.Tensor) -> torch.Tensor:
@@ -286,46 +304,49 @@ def plan_blocks(
         real_q, queries, q_at = _padded(c_start[sel], c_rows[sel], width_q, q_flat, q_pos)
         real_k, keys, k_at = _padded(b_start[sel], b_keys[sel], width_k, k_flat, k_pos)
         queries, keys = queries * real_q, keys * real_k
-        dropped = None
-        if block_kind != _BUCKET or dedupe:
-            dropped = _dropped(block_kind, q_at, k_at, bucket[sel], q_all[queries], k_all[keys], radius)
+        dropped, lower = None, (None, None)
+        if block_kind != _BUCKET:
+            dropped = _dropped(block_kind, q_at, k_at, q_all[queries], k_all[keys], radius)
+        elif dedupe:
+            lower = _lower_ids(bucket[sel], q_all[queries], k_all[keys])
         limit = q_at.float() if causal else torch.full(q_at.shape, _NO_LIMIT, device=q_at.device)
         key_pos = k_at.float() if causal else torch.zeros(k_at.shape, device=k_at.device)
         limit, key_pos = limit.masked_fill(~real_q, -1), key_pos.masked_fill(~real_k, 2 * _NO_LIMIT)
-        masked = causal or dropped is not None or not bool(real_q.all() and real_k.all())
-        classes.append(BlockClass(queries, keys, limit, key_pos, dropped, masked))
+        dropping = dropped is not None or lower[0] is not None
+        masked = causal or dropping or not bool(real_q.all() and real_k.all())
+        classes.append(BlockClass(queries, keys, limit, key_pos, dropped, masked, *lower))
     spread = pattern or bool((q_ids >= 0).sum(-1).gt(1).any())
     return BlockPlan(classes, G * n, G * m, spread)
 
 
-def _dropped(
-    kind: int,
-    i: torch.Tensor,
-    j: torch.Tensor,
-    bucket: torch.Tensor,
-    q_ids: torch.Tensor,
-    k_ids: torch.Tensor,
-    radius: int,
-) -> torch.Tensor | None:
-    """(blocks, L, M) bool, True on the entries that blocks of one ``kind`` leave to another block or hold
-    beyond their pattern (the band's corners), or None when there is none.
+def _lower_ids(
+    bucket: torch.Tensor, q_ids: torch.Tensor, k_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids below its block's that each row's query and each column's key hold: (T − 1, blocks, L) and
+    (T′ − 1, blocks, M), −2 and −3 where none (never equal). bucket (blocks,) the blocks' ids; q_ids
+    (blocks, L, T), k_ids (blocks, M, T′) every id of each query and key (−2 and −3 where none).
 
-    i (blocks, L), j (blocks, M) positions; bucket (blocks,) id of bucket blocks; q_ids (blocks, L, T),
-    k_ids (blocks, M, T′) every id of each row's query and column's key (−2 and −3 where none, so never
-    equal).
+    Used when both sides hold several ids (with one, a pair shares at most one bucket). The pair stays in the
+    smallest bucket its tokens share, so an entry is dropped when they share an id below the block's; a
+    token holds at most T − 1 of those (not the block's own).
     """
-    if kind == _BUCKET:
-        # Called when both sides hold several ids (with one, a pair shares at most one bucket). The pair
-        # stays in the smallest bucket its tokens share, so an entry is dropped when they share an id below
-        # the block's. Only ids below it matter, at most T − 1 per token (not the block's own).
-        below = bucket[:, None, None]
-        q_ids = q_ids.masked_fill(q_ids >= below, -2).sort(-1, descending=True).values[..., :-1]
-        k_ids = k_ids.masked_fill(k_ids >= below, -3).sort(-1, descending=True).values[..., :-1]
-        out = None
-    elif kind == _BAND:
-        out = (i[:, :, None] - j[:, None, :]).abs_() > radius
-    else:
-        out = None
+    below = bucket[:, None, None]
+    q_ids = q_ids.masked_fill(q_ids >= below, -2).sort(-1, descending=True).values[..., :-1]
+    k_ids = k_ids.masked_fill(k_ids >= below, -3).sort(-1, descending=True).values[..., :-1]
+    return q_ids.permute(2, 0, 1).contiguous(), k_ids.permute(2, 0, 1).contiguous()
+
+
+def _dropped(
+    kind: int, i: torch.Tensor, j: torch.Tensor, q_ids: torch.Tensor, k_ids: torch.Tensor, radius: int
+) -> torch.Tensor | None:
+    """(blocks, L, M) bool, True on the entries that pattern blocks of one ``kind`` leave to a bucket block
+    (their tokens share an id) or hold beyond their pattern (the band's corners), or None when there is
+    none.
+
+    i (blocks, L), j (blocks, M) positions; q_ids (blocks, L, T), k_ids (blocks, M, T′) every id of each
+    row's query and column's key (−2 and −3 where none, so never equal).
+    """
+    out = (i[:, :, None] - j[:, None, :]).abs_() > radius if kind == _BAND else None
     for t in range(q_ids.shape[2]):
         for u in range(k_ids.shape[2]):
             hit = q_ids[:, :, t, None] == k_ids[:, None, :, u]

@@ -436,8 +436,9 @@ def _block_scores(
     # Positions are whole numbers, so their difference clamped to [0, 1] is the indicator of key_pos > limit:
     # float arithmetic, cheaper than a boolean mask on CPU.
     off = torch.sub(blocks.key_pos[a:b, None, :], blocks.query_limit[a:b, :, None]).clamp_(0, 1)  # (c, L, M)
-    if blocks.dropped is not None:
-        off.masked_fill_(blocks.dropped[a:b], 1.0)
+    dropped = blocks.dropped_at(a, b)
+    if dropped is not None:
+        off.masked_fill_(dropped, 1.0)
     scores.add_(off, alpha=_MASKED)
     return scores, off.neg_().add_(1.0)
 
