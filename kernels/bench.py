@@ -291,7 +291,7 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(row)
     # after the measurements: counting must not raise their baseline
     pairs = _count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
-    overhead = _predictor_overhead(q, k, spec, reps) if spec["method"] == "ours" else {}
+    overhead = _predictor_overhead(q, k, ids, spec, reps) if spec["method"] == "ours" else {}
     for row in rows:
         row["pairs"] = pairs
         row["density"] = 1.0 if pairs is None else density(pairs, 1, heads, n, causal)
@@ -302,14 +302,15 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _predictor_overhead(
-    q: torch.Tensor, k: torch.Tensor, spec: dict[str, Any], reps: int
+    q: torch.Tensor, k: torch.Tensor, ids: torch.Tensor, spec: dict[str, Any], reps: int
 ) -> dict[str, float]:
     """Median ms of what a learned predictor adds to an attention call, with the k-means predictor of the
     long-context profiles: ``predict_ms`` projects queries and keys per head (the pipeline's own
     :class:`~pipeline.projection.model.HeadProjections`, a shared tanh MLP of ``PREDICTOR_HIDDEN`` units to
     rank ``PREDICTOR_RANK``) and gives each its ``top`` nearest of ``CPU_BUCKETS`` centroids (the pipeline's
-    :func:`~pipeline.predictors.kmeans.nearest_centroids`); ``plan_ms`` lays the resulting pairs out in
-    blocks (the planning the forward time already includes)."""
+    :func:`~pipeline.predictors.kmeans.nearest_centroids`); ``plan_ms`` lays the pairs of the measured
+    bucket ids ``ids`` out in blocks (the planning the forward time already includes; random centroids would
+    give other, unbalanced buckets)."""
     from kernels.attended import window_radius
     from kernels.torch_bucketed import plan_attention
     from pipeline.predictors.kmeans import nearest_centroids
@@ -331,10 +332,9 @@ def _predictor_overhead(
         radius=window_radius(pattern.get("window", 0)),
         global_tokens=pattern.get("global_tokens", 0),
     )
-    q_ids, k_ids = predict()
     return {
         "predict_ms": _median_wall_ms(predict, reps),
-        "plan_ms": _median_wall_ms(lambda: plan_attention(q_ids, k_ids, **opts), reps),
+        "plan_ms": _median_wall_ms(lambda: plan_attention(ids, ids, **opts), reps),
     }
 
 
