@@ -331,3 +331,17 @@ def test_memory_grows_with_pairs_not_n_squared():
             torch_bucketed_attention(q, k, v, ids, ids, **window).sum().backward()
         # Blocks hold scores (entries) and gathered rows; inputs are n × d; nothing is n × n.
         assert probe.largest <= max(plan.num_entries, (n + 1) * d) <= n * n // 16
+
+
+def test_several_ids_leave_no_entry_sized_mask_in_the_plan():
+    """Bucket blocks of tokens with several ids carry the smaller ids of their rows and columns, not a
+    (blocks, L, M) mask: the plan's size stays linear in its rows and columns."""
+    _, _, _, qb, kb = make_inputs(130, 4, 3, seed=5, buckets=9)
+    plan = plan_attention(qb, kb)
+    bucket_classes = [c for c in plan.classes if c.q_lower is not None]
+    assert bucket_classes and all(c.dropped is None for c in bucket_classes)
+    for c in bucket_classes:
+        blocks, rows = c.queries.shape
+        assert c.q_lower.shape == (2, blocks, rows) and c.k_lower.shape == (2, blocks, c.keys.shape[1])
+    mask = attended_mask(qb, kb)
+    assert torch.equal(pair_counts(plan, 130).view(2, 2, 130, 130), mask.long())
