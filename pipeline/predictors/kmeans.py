@@ -39,10 +39,10 @@ def nearest_centroids(
 
     ``x`` is (batch, heads, n, r), ``centroids`` (heads, B, r), ``valid`` (batch, n) or ``None``.
 
-    ‖x − c_b‖² = ‖x‖² + (‖c_b‖² − 2 x·c_b), and the first term is the same for every b, so the ranking is that
-    of e_b = ‖c_b‖² − 2 x·c_b: one batched matmul laid out (heads, B, tokens), so that each of the top_k
-    passes is a vectorised minimum over B rows of tokens (an argmin over a short last dimension is about
-    30× slower on CPU). A tie goes to the lowest centroid index, as the stable sort gives.
+    ‖x − c_j‖² = ‖x‖² + (‖c_j‖² − 2 x·c_j), and the first term is the same for every centroid j, so the
+    ranking is that of e_j = ‖c_j‖² − 2 x·c_j: one batched matmul laid out (heads, B, tokens), so that each of
+    the top_k passes is a vectorised minimum over B rows of tokens (an argmin over a short last dimension is
+    about 30× slower on CPU). A tie goes to the lowest centroid index, as the stable sort gives.
     """
     b, h, n, r = x.shape
     n_centroids = centroids.shape[-2]
@@ -57,8 +57,8 @@ def nearest_centroids(
     above = energy if top_k == 1 else torch.empty_like(energy)
     nearest = []
     for rank in range(top_k):
-        # b + B·[e_b > min e] (the sign of e_b − min e, float arithmetic: cheaper than a boolean mask on CPU):
-        # its minimum over b is the first index at the minimum
+        # j + B·[e_j > min e] (the sign of e_j − min e, float arithmetic: cheaper than a boolean mask on CPU):
+        # its minimum over j is the first index at the minimum
         energy.sub_(energy.amin(1, keepdim=True))
         torch.sign(energy, out=above)
         first = above.mul_(n_centroids).add_(index).amin(1, keepdim=True)  # (h, 1, tokens)
