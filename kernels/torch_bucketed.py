@@ -139,6 +139,13 @@ def _query_sums(values: list[torch.Tensor], red: Reducer) -> torch.Tensor:
     return red.reduce([[v.sum(-1)] for v in values])[0]
 
 
+def _query_max(row_max: list[torch.Tensor], red: Reducer) -> torch.Tensor:
+    """Per query, the largest of its rows' maxima (one tensor per part); 0 for a query without keys (any
+    finite shift does)."""
+    q_max = red.max(row_max)
+    return q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)
+
+
 def _thresholds(
     red: Reducer, per_query: torch.Tensor, offsets: list[torch.Tensor | None], part: int
 ) -> torch.Tensor:
@@ -302,8 +309,7 @@ def _exact_thresholds(
     """For α = 1.5 or 2, per part the (shift, τ) of each row's query (…, 1): α-entmax is then
     p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`), shift the query's largest
     score."""
-    q_max = red.max([s.amax(-1) for s in scores])
-    q_max = q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)  # empty queries: any finite shift
+    q_max = _query_max([s.amax(-1) for s in scores], red)
     tau = _support_threshold(scores, q_max, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
     return [(red.at(q_max, part), red.at(tau, part)) for part in range(len(scores))]
 
@@ -341,8 +347,7 @@ def _normalise(
         return [_exact_probabilities(s, *t, alpha) for s, t in zip(scores, thresholds, strict=True)]
     keep = [None] * len(scores) if keep is None else keep
     row_max = [s.amax(-1) for s in scores]
-    q_max = red.max(row_max)
-    q_max = q_max.masked_fill(q_max <= 0.5 * _MASKED, 0.0)  # empty queries: any finite shift
+    q_max = _query_max(row_max, red)
     if red is _WholeRows:
         row_max, below = [q_max], [None]
     else:  # a row without keys takes its query's shift; below: how far each row's maximum lies under it
