@@ -83,6 +83,19 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
+def leave_process_group() -> None:
+    """End the distributed part of a run on every rank once training is over.
+
+    The main rank goes on alone (saving, evaluating) while the others exit. A rank that exits with its
+    gloo group still up leaves the group's worker threads to interpreter finalisation, which can abort
+    it (SIGABRT, "terminate called without an active exception") and fail the whole ``torchrun``.
+    Destroying the group while the interpreter is whole makes that exit clean. A no-op in one process.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -190,4 +203,5 @@ def train_model(
     else:
         trainer = DistillationTrainer(**options, teacher=teacher, distillation=distillation or Distillation())
     trainer.train(resume_from_checkpoint=resume_from)
+    leave_process_group()
     return trainer.model
