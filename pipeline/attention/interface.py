@@ -8,7 +8,9 @@ attention modules (:func:`attention_modules`), so ``save_pretrained`` writes it 
 implementation whose state ``from_pretrained`` cannot rebuild registers a *state attacher*
 (:func:`register_state_attacher`) that :func:`pipeline.attention.loading.load_model` runs before loading
 the weights. An implementation whose training adds a term to the loss (a regulariser) registers a *loss
-penalty* (:func:`register_loss_penalty`), which the student trainer adds to every training step's loss.
+penalty* (:func:`register_loss_penalty`), which the student trainer adds to every training step's loss. An
+implementation that keeps more than keys and values while generating registers a *generation cache*
+(:func:`register_generation_cache`), which :func:`generation_cache` hands to ``generate``.
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
+from transformers.cache_utils import Cache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 AttentionFunction = Callable[..., tuple[Tensor, Tensor | None]]
 StateAttacher = Callable[[PreTrainedModel], None]
 LossPenalty = Callable[[nn.Module], Tensor | None]
+CacheMaker = Callable[[PreTrainedModel], Cache | None]
 
 _STATE_ATTACHERS: dict[str, StateAttacher] = {}
 _LOSS_PENALTIES: dict[str, LossPenalty] = {}
+_CACHE_MAKERS: dict[str, CacheMaker] = {}
 
 
 def boolean_attention_mask(**kwargs: Any) -> Tensor:
@@ -80,6 +85,20 @@ def loss_penalty(model: nn.Module) -> Tensor | None:
     """The sum of every registered penalty's term for ``model``'s last training forward (None: no term)."""
     terms = [term for penalty in _LOSS_PENALTIES.values() if (term := penalty(model)) is not None]
     return sum(terms[1:], terms[0]) if terms else None
+
+
+def register_generation_cache(name: str, maker: CacheMaker) -> None:
+    """Let ``maker(model)`` give the cache ``generate`` runs ``model`` with (None: not one of its models)."""
+    _CACHE_MAKERS[name] = maker
+
+
+def generation_cache(model: PreTrainedModel) -> Cache | None:
+    """The first registered maker's cache for ``model``; None when none has one (``generate`` then makes
+    its own). A cache serves one ``generate`` call."""
+    for maker in _CACHE_MAKERS.values():
+        if (cache := maker(model)) is not None:
+            return cache
+    return None
 
 
 def mask_scores(scores: Tensor, attention_mask: Tensor | None) -> Tensor:

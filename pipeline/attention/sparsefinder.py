@@ -15,7 +15,9 @@ path on CPU) for whole sequences; mask predictors, decoding steps with a cache, 
 non-causal batches run the dense masked entmax of :mod:`pipeline.attention.entmax` on Ĝ. Both compute the
 same set. Keys' bucket ids are recomputed from the cached keys at each step: a key's ids depend on that key
 alone (predictors of scope "token"), so this costs O(m·B·r) next to the step's O(m·d) and is exact. Row-scope
-predictors (the τ-indexer) see the same keys a full forward gives the query, so they too are exact.
+predictors (the τ-indexer) see the same keys a full forward gives the query, so they too are exact; with the
+cache :func:`~pipeline.attention.interface.generation_cache` gives ``generate``, a τ-indexer step projects
+only its new key (:mod:`pipeline.attention.indexer_cache`).
 
 The τ-indexer runs whole sequences of at least ``INDEXED_MIN_KEYS`` keys without a window or global tokens
 through :func:`kernels.indexed_attention.indexed_attention`, which never builds the n × m graph: entmax over
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
 
 import pipeline.predictors  # noqa: F401  (registers every predictor with make_predictor)
 from kernels import bucketed_attention
@@ -46,7 +49,12 @@ from kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
 from kernels.indexed_attention import indexed_attention
 from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
-from pipeline.attention.interface import register_attention, register_state_attacher
+from pipeline.attention.indexer_cache import indexer_cache
+from pipeline.attention.interface import (
+    register_attention,
+    register_generation_cache,
+    register_state_attacher,
+)
 from pipeline.attention.kinds import KINDS, attention_kind
 from pipeline.attention.recording import attention_layers
 from pipeline.errors import UserError
@@ -88,14 +96,18 @@ class SparsefinderHead(PairCounter):
         projections: HeadProjections | None,
         state: Mapping[str, Tensor],
         certified: bool = False,
+        groups: int = 1,
     ) -> None:
         super().__init__()
         self.predictor, self.layer = predictor, layer
+        self.groups = groups  # query heads per key/value head (grouped-query attention)
         self.causal = attention_kind(kind).causal
         self.self_attention = kind != "cross"
         self.window, self.global_tokens = window, global_tokens
         self.certified = certified
         self.projections = projections
+        # the generation cache layer that last took this layer's keys (pipeline.attention.indexer_cache)
+        self.index_cache: weakref.ref | None = None
         self.state_names = sorted(state)
         for name in self.state_names:
             self.register_buffer(f"state_{name}", state[name].clone())
@@ -111,17 +123,41 @@ class SparsefinderHead(PairCounter):
         self.predictor.set_layer_state(self.layer, {n: getattr(self, f"state_{n}") for n in self.state_names})
 
     def predict(
-        self, q: Tensor, k: Tensor, q_valid: Tensor, k_valid: Tensor, allowed: Tensor, scaling: float | None
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_valid: Tensor,
+        k_valid: Tensor,
+        allowed: Tensor,
+        scaling: float | None,
+        key_index: Tensor | None = None,
     ) -> Prediction:
         """The predictor's buckets or mask for queries (b, h, n, d) and keys (b, h, m, d), within the pairs
-        the model allows (b, 1 | h, n, m) and with the model's scaling."""
+        the model allows (b, 1 | h, n, m) and with the model's scaling; ``key_index``: the τ-indexer's B k
+        (b, h, m, r) when a cache holds it."""
         q_proj = k_proj = None
         if self.projections is not None:
             dtype = self.projections.q_weight.dtype
             q_proj, k_proj = self.projections(q.to(dtype), k.to(dtype))
         self.load_state()
         inputs = HeadInputs(q, k, q_valid, k_valid, self.causal, q_proj, k_proj, scaling, allowed)
-        return self.predictor.predict(self.layer, inputs)
+        if key_index is None:
+            return self.predictor.predict(self.layer, inputs)
+        return self.predictor.select(self.predictor.index_queries(self.layer, q), key_index, inputs)
+
+    def index_keys(self, key: Tensor) -> Tensor:
+        """(b, h, m, r) the τ-indexer's low-rank keys B k of the module's keys (b, h_kv, m, d), one map per
+        query head."""
+        self.load_state()
+        return self.predictor.index_keys(self.layer, _per_query_head(key, self.groups))
+
+    def cached_key_index(self, keys: Tensor) -> Tensor | None:
+        """(b, h, m, r) B k of ``keys`` (b, h_kv, m, d) as a generation cache holds them; None unless the
+        cache layer that last updated this head holds exactly this keys tensor."""
+        layer = None if self.index_cache is None else self.index_cache()
+        if layer is None or layer.keys is not keys:
+            return None
+        return layer.key_index()
 
     def graph(self, prediction: Prediction, allowed: Tensor, q_offset: int) -> Tensor:
         """(b, h, n, m) bool Ĝ = (learned ∪ W ∪ G) ∩ ``allowed`` for queries at positions q_offset + i."""
@@ -165,12 +201,15 @@ def _indexed_forward(
     k_valid: Tensor,
     alpha: float,
     scaling: float | None,
+    key_index: Tensor | None,
 ) -> Tensor:
     """(b, h, n, d) the τ-indexer's attention through :func:`kernels.indexed_attention.indexed_attention`:
     entmax over Ĝ (approximate) or exact entmax with Ĝ deciding which key blocks are skipped (certified).
-    Nothing n × m is built. ``candidates`` is every key, so the kernel's set is the predictor's Ĝ uncapped."""
+    Nothing n × m is built. ``candidates`` is every key, so the kernel's set is the predictor's Ĝ uncapped.
+    ``key_index``: B k (b, h, m, r) when a generation cache holds it."""
     head.load_state()
-    q_index, k_index = head.predictor.index(head.layer, query, keys)  # (b, h, n | m, r)
+    q_index = head.predictor.index_queries(head.layer, query)  # (b, h, n, r)
+    k_index = head.predictor.index_keys(head.layer, keys) if key_index is None else key_index.contiguous()
     return indexed_attention(
         query,
         keys,
@@ -230,8 +269,7 @@ def sparsefinder_attention_forward(
     if head is None:
         return entmax_attention_forward(*dense, attention_mask, **options)
 
-    groups = getattr(module, "num_key_value_groups", 1)
-    keys = _per_query_head(key, groups)  # (b, h, m, d)
+    keys = _per_query_head(key, head.groups)  # (b, h, m, d)
     b, _, n, _ = query.shape
     m = keys.shape[-2]
     allowed = _allowed_pairs(attention_mask, b, n, m, query.device)  # (b, 1 | h, n, m)
@@ -251,7 +289,9 @@ def sparsefinder_attention_forward(
         and isinstance(alpha, float)
         and not (module.training and dropout > 0.0)
     )
+    key_index = None
     if isinstance(head.predictor, IndexerPredictor):
+        key_index = head.cached_key_index(key)  # (b, h, m, r) or None
         indexed = (
             whole
             and not head.measuring  # counting needs the graph, which the kernel never builds
@@ -261,8 +301,8 @@ def sparsefinder_attention_forward(
             and not head.global_tokens
         )
         if indexed:
-            values = _per_query_head(value, groups)
-            output = _indexed_forward(head, query, keys, values, k_valid, alpha, scaling)  # (b, h, n, d)
+            values = _per_query_head(value, head.groups)
+            output = _indexed_forward(head, query, keys, values, k_valid, alpha, scaling, key_index)
             return output.transpose(1, 2).contiguous(), None
         if head.certified:  # exact: dense α-entmax over every allowed pair, its support is what is attended
             output, probs = entmax_attention_forward(*dense, attention_mask, **options)
@@ -270,7 +310,7 @@ def sparsefinder_attention_forward(
                 head.record_graph(probs > 0, allowed, q_valid)
             return output, probs
 
-    prediction = head.predict(query, keys, q_valid, k_valid, allowed, scaling)
+    prediction = head.predict(query, keys, q_valid, k_valid, allowed, scaling, key_index)
     use_kernel = whole and prediction.is_buckets and (head.causal or bool(k_valid.all()))
     graph = None
     if not use_kernel or head.measuring:
@@ -379,6 +419,7 @@ def attach_sparsefinder(
             projections=layer_projections,
             state=state,
             certified=spec.get("certified", False),
+            groups=getattr(module, "num_key_value_groups", 1),
         )
         device = next(module.parameters()).device
         setattr(module, SPARSEFINDER, head.to(device))
@@ -422,10 +463,27 @@ def _attach_if_configured(model: PreTrainedModel) -> None:
         attach_sparsefinder(model, spec)
 
 
+def _generation_cache(model: PreTrainedModel) -> Cache | None:
+    """A cache in which τ-indexer heads keep their keys' projections
+    (:mod:`pipeline.attention.indexer_cache`); None for other models, and for encoder self-attention, which
+    runs once."""
+    spec = getattr(model.config, SPARSEFINDER, None)
+    if spec is None or spec["kind"] == "encoder_self":
+        return None
+    heads = {
+        module.layer_idx: head
+        for module in attention_layers(model, attention_kind(spec["kind"]))
+        if isinstance(head := getattr(module, SPARSEFINDER, None), SparsefinderHead)
+        and isinstance(head.predictor, IndexerPredictor)
+    }
+    return indexer_cache(model.config, spec["kind"], heads) if heads else None
+
+
 def register_sparsefinder() -> None:
     """Make ``attn_implementation="sparsefinder"`` available to every model using the attention interface."""
     register_attention(SPARSEFINDER, sparsefinder_attention_forward)
     register_state_attacher(SPARSEFINDER, _attach_if_configured)
+    register_generation_cache(SPARSEFINDER, _generation_cache)
 
 
 register_sparsefinder()

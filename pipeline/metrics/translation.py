@@ -16,6 +16,7 @@ from sacrebleu.metrics import BLEU
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from pipeline.attention.interface import generation_cache
 from pipeline.training.batches import padded_batches
 
 
@@ -31,9 +32,11 @@ def translate(
     hypotheses, references = [], []
     batches = padded_batches(dataset, batch_size, model.config.pad_token_id)
     for batch, rows in tqdm(batches, total=-(-len(dataset) // batch_size), desc="translate", leave=False):
+        cache = generation_cache(model)  # e.g. τ-indexer heads keep their keys' projections
         output = model.generate(
             input_ids=batch["input_ids"].to(model.device),
             attention_mask=batch["attention_mask"].to(model.device),
+            **({} if cache is None else {"cache": cache}),
         )
         hypotheses += tokenizer.batch_decode(output, skip_special_tokens=True)
         references += rows["tgt"]

@@ -104,19 +104,28 @@ class IndexerPredictor(Predictor):
         )
         return {"q_map": q_map, "k_map": k_map}
 
-    def index(self, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """The low-rank queries A q (b, h, n, r) and keys B k (b, h, m, r) of ``layer``, float32: z′ is the
-        model's scaling times their dot products (what :func:`kernels.indexed_attention` takes)."""
-        state = self.layer_state(layer)
-        q_map, k_map = state["q_map"], state["k_map"]
-        if q_map.shape[-1] != q.shape[-1]:
+    def index_queries(self, layer: int, q: Tensor) -> Tensor:
+        """The low-rank queries A q (b, h, n, r) of ``layer``, float32."""
+        return low_rank(q, self._map(layer, "q_map", q))
+
+    def index_keys(self, layer: int, k: Tensor) -> Tensor:
+        """The low-rank keys B k (b, h, m, r) of ``layer``, float32: z′ is the model's scaling times their dot
+        products with the low-rank queries (what :func:`kernels.indexed_attention` takes)."""
+        return low_rank(k, self._map(layer, "k_map", k))
+
+    def _map(self, layer: int, name: str, x: Tensor) -> Tensor:
+        linear_map = self.layer_state(layer)[name]  # (h, r, d)
+        if linear_map.shape[-1] != x.shape[-1]:
             raise UserError(
-                f"{self.describe()}: layer {layer}'s maps expect head dimension {q_map.shape[-1]}, "
-                f"the queries have {q.shape[-1]}"
+                f"{self.describe()}: layer {layer}'s maps expect head dimension {linear_map.shape[-1]}, "
+                f"the inputs have {x.shape[-1]}"
             )
-        return low_rank(q, q_map), low_rank(k, k_map)
+        return linear_map
 
     def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
-        q_index, k_index = self.index(layer, inputs.q, inputs.k)
+        return self.select(self.index_queries(layer, inputs.q), self.index_keys(layer, inputs.k), inputs)
+
+    def select(self, q_index: Tensor, k_index: Tensor, inputs: HeadInputs) -> Prediction:
+        """Ĝ from the low-rank queries (b, h, n, r) and keys (b, h, m, r) of ``inputs``' pairs."""
         scores = (q_index @ k_index.transpose(-1, -2)) * inputs.score_scale()  # (b, h, n, m) z′
         return Prediction(mask=indexed_set(scores, inputs.pairs(), float(self.alpha), float(self.margin)))
