@@ -70,6 +70,14 @@ class BlockClass:
     q_lower: torch.Tensor | None = None  # (T − 1, blocks, L) ids below the block's a query holds, −2 else
     k_lower: torch.Tensor | None = None  # (T′ − 1, blocks, M) ids below the block's a key holds, −3 else
 
+    def padding_keys(self) -> torch.Tensor:
+        """(blocks, M) bool, True on the columns that pad a block's keys to its class's M."""
+        return self.key_pos > _NO_LIMIT
+
+    def real_queries(self) -> torch.Tensor:
+        """(blocks, L) bool, True on the rows that hold a query (not padding)."""
+        return self.query_limit >= 0
+
     def dropped_at(self, a: int, b: int) -> torch.Tensor | None:
         """(b − a, L, M) bool, True on the entries of blocks a..b left to another block or beyond their
         pattern, or None when there is none."""
@@ -266,14 +274,17 @@ def plan_blocks(
     causal: bool,
     radius: int = -1,
     global_tokens: int = 0,
+    rows: int | None = None,
 ) -> BlockPlan:
     """Dense blocks covering each attended pair exactly once; q_ids (G, n, T), k_ids (G, m, T′) int64 with
     −1 for none and no id repeated within a token; ``radius`` of the window band (−1 for none), the first
-    ``global_tokens`` positions global. Causal needs n = m (positions are shared)."""
+    ``global_tokens`` positions global; at most ``rows`` queries per bucket block (``ROWS``, or
+    ``CAUSAL_ROWS`` when causal). Causal needs n = m (positions are shared)."""
     G, n, T = q_ids.shape
     m, Tk = k_ids.shape[1:]
     pattern = radius >= 0 or global_tokens > 0
-    rows = CAUSAL_ROWS if causal else ROWS
+    if rows is None:
+        rows = CAUSAL_ROWS if causal else ROWS
     parts = _Blocks([], [], [], [], [])
     _bucket_blocks(parts, q_ids, k_ids, causal, rows)
     if pattern:

@@ -16,9 +16,12 @@ Layout. :mod:`kernels.bucket_blocks` places every attended pair in exactly one d
 of sorted queries against a contiguous run of sorted keys, so scores and outputs are batched matmuls with no
 per-pair gather and nothing of size n × n is ever built.
 
-* Softmax, one id per token and no pattern (the common learned-bucket case): each query sits in one block
-  row, so the normaliser is a plain row operation. Blocks are processed a cache-sized chunk
-  (``CHUNK_ENTRIES`` entries) at a time, scores, normaliser and output product together.
+* Softmax, one id per query and no pattern (the common learned-bucket case): each query sits in one block
+  row, so each block is a small dense attention of its own. Not causal, a block is a whole bucket's queries
+  against its keys, and each class of blocks is one call of ``scaled_dot_product_attention`` (its CPU
+  kernel is flash attention: the scores never reach memory, about twice as fast per entry as a bmm, a
+  softmax and a bmm). Causal, blocks are processed a cache-sized chunk (``CHUNK_ENTRIES`` entries) at a
+  time, scores, normaliser and output product together.
 * Softmax with several ids per token, a window or global tokens: a query's keys are spread over up to
   T + 2 rows. Each row is normalised on its own with its output product, chunk by chunk, and the rows of a
   query are merged by their log-normalisers.
@@ -26,7 +29,8 @@ per-pair gather and nothing of size n × n is ever built.
   gathered per query (each step of the search reads all scores once, in one fused pass:
   :mod:`kernels.support_sums`), then runs the output product chunk by chunk.
 
-The forward keeps the probabilities for the backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
+Apart from the blocks sent to SDPA (whose own backward serves), the forward keeps the probabilities for the
+backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
 ds = entmax′(dp), dq = ds·k, dk = dsᵀ·q). entmax′ needs one per-query ratio Σ_j g_ij dp_ij / Σ_j g_ij
 (g = p^{2−α}); with spread rows it is do_i·U_i / Σ_j g_ij, U_i = Σ_j g_ij v_j kept from the forward, so the
 backward needs no reduction across blocks.
@@ -45,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
 from kernels.support_sums import support_sums
@@ -57,6 +62,9 @@ _MASKED = -torch.finfo(torch.float32).max
 
 _EXP_FLOOR = -80.0
 """exp(−80) ≈ 2e−35 is a normal float32; the entries below it are negligible next to the maximum's 1."""
+
+_EXCLUDED_SCORE = -1e30
+"""The score of a padding key in SDPA's blocks: its weight exp(−1e30 − max) is exactly 0 in every float."""
 
 _MAX_NEWTON_STEPS = 100
 """Bisection alone halves the unit bracket each step; 100 steps exhaust float64 resolution."""
@@ -477,6 +485,35 @@ def _whole_rows_forward(
     return out, _Forward(kept)
 
 
+def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """Softmax with each query in one block row whose every entry is attended but padding (not causal, one
+    id per query, no pattern): each class's blocks through ``scaled_dot_product_attention``, differentiable
+    by autograd. q (N, d), k (M, d), v (M, d) flat over groups; returns o (N, d).
+
+    SDPA is told of padding keys only by a mask, which costs as much again as the blocks. Instead each vector
+    gets one more component, 1 for queries and 0 for keys, and padding columns read a sentinel key whose
+    extra component is −1e30: their scores are −1e30 and their weights exactly 0. The values get the
+    component too (SDPA's fast kernel wants one head size) and drop it after. Padding rows read query 0 and
+    are zeroed before the scatter."""
+    dv = v.shape[1]
+    padded = any(blocks.masked for blocks in plan.classes)
+    if padded:
+        q = F.pad(q, (0, 1), value=1.0)  # (N, d + 1)
+        k = F.pad(k, (0, 1, 0, 1))  # (M + 1, d + 1), the last row the sentinel
+        k[-1, -1] = _EXCLUDED_SCORE
+        v = F.pad(v, (0, 1, 0, 1))  # (M + 1, d + 1)
+    out, sentinel = v.new_zeros(plan.num_queries, dv), k.shape[0] - 1
+    for blocks in plan.classes:
+        keys = blocks.keys.masked_fill(blocks.padding_keys(), sentinel) if blocks.masked else blocks.keys
+        rows = F.scaled_dot_product_attention(
+            _rows(q, blocks.queries)[:, None], _rows(k, keys)[:, None], _rows(v, keys)[:, None], scale=1.0
+        )[:, 0, :, :dv]  # (blocks, L, d)
+        if blocks.masked:
+            rows = rows * blocks.real_queries()[..., None]
+        out = out.index_add(0, blocks.queries.reshape(-1), rows.flatten(0, 1))
+    return out
+
+
 def _spread_softmax_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
@@ -625,13 +662,16 @@ def plan_attention(
     causal: bool = False,
     radius: int = -1,
     global_tokens: int = 0,
+    whole_buckets: bool = False,
 ) -> BlockPlan:
     """The blocks that hold the attended pairs of bucket ids (batch, heads, n|m, T), −1 for none; groups
-    (batch·head) flat, radius of the window band (−1 for none)."""
+    (batch·head) flat, radius of the window band (−1 for none); ``whole_buckets``: a bucket's queries are one
+    block row, not cut to cache-sized chunks (for SDPA, which tiles them itself)."""
     b, h, n, _ = q_buckets.shape
     q_ids = _distinct_ids(q_buckets.reshape(b * h, n, -1))
     k_ids = _distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], -1))
-    return plan_blocks(q_ids, k_ids, causal=causal, radius=radius, global_tokens=global_tokens)
+    rows = max(n, 1) if whole_buckets else None
+    return plan_blocks(q_ids, k_ids, causal=causal, radius=radius, global_tokens=global_tokens, rows=rows)
 
 
 def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:
@@ -669,7 +709,18 @@ def torch_bucketed_attention(
         return q.new_zeros(b, h, n, dv) + 0.0 * (q.sum() + k.sum() + v.sum())
     scale = d**-0.5 if scale is None else scale
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
-    plan = plan_attention(q_buckets, k_buckets, causal=causal, radius=radius, global_tokens=global_tokens)
+    # whole rows of softmax with no entry cut off but padding: blocks of SDPA (see the module docstring)
+    by_sdpa = (
+        float(alpha) == 1.0
+        and not causal
+        and radius < 0
+        and global_tokens == 0
+        and q_buckets.shape[-1] == 1
+        and d == dv
+    )
+    plan = plan_attention(
+        q_buckets, k_buckets, causal=causal, radius=radius, global_tokens=global_tokens, whole_buckets=by_sdpa
+    )
     if kv_groups < G:
         plan = _grouped_keys(plan, m, G // kv_groups)
     flat = (
@@ -677,7 +728,9 @@ def torch_bucketed_attention(
         k.to(compute).reshape(kv_groups * m, d),
         v.to(compute).reshape(kv_groups * m, dv),
     )
-    if torch.is_grad_enabled() and any(x.requires_grad for x in flat):
+    if by_sdpa and plan.classes:
+        out = _whole_rows_sdpa(*flat, plan)
+    elif torch.is_grad_enabled() and any(x.requires_grad for x in flat):
         out = BucketBlockAttention.apply(*flat, plan, float(alpha))
     else:
         out = _blocks_forward(*flat, plan, float(alpha), keep=False)[0]

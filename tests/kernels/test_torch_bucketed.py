@@ -57,13 +57,17 @@ def dense64(q, k, v, qb, kb, *, alpha, causal=False, window=0, global_tokens=0) 
     return normalize(scores.masked_fill(~mask, float("-inf")), alpha) @ v.double()
 
 
-def assert_close_to_truth(ours: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor) -> None:
-    """Our deviation from float64 is at most ERROR_FACTOR × the reference's, plus one output rounding."""
+def assert_close_to_truth(
+    ours: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, *, terms: float = 1.0
+) -> None:
+    """Our deviation from float64 is at most ERROR_FACTOR × the reference's, plus one rounding of the output
+    or of the ``terms`` it is a difference of (a gradient that cancels to 0 keeps their rounding, which a
+    reference that cancels exactly does not show)."""
     assert ours.dtype == ref.dtype
     assert torch.isfinite(ours).all()
     err_ours = (ours.double() - truth).abs().max().item()
     err_ref = (ref.double() - truth).abs().max().item()
-    rounding = torch.finfo(ours.dtype).eps * max(1.0, truth.abs().max().item())
+    rounding = torch.finfo(ours.dtype).eps * max(1.0, terms, truth.abs().max().item())
     assert err_ours <= ERROR_FACTOR * err_ref + rounding, (err_ours, err_ref)
 
 

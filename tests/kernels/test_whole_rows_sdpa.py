@@ -1,0 +1,96 @@
+"""Whole-row softmax (not causal, one id per query, no pattern) runs as blocks of SDPA: the same values and
+gradients as the dense reference, padding keys weighted exactly 0, and the other cases left to the block
+path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels.torch_bucketed as torch_bucketed
+from kernels.bench import balanced_buckets
+from tests.kernels.test_torch_bucketed import (
+    _grads,
+    assert_close_to_truth,
+    dense64,
+    dense_bucketed_attention,
+    make_inputs,
+    torch_bucketed_attention,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The query shapes of every SDPA call the PyTorch path makes while the test runs."""
+    calls = []
+    sdpa = torch_bucketed.F.scaled_dot_product_attention
+
+    def counting(q, *args, **kwargs):
+        calls.append(tuple(q.shape))
+        return sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(torch_bucketed.F, "scaled_dot_product_attention", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("n", "m"), [(2, 9), (37, 37), (130, 65), (257, 300)])
+@pytest.mark.parametrize("t_keys", [1, 2])
+def test_values_and_gradients_match_reference(n, m, t_keys, sdpa_calls):
+    """Random buckets of uneven sizes (so blocks pad their keys), some tokens in none; keys may hold two."""
+    q, k, v, qb, _ = make_inputs(n, 32, 1, seed=n + m, m=m)
+    kb = torch.randint(
+        -1, 5, (2, 2, m, t_keys), generator=torch.Generator().manual_seed(m), dtype=torch.int32
+    )
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    opts = dict(alpha=1.0)
+    ours = _grads(torch_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    assert sdpa_calls  # the SDPA blocks ran
+    ref = _grads(dense_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    truth = _grads(dense64, q.double(), k.double(), v.double(), qb, kb, opts, grad_out)
+    with torch.no_grad():
+        assert_close_to_truth(
+            torch_bucketed_attention(q, k, v, qb, kb, **opts),
+            dense_bucketed_attention(q, k, v, qb, kb, **opts),
+            dense64(q, k, v, qb, kb, **opts),
+        )
+    for g_ours, g_ref, g_truth in zip(ours, ref, truth, strict=True):
+        assert_close_to_truth(g_ours, g_ref, g_truth)
+
+
+def test_a_bucket_is_one_block_row(sdpa_calls):
+    """Balanced buckets of 96 queries: one class of whole buckets, one call, no padding."""
+    n, heads, buckets = 384, 2, 4
+    ids = balanced_buckets(1, heads, n, buckets, 1, seed=0)
+    q, k, v = torch.randn(3, 1, heads, n, 16, generator=torch.Generator().manual_seed(0)).unbind(0)
+    torch_bucketed_attention(q, k, v, ids, ids, alpha=1.0)
+    assert sdpa_calls == [(heads * buckets, 1, n // buckets, 16)]
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"alpha": 1.5},
+        {"alpha": 1.0, "causal": True},
+        {"alpha": 1.0, "window": 3},
+        {"alpha": 1.0, "global_tokens": 1},
+        {"alpha": 1.0, "t": 2},
+    ],
+    ids=["entmax", "causal", "window", "global", "two-ids"],
+)
+def test_other_cases_take_the_block_path(opts, sdpa_calls):
+    opts = dict(opts)
+    q, k, v, qb, kb = make_inputs(40, 16, opts.pop("t", 1), seed=5)
+    out = torch_bucketed_attention(q, k, v, qb, kb, **opts)
+    assert not sdpa_calls
+    torch.testing.assert_close(out.double(), dense64(q, k, v, qb, kb, **opts), rtol=1e-4, atol=1e-5)
+
+
+def test_values_of_another_size_take_the_block_path(sdpa_calls):
+    """SDPA's fast kernel wants one head size for q, k and v; the internal entry allows v its own."""
+    q, k, _, qb, kb = make_inputs(40, 16, 1, seed=5)
+    v = torch.randn(*k.shape[:-1], 8, generator=torch.Generator().manual_seed(6))
+    out = torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, alpha=1.0)
+    assert not sdpa_calls
+    torch.testing.assert_close(out.double(), dense64(q, k, v, qb, kb, alpha=1.0), rtol=1e-4, atol=1e-5)
