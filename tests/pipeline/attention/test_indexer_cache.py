@@ -16,6 +16,7 @@ from pipeline.attention.indexer_cache import IndexedKeysLayer
 from pipeline.attention.interface import generation_cache
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder
 from pipeline.predictors.indexer import IndexerPredictor
+from pipeline.training.batches import padded_batches
 from tests.pipeline.attention.test_sparsefinder_attention import (
     HEAD_DIM,
     HEADS,
@@ -153,16 +154,36 @@ def test_a_model_without_indexer_heads_gets_generates_own_cache():
     assert generation_cache(indexer_marian("encoder_self")) is None  # an encoder runs once
 
 
-def test_translate_projects_cross_attention_keys_once_per_batch(projected_lengths, monkeypatch):
-    model = indexer_marian("cross")
-    tokenizer = word_tokenizer(VOCAB)
+@pytest.mark.parametrize("decoder_kind", ["cross", "decoder_self"])
+def test_translate_decodes_with_the_cache_even_when_a_trained_model_turned_it_off(decoder_kind, monkeypatch):
+    """A trained model's config says use_cache=False; translate caches anyway (a cache handed to a
+    decoding that re-reads every prefix would hold each key twice), with the uncached hypotheses."""
+    model = indexer_marian(decoder_kind)
+    model.config.use_cache = model.generation_config.use_cache = False
+    tokenizer, data = word_tokenizer(VOCAB), translation_data()
+    model.generation_config.update(num_beams=2, max_new_tokens=12)
+    cached = translation.translate(model, tokenizer, data, batch_size=2)
+    uncached = []
+    for tensors, _ in padded_batches(data, 2, model.config.pad_token_id):
+        output = model.generate(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"])
+        uncached += tokenizer.batch_decode(output, skip_special_tokens=True)
+    assert cached[0] == uncached
+
+
+def translation_data() -> Dataset:
+    """Three source sentences of 4, 9 and 6 tokens (targets unused by decoding)."""
     g = torch.Generator().manual_seed(0)
     rows = {"input_ids": [], "labels": [], "tgt": []}
     for length in (4, 9, 6):
         rows["input_ids"].append([*torch.randint(3, VOCAB, (length - 1,), generator=g).tolist(), 1])
         rows["labels"].append([3, 1])
         rows["tgt"].append("w3")
-    data = Dataset.from_dict(rows)
+    return Dataset.from_dict(rows)
+
+
+def test_translate_projects_cross_attention_keys_once_per_batch(projected_lengths, monkeypatch):
+    model = indexer_marian("cross")
+    tokenizer, data = word_tokenizer(VOCAB), translation_data()
     model.generation_config.update(num_beams=2, max_new_tokens=6)
     cached = translation.translate(model, tokenizer, data, batch_size=2)
     assert len(projected_lengths) == LAYERS * 2  # two batches: each layer's encoder keys once
