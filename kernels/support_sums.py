@@ -38,15 +38,24 @@ def support_sums(
     scores: torch.Tensor, shift: torch.Tensor, tau: torch.Tensor, candidate: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, ...]:
     """s₁, s₂, k, k′ (each (…)) of rows of scores (…, M) shifted by m (…) and scaled by α − 1, at τ and
-    τ′ (…); a candidate of +∞ counts nothing."""
+    τ′ (…); a candidate of +∞ counts nothing.
+
+    The compiled kernel always sees one layout, scores (R, M) with R, M ≥ 2 and fresh per-row values (R,):
+    Dynamo compiles anew for another rank, a size of 1 or a view of another base, and after eight
+    compilations of one function it runs it eagerly for good. So there is one compilation per dtype.
+    """
     global _eager
-    if not _eager:
+    rows = scores.shape[:-1]
+    flat = scores.reshape(-1, scores.shape[-1]).detach()  # (R, M); detached, it is no view of a base
+    per_row = [v.reshape(-1).clone() for v in (shift, tau, candidate)]  # (R,) each, not views
+    if not _eager and min(flat.shape) >= 2:
         try:
             with torch.no_grad():  # sums are never differentiated: one kernel whatever the grad mode
-                return _compiled(scores, shift, tau, candidate, scale)
+                sums = _compiled(flat, *per_row, scale)
+            return tuple(s.view(rows) for s in sums)
         except Exception as err:  # compilation failed: the environment lacks what Inductor needs
             _eager = True
             warnings.warn(
                 f"entmax threshold sums run eagerly (torch.compile failed: {err!r:.200})", stacklevel=2
             )
-    return _sums(scores, shift, tau, candidate, scale)
+    return tuple(s.view(rows) for s in _sums(flat, *per_row, scale))

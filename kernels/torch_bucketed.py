@@ -212,13 +212,10 @@ def _support_sums(
 ) -> list[torch.Tensor]:
     """Per row of scores (…, W), with x = (α − 1)(s − shift): Σ (x − τ)₊, Σ (x − τ)₊² (α = 1.5 only) and
     |{x > τ}|, then |{x > candidate}| when given; shift, τ and candidate (…, 1), all of them in one read of
-    the scores (:mod:`kernels.support_sums`). The scores are a tensor of their own (no view: the compiled
-    kernel would be specialised to the shapes of its base); the per-row values are passed as copies (…),
-    which are small."""
+    the scores (:mod:`kernels.support_sums`)."""
     rows = scores.shape[:-1]
     check = torch.full_like(tau, torch.inf) if candidate is None else candidate
-    per_row = (v.reshape(rows).clone() for v in (shift, tau, check))
-    s1, s2, k, k_check = support_sums(scores, *per_row, alpha - 1.0)
+    s1, s2, k, k_check = support_sums(scores, *(v.reshape(rows) for v in (shift, tau, check)), alpha - 1.0)
     sums = [s1, s2, k] if alpha == 1.5 else [s1, k]
     return sums if candidate is None else [*sums, k_check]
 

@@ -58,3 +58,22 @@ def test_sums_run_eagerly_once_compiling_fails(monkeypatch):
     for a, b, c in zip(first, second, by_definition(*args), strict=True):
         assert torch.equal(a, b)
         torch.testing.assert_close(a.double(), c)
+
+
+def test_one_compilation_per_dtype_whatever_the_shapes():
+    """Ranks, sizes of 1 and views of other bases must not recompile: past eight compilations Dynamo runs
+    the function eagerly for good, and the fused pass is lost."""
+    from torch._dynamo.utils import counters
+
+    before = counters["frames"]["ok"]
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for shape in [(5, 7), (3, 4, 9), (1, 6, 5), (6, 1, 4), (2, 3, 4, 5)]:
+            base = torch.randn(shape, generator=gen, dtype=dtype)
+            for scores in (base, base[..., 1:]):  # a tensor and a view of it
+                tau = torch.full(scores.shape[:-1], -0.5, dtype=dtype)
+                got = torch.stack(support_sums(scores, scores.amax(-1), tau, tau + 0.2, 0.5))
+                expected = by_definition(scores, scores.amax(-1), tau, tau + 0.2, 0.5)
+                torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6)
+    assert counters["frames"]["ok"] - before <= 2
+    assert not module._eager
