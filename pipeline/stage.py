@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.allocator import keep_freed_memory
 from pipeline.errors import UserError
 from pipeline.params import load_section
 
@@ -36,6 +37,7 @@ def _parse(name: str, argv: list[str] | None, instances: str | None) -> tuple[An
         parser.add_argument("instance", help=f"which entry of {name}.{instances} to run")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
+    keep_freed_memory()  # a stage's tensors are reused, not page-faulted anew at every step
     section = load_section(name, args.params)
     instance = getattr(args, "instance", None)
     if instances is not None and instance not in getattr(section, instances):

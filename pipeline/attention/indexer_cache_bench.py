@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from pipeline.allocator import keep_freed_memory
 from pipeline.atomic import write_json
 from pipeline.attention import ENTMAX
 from pipeline.attention.interface import generation_cache
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=positive_ints, default=[3], help="timings per row (median)")
     parser.add_argument("--out", help="write the rows as JSON to this path")
     args = parser.parse_args(argv)
+    keep_freed_memory()
     (new,), (repeats,) = args.new, args.repeats
     rows = [row for context in args.contexts for row in bench(context, args.ranks, new, repeats)]
     print(f"CPU, {torch.get_num_threads()} threads; {LAYERS} layers, {HEADS} heads, head dim {HEAD_DIM}")

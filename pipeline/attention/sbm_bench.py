@@ -18,6 +18,7 @@ import time
 import torch
 from torch import Tensor
 
+from pipeline.allocator import keep_freed_memory
 from pipeline.atomic import write_json
 from pipeline.attention.sbm_sampling import bernoulli_graph, fastrg_edges
 
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="write the rows as JSON to this path")
     parser.add_argument("--repeats", type=int, default=3, help="draws per sampler and length (median)")
     args = parser.parse_args(argv)
+    keep_freed_memory()
     rows = [row for n in SIZES for row in bench(n, args.repeats)]
     print(f"CPU, {torch.get_num_threads()} threads; one head, d = {HEAD_DIM}, k = {CLUSTERS}")
     print(table(rows))
