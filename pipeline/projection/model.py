@@ -89,8 +89,9 @@ class HeadProjections(nn.Module):
         """(batch, H, n, d) → (batch, H, n, r) through side ``side``'s maps."""
         if self.hidden is not None:
             weight, bias = getattr(self, f"{side}_hidden_weight"), getattr(self, f"{side}_hidden_bias")
-            # in place on the fresh product: each new tensor of this size costs page faults on CPU
-            x = torch.einsum("bhnd,hed->bhne", x, weight).add_(bias[:, None, :]).tanh_()  # (b, H, n, e)
+            # matmul, not einsum: einsum's batched product of the same is 2.5-4.5× slower on CPU; in place on
+            # the fresh product, which would cost page faults anew
+            x = torch.matmul(x, weight.mT).add_(bias[:, None, :]).tanh_()  # (b, H, n, e)
         weight, bias = getattr(self, f"{side}_weight"), getattr(self, f"{side}_bias")
         return torch.einsum("bhnd,hrd->bhnr", x, weight).add_(bias[:, None, :])
 
