@@ -38,7 +38,7 @@ def support_sums(
     scores: torch.Tensor, shift: torch.Tensor, tau: torch.Tensor, candidate: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, ...]:
     """s₁, s₂, k, k′ (each (…)) of rows of scores (…, M) shifted by m (…) and scaled by α − 1, at τ and
-    τ′ (…); a candidate of +∞ counts nothing.
+    τ′ (…); the per-row values may also be shaped (…, 1). A candidate of +∞ counts nothing.
 
     The compiled kernel always sees one layout, scores (R, M) with R, M ≥ 2 and fresh per-row values (R,):
     Dynamo compiles anew for another rank, a size of 1 or a view of another base, and after eight

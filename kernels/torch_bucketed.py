@@ -213,9 +213,8 @@ def _support_sums(
     """Per row of scores (…, W), with x = (α − 1)(s − shift): Σ (x − τ)₊, Σ (x − τ)₊² (α = 1.5 only) and
     |{x > τ}|, then |{x > candidate}| when given; shift, τ and candidate (…, 1), all of them in one read of
     the scores (:mod:`kernels.support_sums`)."""
-    rows = scores.shape[:-1]
     check = torch.full_like(tau, torch.inf) if candidate is None else candidate
-    s1, s2, k, k_check = support_sums(scores, *(v.reshape(rows) for v in (shift, tau, check)), alpha - 1.0)
+    s1, s2, k, k_check = support_sums(scores, shift, tau, check, alpha - 1.0)
     sums = [s1, s2, k] if alpha == 1.5 else [s1, k]
     return sums if candidate is None else [*sums, k_check]
 
