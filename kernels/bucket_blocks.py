@@ -19,9 +19,13 @@ With one id per token and no pattern, each query sits in one block row, so a nor
 operation (``spread`` is False); otherwise a query's keys are spread over up to T + 2 rows.
 
 Blocks are grouped into classes by their kind and their (rows, keys) rounded up on a ladder of four steps
-per octave, so a class is one (blocks, L, M) tensor and padding costs at most 25 % per side. Block entries:
-the attended pairs plus that rounding, the causal diagonal blocks and the band's corners, so memory stays
-linear in the attended pairs.
+per octave, so a class is one (blocks, L, M) tensor and padding costs at most 25 % per side. Every class
+costs a few dozen small operations whatever its size, so two roundings keep the classes few: a bucket
+block's keys are a whole number of ``KEY_STEP`` (the pieces of the α-entmax threshold search), and when
+causal a bucket block facing at most 2 · ``rows`` keys has the full ``rows``: a bucket's short chunk comes
+first, where it faces the fewest keys, so its padding rows cost at most 2 · rows² entries per bucket. Block
+entries: the attended pairs plus that rounding, the causal diagonal blocks and the band's corners, so
+memory stays linear in the attended pairs.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ CAUSAL_ROWS = 64
 
 BAND_ROWS = 16
 """Fewest queries in one block of the window band (more when the band is wider)."""
+
+KEY_STEP = 32
+"""Bucket blocks face a whole multiple of this many keys."""
 
 _NO_LIMIT = 2.0**40
 """Position limit of a query that may attend every key of its block (positions are exact in float32 below
@@ -190,10 +197,16 @@ class _Blocks:
 
 
 def _chunks(
-    start: torch.Tensor, count: torch.Tensor, rows: int
+    start: torch.Tensor, count: torch.Tensor, rows: int, *, short_first: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cut runs of queries (start, count) into chunks of at most ``rows``: (run, chunk start, chunk rows)."""
-    owner, index = _runs(torch.zeros_like(count), -(-count // rows))
+    """Cut runs of queries (start, count) into chunks of at most ``rows``, the short one last (or first):
+    (run, chunk start, chunk rows)."""
+    chunks = -(-count // rows)
+    owner, index = _runs(torch.zeros_like(count), chunks)
+    if short_first:  # chunk i ends (chunks − 1 − i) full chunks before the run's end
+        end = count[owner] - (chunks[owner] - 1 - index) * rows
+        begin = (end - rows).clamp_min(0)
+        return owner, start[owner] + begin, end - begin
     c_start = start[owner] + index * rows
     c_rows = torch.minimum(count[owner] - index * rows, torch.full_like(c_start, rows))
     return owner, c_start, c_rows
@@ -210,7 +223,8 @@ def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causa
         bucket, q_count = torch.unique_consecutive(q_key, return_counts=True)  # (buckets,)
         k_start = torch.searchsorted(k_key, bucket, side="left")
         k_count = torch.searchsorted(k_key, bucket, side="right") - k_start
-        owner, c_start, c_rows = _chunks(torch.cumsum(q_count, 0) - q_count, q_count * (k_count > 0), rows)
+        q_start, q_count = torch.cumsum(q_count, 0) - q_count, q_count * (k_count > 0)
+        owner, c_start, c_rows = _chunks(q_start, q_count, rows, short_first=causal)
         b_start, b_keys = k_start[owner], k_count[owner]
         if causal:
             # Keys of the bucket at positions ≤ the chunk's last query: a prefix of the bucket's sorted keys.
@@ -275,11 +289,13 @@ def plan_blocks(
     radius: int = -1,
     global_tokens: int = 0,
     rows: int | None = None,
+    key_step: int = KEY_STEP,
 ) -> BlockPlan:
     """Dense blocks covering each attended pair exactly once; q_ids (G, n, T), k_ids (G, m, T′) int64 with
     −1 for none and no id repeated within a token; ``radius`` of the window band (−1 for none), the first
     ``global_tokens`` positions global; at most ``rows`` queries per bucket block (``ROWS``, or
-    ``CAUSAL_ROWS`` when causal). Causal needs n = m (positions are shared)."""
+    ``CAUSAL_ROWS`` when causal), facing a whole multiple of ``key_step`` keys. Causal needs n = m
+    (positions are shared)."""
     G, n, T = q_ids.shape
     m, Tk = k_ids.shape[1:]
     pattern = radius >= 0 or global_tokens > 0
@@ -305,13 +321,17 @@ def plan_blocks(
         k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)])
 
     L, M = ladder(c_rows), ladder(b_keys)
-    width = (m + 1) * 4  # above every rounded key count
-    shapes, which = torch.unique((kind * (n + 1) * 4 + L) * width + M, return_inverse=True)
+    bucket_block = kind == _BUCKET
+    M = torch.where(bucket_block, -(-M // key_step) * key_step, M)
+    if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
+        L = torch.where(bucket_block & (2 * rows >= M), rows, L)
+    height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size
+    shapes, which = torch.unique((kind * height + L) * width + M, return_inverse=True)
     classes = []
     for s, shape in enumerate(shapes.tolist()):
         sel = which == s
         rest, width_k = divmod(shape, width)
-        block_kind, width_q = divmod(rest, (n + 1) * 4)
+        block_kind, width_q = divmod(rest, height)
         real_q, queries, q_at = _padded(c_start[sel], c_rows[sel], width_q, q_flat, q_pos)
         real_k, keys, k_at = _padded(b_start[sel], b_keys[sel], width_k, k_flat, k_pos)
         queries, keys = queries * real_q, keys * real_k

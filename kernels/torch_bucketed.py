@@ -26,8 +26,9 @@ per-pair gather and nothing of size n × n is ever built.
   T + 2 rows. Each row is normalised on its own with its output product, chunk by chunk, and the rows of a
   query are merged by their log-normalisers.
 * α-entmax computes the scores of every block first, finds each query's threshold from row reductions
-  gathered per query (each step of the search reads all scores once, in one fused pass:
-  :mod:`kernels.support_sums`), then runs the output product chunk by chunk.
+  gathered per query, then runs the output product chunk by chunk. For α = 1.5 and 2 the scores of all
+  classes share one buffer of ``PIECE``-wide pieces, so each step of the search is one fused read of it
+  (:mod:`kernels.support_sums`), however many block shapes the plan has.
 
 Apart from the blocks sent to SDPA (whose own backward serves), the forward keeps the probabilities for the
 backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
@@ -51,11 +52,15 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
+from kernels.bucket_blocks import KEY_STEP, BlockClass, BlockPlan, plan_blocks
 from kernels.support_sums import support_sums
 
 CHUNK_ENTRIES = 2**18
 """Score entries per chunk: scores, probabilities and gradients of a chunk stay in L2."""
+
+PIECE = KEY_STEP
+"""Fewest entries per piece of the α-entmax threshold search's layout (:func:`_piece_scores`): rows of 16
+reduce at about twice the cost per entry of rows of 32."""
 
 _MASKED = -torch.finfo(torch.float32).max
 """Added to scores off the mask: far below any real score, yet finite (see _normalise)."""
@@ -117,8 +122,9 @@ class _WholeRows:
 
 @dataclass(frozen=True)
 class _SpreadRows:
-    """Parts whose rows belong to queries ``rows[c]`` (blocks, L), in [0, num_queries); a query's keys may
-    be spread over rows of several parts. Per-query values are (num_queries,)."""
+    """Parts whose rows belong to queries ``rows[c]`` (the part's leading shape: (blocks, L) for a class,
+    (pieces,) for pieces), in [0, num_queries); a query's keys may be spread over rows of several parts.
+    Per-query values are (num_queries,)."""
 
     rows: list[torch.Tensor]
     num_queries: int
@@ -309,13 +315,69 @@ def _rows_of(
 
 def _exact_thresholds(
     scores: list[torch.Tensor], alpha: float, red: _SpreadRows
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """For α = 1.5 or 2, per part the (shift, τ) of each row's query (…, 1): α-entmax is then
-    p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`), shift the query's largest
-    score."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For α = 1.5 or 2, per query the shift (its largest score) and the τ over the parts ``scores``:
+    α-entmax is then p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`)."""
     q_max = _query_max([s.amax(-1) for s in scores], red)
     tau = _support_threshold(scores, q_max, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
-    return [(red.at(q_max, part), red.at(tau, part)) for part in range(len(scores))]
+    return q_max, tau
+
+
+def _entry_cost(width: int) -> float:
+    """Nanoseconds (one CPU core) one entry costs a step of the threshold search in rows of ``width``: the
+    compiled pass's cost per row spreads over the row's entries (measured: 0.55 at 32, 0.3 at 256)."""
+    return 0.27 + 9.0 / width
+
+
+_PART_COST = 1e5
+"""Nanoseconds one part adds to a step of the threshold search, whatever its size: a compiled call, the
+gathers of per-query values to its rows and the scatter of its sums."""
+
+
+def _piece_width(widths: list[int], sizes: list[int]) -> int:
+    """The piece width (``PIECE`` times a power of two) for classes of M = ``widths`` and ``sizes`` entries
+    that makes a step of the search cheapest: classes whose M it divides share the buffer of pieces, the
+    others are parts of their own. Narrow pieces take more classes in, wide ones cost less per entry."""
+
+    def cost(piece: int) -> float:
+        apart = [w % piece != 0 for w in widths]
+        rows = [w if a else piece for w, a in zip(widths, apart, strict=True)]
+        entries = sum(n * _entry_cost(r) for r, n in zip(rows, sizes, strict=True))
+        return entries + _PART_COST * (1 + sum(apart))
+
+    pieces = [PIECE << i for i in range(max(max(widths) // PIECE, 1).bit_length())]
+    return min(pieces, key=cost)
+
+
+def _piece_scores(
+    q: torch.Tensor, plan: BlockPlan
+) -> tuple[list[torch.Tensor], list[torch.Tensor], _SpreadRows]:
+    """Score tensors (blocks, L, M) for every class, and the parts the threshold search reads them as.
+
+    The classes whose M is a whole number of pieces (:func:`_piece_width`; bucket blocks face whole
+    ``PIECE``s of keys, :mod:`kernels.bucket_blocks`) share one buffer, read as one part of pieces, each a
+    stretch of one query's row; any other class is a part of its own. So the search's steps cost a few
+    parts, not one per class. Returns the scores, the parts and their reducer."""
+    widths = [blocks.keys.shape[1] for blocks in plan.classes]
+    sizes = [blocks.queries.numel() * width for blocks, width in zip(plan.classes, widths, strict=True)]
+    piece = _piece_width(widths, sizes)
+    shared = [width % piece == 0 for width in widths]
+    buffer = q.new_empty(sum(size for size, in_buffer in zip(sizes, shared, strict=True) if in_buffer))
+    scores, parts, rows, owners, at = [], [], [], [], 0
+    for blocks, width, size, in_buffer in zip(plan.classes, widths, sizes, shared, strict=True):
+        shape = (*blocks.queries.shape, width)
+        if in_buffer:
+            scores.append(buffer[at : at + size].view(shape))
+            owners.append(blocks.queries.reshape(-1).repeat_interleave(width // piece))
+            at += size
+        else:
+            scores.append(q.new_empty(shape))
+            parts.append(scores[-1])
+            rows.append(blocks.queries)
+    if owners:
+        parts.insert(0, buffer.view(-1, piece))
+        rows.insert(0, torch.cat(owners))
+    return scores, parts, _SpreadRows(rows, plan.num_queries)
 
 
 def _exact_probabilities(
@@ -347,8 +409,10 @@ def _normalise(
     receives log Σ_j exp(s_j), −inf for a query without keys.
     """
     if alpha in (1.5, 2.0):
-        thresholds = _exact_thresholds(scores, alpha, red)
-        return [_exact_probabilities(s, *t, alpha) for s, t in zip(scores, thresholds, strict=True)]
+        shift, tau = _exact_thresholds(scores, alpha, red)
+        return [
+            _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha) for c, s in enumerate(scores)
+        ]
     keep = [None] * len(scores) if keep is None else keep
     row_max = [s.amax(-1) for s in scores]
     q_max = _query_max(row_max, red)
@@ -553,28 +617,32 @@ def _spread_softmax_forward(
 def _entmax_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
-    """α-entmax (α > 1): every block's scores first, each query's threshold over all of them (the
-    normaliser's parts are the classes: each step of the exact search reads them once, fused), then a
-    chunk at a time the probabilities (α = 1.5 and 2: from the scores and the thresholds, while the chunk is
-    in cache) and the output. With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per
+    """α-entmax (α > 1): every block's scores first, each query's threshold over all of them, then a chunk
+    at a time the probabilities (α = 1.5 and 2: from the scores and the thresholds, while the chunk is in
+    cache) and the output. For α = 1.5 and 2 the classes' scores share one buffer of ``PIECE``-wide pieces
+    (:func:`_piece_scores`), so each step of the exact search is one fused read of one part, however many
+    block shapes the plan has. With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per
     query for the backward; whole rows need neither."""
-    scores, ons = [], []
     general = alpha not in (1.5, 2.0)  # only the tolerance search counts keys by a mask
-    for blocks in plan.classes:
-        s = q.new_empty(*blocks.queries.shape, blocks.keys.shape[1])
+    if general:
+        scores = [q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) for blocks in plan.classes]
+    else:
+        scores, search_parts, search_rows = _piece_scores(q, plan)
+    ons = []
+    for blocks, s in zip(plan.classes, scores, strict=True):
         on = q.new_empty(s.shape) if general and blocks.masked else None
         for a, b in _chunks(blocks):
             chunk_on = _block_scores(q, k, blocks, a, b, s[a:b])[1]
             if on is not None:
                 on[a:b] = chunk_on
-        scores.append(s)
         ons.append(on)
     red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
     if general:
         _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
         thresholds = [None] * len(scores)
-    else:
-        thresholds = _exact_thresholds(scores, alpha, red)  # the chunks below turn scores into probabilities
+    else:  # the chunks below turn scores into probabilities
+        shift, tau = _exact_thresholds(search_parts, alpha, search_rows)
+        thresholds = [(red.at(shift, c), red.at(tau, c)) for c in range(len(scores))]
     out = v.new_zeros(plan.num_queries, v.shape[1])
     weighted = torch.zeros_like(out) if keep and plan.spread else None
     weights = []  # Σ_j g_ij per row, (blocks, L) per class
@@ -666,8 +734,10 @@ def plan_attention(
     b, h, n, _ = q_buckets.shape
     q_ids = _distinct_ids(q_buckets.reshape(b * h, n, -1))
     k_ids = _distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], -1))
-    rows = max(n, 1) if whole_buckets else None
-    return plan_blocks(q_ids, k_ids, causal=causal, radius=radius, global_tokens=global_tokens, rows=rows)
+    pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
+    if whole_buckets:  # SDPA tiles the keys itself: padding them to whole pieces would only add work
+        return plan_blocks(q_ids, k_ids, **pattern, rows=max(n, 1), key_step=1)
+    return plan_blocks(q_ids, k_ids, **pattern)
 
 
 def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:

@@ -29,6 +29,21 @@ def skewed_ids(heads: int, n: int, *, seed: int) -> torch.Tensor:
     return ids
 
 
+def test_a_causal_buckets_short_chunk_comes_first_with_full_rows():
+    """Every causal bucket block facing few keys has the full rows, its bucket's short chunk the first (so
+    the padding rows face the fewest keys), and key counts are whole KEY_STEPs."""
+    n, rows = 300, bucket_blocks.CAUSAL_ROWS
+    ids = torch.zeros(1, n, 1, dtype=torch.long)  # one bucket of 300 queries: chunks of 44, 64, 64, 64, 64
+    plan = plan_blocks(ids, ids, causal=True)
+    assert all(c.queries.shape[1] == rows for c in plan.classes)
+    assert all(c.keys.shape[1] % bucket_blocks.KEY_STEP == 0 for c in plan.classes)
+    first = min(plan.classes, key=lambda c: c.keys.shape[1])
+    real = first.real_queries()[0]
+    assert int(real.sum()) == n - 4 * rows  # the short chunk: positions 0..43
+    assert first.queries[0][real].tolist() == list(range(n - 4 * rows))
+    assert torch.equal(pair_counts(plan, n), attended_mask(ids[None], ids[None], causal=True)[0, 0].long())
+
+
 def test_ladder_rounds_up_by_at_most_a_quarter():
     x = torch.arange(1, 5000)
     up = ladder(x)
@@ -47,7 +62,11 @@ def test_blocks_hold_each_attended_pair_once(n, m, causal):
     mask = attended_mask(qb, kb, causal=causal)[0].reshape(3 * n, m)
     assert torch.equal(pair_counts(plan, m), mask.long())
     assert plan.num_pairs == int(mask.sum())
-    assert plan.num_entries <= 4 * plan.num_pairs + 3 * n * 8  # ladder rounding and short buckets only
+    # ladder rounding, whole KEY_STEPs of keys per row, and when causal the full rows of short chunks (at
+    # most 2 · rows² entries for each of the 5 buckets of 3 heads)
+    rows = bucket_blocks.CAUSAL_ROWS
+    short_chunks = 3 * 5 * 2 * rows * rows if causal else 0
+    assert plan.num_entries <= 4 * plan.num_pairs + 3 * n * (8 + bucket_blocks.KEY_STEP) + short_chunks
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -16,7 +16,7 @@ import torch
 from entmax import entmax15, sparsemax
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import bucketed_attention
+from kernels import bucketed_attention, torch_bucketed
 from kernels.attended import window_radius
 from kernels.bucket_blocks import BlockPlan, attended
 from kernels.reference import attended_mask, dense_bucketed_attention, normalize
@@ -152,6 +152,7 @@ def test_spread_normaliser_equals_entmax_over_each_querys_keys(alpha):
         part.add_((1 - on) * -torch.finfo(torch.float32).max)
     probs = _normalise([p.clone() for p in parts], alpha, _SpreadRows(rows, 7), [k.clone() for k in keep])
     for query in range(7):
+
         def entries(values, query=query):
             return torch.cat([x[r == query].flatten() for x, r in zip(values, rows, strict=True)])
 
@@ -349,3 +350,48 @@ def test_several_ids_leave_no_entry_sized_mask_in_the_plan():
         assert c.q_lower.shape == (2, blocks, rows) and c.k_lower.shape == (2, blocks, c.keys.shape[1])
     mask = attended_mask(qb, kb)
     assert torch.equal(pair_counts(plan, 130).view(2, 2, 130, 130), mask.long())
+
+
+def test_the_threshold_search_reads_every_class_of_whole_pieces_as_one_part():
+    """Causal buckets of uneven sizes with a window and global tokens make many block shapes; the search
+    reads the classes whose keys are whole pieces as one part of pieces (each a stretch of one query's row,
+    laid over the classes' own score tensors) and the rest one part each, and α = 1.5 still equals the
+    reference."""
+    q, k, v, qb, kb = make_inputs(700, 16, 1, seed=3, buckets=3)  # buckets of about 230 tokens
+    plan = plan_attention(qb, kb, causal=True, radius=4, global_tokens=2)
+    scores, parts, rows = torch_bucketed._piece_scores(q.reshape(-1, 16), plan)
+    width = parts[0].shape[1]
+    assert sum(c.keys.shape[1] % width == 0 for c in plan.classes) >= 5  # bucket blocks of 5+ shapes
+    apart = [c for c in plan.classes if c.keys.shape[1] % width]
+    assert len(parts) == 1 + len(apart)
+    for blocks, s in zip(plan.classes, scores, strict=True):
+        assert s.shape == (*blocks.queries.shape, blocks.keys.shape[1])
+        if blocks.keys.shape[1] % width == 0:  # its entries are pieces of the shared part, row by row
+            assert s.untyped_storage().data_ptr() == parts[0].untyped_storage().data_ptr()
+    owners = rows.rows[0]
+    assert owners.shape == parts[0].shape[:1]
+    counts = torch.bincount(owners, minlength=plan.num_queries)
+    expected = sum(
+        torch.bincount(c.queries.reshape(-1), minlength=plan.num_queries) * (c.keys.shape[1] // width)
+        for c in plan.classes
+        if c.keys.shape[1] % width == 0
+    )
+    assert torch.equal(counts, expected)
+    opts = dict(alpha=1.5, causal=True, window=9, global_tokens=2)
+    ours = bucketed_attention(q, k, v, qb, kb, backend="torch", **opts)
+    assert_close_to_truth(
+        ours, dense_bucketed_attention(q, k, v, qb, kb, **opts), dense64(q, k, v, qb, kb, **opts)
+    )
+
+
+@pytest.mark.parametrize(
+    ("widths", "entries", "expected"),
+    [
+        ([256], 10**6, 256),  # one shape: pieces are whole rows
+        ([64, 128, 192], 10**6, 64),  # the widest width dividing them all
+        ([32, 64, 96, 160, 224], 10**4, 32),  # small classes: fewer parts beat wider pieces
+        ([32, 64, 96, 160, 224], 10**7, 64),  # large ones: a part apart beats narrow pieces
+    ],
+)
+def test_pieces_are_as_wide_as_the_search_wants(widths, entries, expected):
+    assert torch_bucketed._piece_width(widths, [entries] * len(widths)) == expected
