@@ -26,9 +26,9 @@ per-pair gather and nothing of size n × n is ever built.
   T + 2 rows. Each row is normalised on its own with its output product, chunk by chunk, and the rows of a
   query are merged by their log-normalisers.
 * α-entmax computes the scores of every block first, finds each query's threshold from row reductions
-  gathered per query, then runs the output product chunk by chunk. For α = 1.5 and 2 the scores of all
-  classes share one buffer of ``PIECE``-wide pieces, so each step of the search is one fused read of it
-  (:mod:`kernels.support_sums`), however many block shapes the plan has.
+  gathered per query, then runs the output product chunk by chunk. For α = 1.5 and 2 the search reads the
+  scores of all classes as one buffer of pieces (rows of ``PIECE`` or more), so each of its steps is one
+  fused read (:mod:`kernels.support_sums`), however many block shapes the plan has.
 
 Apart from the blocks sent to SDPA (whose own backward serves), the forward keeps the probabilities for the
 backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
@@ -329,55 +329,58 @@ def _entry_cost(width: int) -> float:
     return 0.27 + 9.0 / width
 
 
-_PART_COST = 1e5
-"""Nanoseconds one part adds to a step of the threshold search, whatever its size: a compiled call, the
-gathers of per-query values to its rows and the scatter of its sums."""
+def _piece_width(widths: list[int], rows: list[int]) -> int:
+    """The piece width (``PIECE`` times a power of two) that makes a step of the search cheapest for
+    classes of M = ``widths`` keys and ``rows`` rows, each row padded to whole pieces: wide pieces cost less
+    per entry, narrow ones pad less. Memory bounds the choice: ``PIECE`` pads each row by less than
+    ``PIECE`` entries, and a wider piece may take at most a quarter more than that."""
 
-
-def _piece_width(widths: list[int], sizes: list[int]) -> int:
-    """The piece width (``PIECE`` times a power of two) for classes of M = ``widths`` and ``sizes`` entries
-    that makes a step of the search cheapest: classes whose M it divides share the buffer of pieces, the
-    others are parts of their own. Narrow pieces take more classes in, wide ones cost less per entry."""
-
-    def cost(piece: int) -> float:
-        apart = [w % piece != 0 for w in widths]
-        rows = [w if a else piece for w, a in zip(widths, apart, strict=True)]
-        entries = sum(n * _entry_cost(r) for r, n in zip(rows, sizes, strict=True))
-        return entries + _PART_COST * (1 + sum(apart))
+    def padded(piece: int) -> int:
+        return sum(r * -(-w // piece) * piece for w, r in zip(widths, rows, strict=True))
 
     pieces = [PIECE << i for i in range(max(max(widths) // PIECE, 1).bit_length())]
-    return min(pieces, key=cost)
+    allowed = [piece for piece in pieces if 4 * padded(piece) <= 5 * padded(PIECE)]
+    return min(allowed, key=lambda piece: padded(piece) * _entry_cost(piece))
 
 
-def _piece_scores(
-    q: torch.Tensor, plan: BlockPlan
-) -> tuple[list[torch.Tensor], list[torch.Tensor], _SpreadRows]:
-    """Score tensors (blocks, L, M) for every class, and the parts the threshold search reads them as.
+@dataclass(frozen=True)
+class _Pieces:
+    """The scores of every class as the threshold search reads them: one part of pieces (P, width), each
+    piece a stretch of one query's row (``owners`` (P,)). A class whose M is a whole number of pieces lies
+    in the buffer itself (its score tensor is a view of it); any other is copied in, padded with
+    ``_MASKED``, once its scores are made (:meth:`copy_in`), at ``copies`` (class, (rows, padded M))."""
 
-    The classes whose M is a whole number of pieces (:func:`_piece_width`; bucket blocks face whole
-    ``PIECE``s of keys, :mod:`kernels.bucket_blocks`) share one buffer, read as one part of pieces, each a
-    stretch of one query's row; any other class is a part of its own. So the search's steps cost a few
-    parts, not one per class. Returns the scores, the parts and their reducer."""
+    buffer: torch.Tensor
+    owners: torch.Tensor
+    copies: list[tuple[int, torch.Tensor]]
+
+    def copy_in(self, scores: list[torch.Tensor]) -> None:
+        for c, place in self.copies:
+            place[:, : scores[c].shape[-1]] = scores[c].reshape(place.shape[0], -1)
+
+
+def _piece_scores(q: torch.Tensor, plan: BlockPlan) -> tuple[list[torch.Tensor], _Pieces]:
+    """Score tensors (blocks, L, M) for every class and the :class:`_Pieces` the search reads them as, so
+    that each step of the search is one fused read, however many block shapes the plan has (bucket blocks
+    face whole ``PIECE``s of keys, :mod:`kernels.bucket_blocks`, so they need no copy)."""
     widths = [blocks.keys.shape[1] for blocks in plan.classes]
-    sizes = [blocks.queries.numel() * width for blocks, width in zip(plan.classes, widths, strict=True)]
-    piece = _piece_width(widths, sizes)
-    shared = [width % piece == 0 for width in widths]
-    buffer = q.new_empty(sum(size for size, in_buffer in zip(sizes, shared, strict=True) if in_buffer))
-    scores, parts, rows, owners, at = [], [], [], [], 0
-    for blocks, width, size, in_buffer in zip(plan.classes, widths, sizes, shared, strict=True):
-        shape = (*blocks.queries.shape, width)
-        if in_buffer:
-            scores.append(buffer[at : at + size].view(shape))
-            owners.append(blocks.queries.reshape(-1).repeat_interleave(width // piece))
-            at += size
+    rows = [blocks.queries.numel() for blocks in plan.classes]
+    piece = _piece_width(widths, rows)
+    padded = [-(-w // piece) * piece for w in widths]
+    sizes = [r * p for r, p in zip(rows, padded, strict=True)]
+    buffer = q.new_empty(sum(sizes))
+    scores, owners, copies = [], [], []
+    for c, (blocks, place) in enumerate(zip(plan.classes, buffer.split(sizes), strict=True)):
+        shape = (*blocks.queries.shape, widths[c])
+        if padded[c] == widths[c]:
+            scores.append(place.view(shape))
         else:
             scores.append(q.new_empty(shape))
-            parts.append(scores[-1])
-            rows.append(blocks.queries)
-    if owners:
-        parts.insert(0, buffer.view(-1, piece))
-        rows.insert(0, torch.cat(owners))
-    return scores, parts, _SpreadRows(rows, plan.num_queries)
+            place = place.view(rows[c], padded[c])
+            place[:, widths[c] :] = _MASKED
+            copies.append((c, place))
+        owners.append(blocks.queries.reshape(-1).repeat_interleave(padded[c] // piece))
+    return scores, _Pieces(buffer.view(-1, piece), torch.cat(owners), copies)
 
 
 def _exact_probabilities(
@@ -619,15 +622,14 @@ def _entmax_forward(
 ) -> tuple[torch.Tensor, _Forward]:
     """α-entmax (α > 1): every block's scores first, each query's threshold over all of them, then a chunk
     at a time the probabilities (α = 1.5 and 2: from the scores and the thresholds, while the chunk is in
-    cache) and the output. For α = 1.5 and 2 the classes' scores share one buffer of ``PIECE``-wide pieces
-    (:func:`_piece_scores`), so each step of the exact search is one fused read of one part, however many
-    block shapes the plan has. With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per
+    cache) and the output. For α = 1.5 and 2 the search reads the classes' scores as one part of pieces
+    (:func:`_piece_scores`). With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per
     query for the backward; whole rows need neither."""
     general = alpha not in (1.5, 2.0)  # only the tolerance search counts keys by a mask
     if general:
         scores = [q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) for blocks in plan.classes]
     else:
-        scores, search_parts, search_rows = _piece_scores(q, plan)
+        scores, pieces = _piece_scores(q, plan)
     ons = []
     for blocks, s in zip(plan.classes, scores, strict=True):
         on = q.new_empty(s.shape) if general and blocks.masked else None
@@ -641,7 +643,9 @@ def _entmax_forward(
         _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
         thresholds = [None] * len(scores)
     else:  # the chunks below turn scores into probabilities
-        shift, tau = _exact_thresholds(search_parts, alpha, search_rows)
+        pieces.copy_in(scores)
+        search = _SpreadRows([pieces.owners], plan.num_queries)
+        shift, tau = _exact_thresholds([pieces.buffer], alpha, search)
         thresholds = [(red.at(shift, c), red.at(tau, c)) for c in range(len(scores))]
     out = v.new_zeros(plan.num_queries, v.shape[1])
     weighted = torch.zeros_like(out) if keep and plan.spread else None
