@@ -124,10 +124,15 @@ def attended(blocks: BlockClass) -> torch.Tensor:
     return hit if dropped is None else hit & ~dropped
 
 
+def round_up(x: torch.Tensor | int, step: torch.Tensor | int) -> torch.Tensor | int:
+    """x rounded up to a whole multiple of ``step`` (integers or integer tensors)."""
+    return -(-x // step) * step
+
+
 def ladder(x: torch.Tensor) -> torch.Tensor:
     """Round x ≥ 1 up to a multiple of 2^max(⌊log₂ x⌋ − 2, 0): four sizes per octave, at most 25 % above x."""
     step = torch.exp2((torch.log2(x.clamp_min(1).double()).floor() - 2).clamp_min(0)).long()
-    return -(-x // step) * step
+    return round_up(x, step)
 
 
 def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,7 +327,7 @@ def plan_blocks(
 
     L, M = ladder(c_rows), ladder(b_keys)
     bucket_block = kind == _BUCKET
-    M = torch.where(bucket_block, -(-M // key_step) * key_step, M)
+    M = torch.where(bucket_block, round_up(M, key_step), M)
     if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
         L = torch.where(bucket_block & (2 * rows >= M), rows, L)
     height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size

@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kernels.bucket_blocks import KEY_STEP, BlockClass, BlockPlan, plan_blocks
+from kernels.bucket_blocks import KEY_STEP, BlockClass, BlockPlan, plan_blocks, round_up
 from kernels.support_sums import support_sums
 
 CHUNK_ENTRIES = 2**18
@@ -336,7 +336,7 @@ def _piece_width(widths: list[int], rows: list[int]) -> int:
     ``PIECE`` entries, and a wider piece may take at most a quarter more than that."""
 
     def padded(piece: int) -> int:
-        return sum(r * -(-w // piece) * piece for w, r in zip(widths, rows, strict=True))
+        return sum(r * round_up(w, piece) for w, r in zip(widths, rows, strict=True))
 
     pieces = [PIECE << i for i in range(max(max(widths) // PIECE, 1).bit_length())]
     allowed = [piece for piece in pieces if 4 * padded(piece) <= 5 * padded(PIECE)]
@@ -366,7 +366,7 @@ def _piece_scores(q: torch.Tensor, plan: BlockPlan) -> tuple[list[torch.Tensor],
     widths = [blocks.keys.shape[1] for blocks in plan.classes]
     rows = [blocks.queries.numel() for blocks in plan.classes]
     piece = _piece_width(widths, rows)
-    padded = [-(-w // piece) * piece for w in widths]
+    padded = [round_up(w, piece) for w in widths]
     sizes = [r * p for r, p in zip(rows, padded, strict=True)]
     buffer = q.new_empty(sum(sizes))
     scores, owners, copies = [], [], []
