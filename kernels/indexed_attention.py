@@ -19,10 +19,10 @@ Equivalently (the form computed here), with τ′_i the exact threshold of the w
 top-``candidates`` by z′ of {j valid : (α − 1) z′_ij ≥ τ′_i − margin}: when the row's support fits in the
 candidates both thresholds agree, and when it does not, every candidate is in the support and both forms give
 all the candidates. Nothing n × m is built: per query block, the per-channel min/max of k_index over each key
-block bound z′ from above (Quest's bound Σ_c max(q_c · kmax_c, q_c · kmin_c)); the threshold of the keys of
-the block holding the largest bound alone is a lower bound L_i ≤ τ′_i (a subset's threshold), and only key
-blocks whose bound reaches L_i − margin for some query of the block can hold members of Ŝ, so only those are
-scored.
+block bound z′ from above (Quest's bound Σ_c max(q_c · kmax_c, q_c · kmin_c)); the threshold of the keys in
+the few key blocks with the largest bounds for the query block, or any lower bound of it, is a lower bound
+L_i ≤ τ′_i (a subset's threshold), and only key blocks whose bound reaches L_i − margin for some query of
+the block can hold members of Ŝ, so only those are scored.
 
 Modes.
 
@@ -66,7 +66,8 @@ import torch
 from kernels import _check_backend
 from kernels.checks import check_causal, check_qkv, check_scale
 from kernels.reference import normalize
-from kernels.torch_bucketed import entmax_gradient_weight
+from kernels.support_sums import support_sums
+from kernels.torch_bucketed import entmax_gradient_weight, exact_row_thresholds
 
 __all__ = [
     "MODES",
@@ -84,9 +85,13 @@ CHUNK_ENTRIES = 2**20
 
 _QUEST_AXES = 16
 """Leading principal axes the exact-score bound takes per channel; the rest is bounded by one norm."""
-_LOWER_BLOCKS = 2
-"""Key blocks per query whose keys give pass 1's lower bound L_i: a support spread over a few blocks still
-gets a threshold near τ′."""
+_LOWER_BLOCKS = 4
+"""Key blocks per row group whose keys give pass 1's lower bounds L_i: those with the largest bounds for the
+group, shared by its queries (one batched product, no per-query gather), so a support spread over a few
+blocks still gets a bound near τ′."""
+_LOWER_STEPS = 2
+"""Newton steps from below that give L_i (α ≤ 2): a lower bound of the subset's threshold, within about 1e−3
+of it on smooth supports, at a fraction of a solve."""
 _MAX_NEWTON_STEPS = 100  # bisection alone halves the unit bracket each step; 100 exhaust float64
 _NEG_INF = float("-inf")
 
@@ -125,7 +130,7 @@ def entmax_threshold(x: torch.Tensor, guess: torch.Tensor | None, alpha: float) 
         mass, slope = _mass_and_slope(y, tau, beta, diff)
         lo = torch.where(mass >= 1, tau, lo)
         hi = torch.where(mass < 1, tau, hi)
-        newton = tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope
+        newton = tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope  # NaN at no slope: bisected
         near = (newton - tau).abs() <= tol
         inside = (newton > lo) & (newton < hi)  # a step onto the bracket's end could cycle: bisect instead
         step = torch.where(inside | near, newton, 0.5 * (lo + hi))
@@ -147,6 +152,12 @@ def entmax_threshold(x: torch.Tensor, guess: torch.Tensor | None, alpha: float) 
             root = (s1 * s1 - count * f).clamp_min(0).sqrt()
             tau = tau + f / (s1 + root).masked_fill(s1 + root == 0, 1.0)
     return tau.masked_fill_(empty, float("inf")), top
+
+
+def _newton_step(tau: torch.Tensor, mass: torch.Tensor, slope: torch.Tensor, beta: float) -> torch.Tensor:
+    """The Newton step on h(τ) = F(τ)^{1/β} − 1 from τ, given F(τ) and −F′(τ) (:func:`_mass_and_slope`): a
+    row with no slope (no entry above τ) stays."""
+    return tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope.masked_fill(slope == 0, 1.0)
 
 
 def _mass_and_slope(
@@ -239,8 +250,8 @@ def _trusted_probs(x: torch.Tensor, scores: torch.Tensor, tau: torch.Tensor, alp
     x, scores, tau = x.view(-1, width), scores.reshape(-1, width), tau.reshape(-1)
     live = torch.isfinite(tau)
     mass, slope = _mass_and_slope(x, tau, beta, torch.empty_like(x))  # (N,)
-    step = beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope.masked_fill(slope == 0, 1.0)
-    probs = _powered(x.sub_((tau + step).masked_fill_(~live, float("inf"))[:, None]), alpha)
+    fitted = _newton_step(tau, mass, slope, beta).masked_fill_(~live, float("inf"))  # (N,)
+    probs = _powered(x.sub_(fitted[:, None]), alpha)
     bad = ((mass - 1.0).abs() > torch.finfo(x.dtype).eps ** 0.5) & live
     rows = bad.nonzero().squeeze(1)
     if rows.numel():
@@ -364,17 +375,6 @@ class _Layout:
         last = torch.where(allowed, torch.arange(1, self.nkb + 1, device=allowed.device), 0).amax(1)
         return last.tolist()
 
-    def slabs(self, width: int) -> list[torch.Tensor]:
-        """Row-group ids cut into runs within one group g, each holding at most ~CHUNK_ENTRIES entries of
-        ``width`` per query: the unit of the block-bound passes."""
-        step = max(1, CHUNK_ENTRIES // (self.B * width))
-        dev = self.query_live.device
-        return [
-            torch.arange(g * self.nqb + a, g * self.nqb + min(a + step, self.nqb), device=dev)
-            for g in range(self.G)
-            for a in range(0, self.nqb, step)
-        ]
-
     def extrema(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel min and max over the valid keys of each key block of keys (G·nkb, B, c): (G·nkb, c)
         each (0 when empty)."""
@@ -416,13 +416,10 @@ class _Layout:
 def _bounds(queries: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     """Quest's upper bound on q·k over each key block: Σ_c max(q_c·high_c, q_c·low_c).
 
-    queries (R, B, c) of one group; low, high (nkb, c) that group's key-block extrema → (R, B, nkb). Split
-    by the sign of q_c: two matmuls.
+    queries (G, N, c); low, high (G, c, K) the per-channel extrema of K key blocks of each group →
+    (G, N, K). Split by the sign of q_c: two batched products.
     """
-    R, B, c = queries.shape
-    flat = queries.reshape(R * B, c)
-    upper = torch.addmm(flat.clamp_max(0) @ low.T, flat.clamp_min(0), high.T)
-    return upper.view(R, B, -1)
+    return torch.baddbmm(torch.bmm(queries.clamp_max(0), low), queries.clamp_min(0), high)
 
 
 def _block_lists(chosen: torch.Tensor, width: int) -> torch.Tensor:
@@ -513,33 +510,69 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Te
     """Pass 1's block step: need (G·nqb, nkb) bool, the key blocks that may hold members of Ŝ, and the
     lower bounds L (G·nqb, B).
 
-    Per query, L_i is the low-rank threshold of the keys it may attend in the ``_LOWER_BLOCKS`` key blocks
-    with its largest bounds (a subset of the row, so L_i ≤ τ′_i; +inf for padding and queries with no key:
-    they need nothing); a block whose bound on (α − 1) z′ stays below L_i − margin for every query of its
-    row group holds no member.
+    Per row group, the ``_LOWER_BLOCKS`` key blocks with the largest bounds for some of its queries are
+    scored in low rank, and L_i is a lower bound (:func:`_threshold_lower_bound`) of the threshold of the
+    keys among them query i may attend: a subset of the row, so L_i ≤ τ′_i (+inf for padding and queries
+    with no key: they need nothing; −inf for a query that may attend none of those keys: it needs every
+    block it may see). A block whose bound on (α − 1) z′ stays below L_i − margin for every query of its
+    row group holds no member. Like the certified bounds, spans of query blocks of every group at once,
+    over the key blocks they reach.
     """
-    low, high = (x.view(lay.G, lay.nkb, -1) for x in lay.extrema(lay.ki[:-1]))  # (G, nkb, r)
-    need, lower = [], []
-    for rows in lay.slabs(lay.nkb):
-        g = int(rows[0]) // lay.nqb
-        q_pos = lay.q_pos[rows]  # (R, B)
-        upper = _bounds(lay.qi[rows], low[g], high[g])  # (R, B, nkb) ≥ z′
-        seen = lay.visible(slice(g, g + 1), q_pos.view(1, -1), lay.nkb).reshape(*q_pos.shape, -1)
-        seen = seen & lay.query_live[rows][..., None]  # (R, B, nkb)
-        ranked = upper.masked_fill(~seen, _NEG_INF).topk(min(_LOWER_BLOCKS, lay.nkb), dim=-1)  # (R, B, t)
-        flat = torch.where(ranked.values > _NEG_INF, g * lay.nkb + ranked.indices, lay.G * lay.nkb)
-        R, t = len(rows), flat.shape[-1]
-        keys = lay.ki[flat].view(R, lay.B, t * lay.B, -1)  # (R, B, t·B, r): each query's own blocks
-        x = torch.einsum("rbc,rbkc->rbk", lay.qi[rows], keys) + lay.bias[flat].view(R, lay.B, -1)
-        if lay.causal:
-            x = x.masked_fill_(lay.k_pos[flat].view(R, lay.B, -1) > q_pos[..., None], _NEG_INF)
-        tau, top = entmax_threshold(x.mul_(alpha - 1.0), None, alpha)
-        bound = tau + top  # (R, B), +inf on queries with nothing to attend
+    G, B, nkb, dev = lay.G, lay.B, lay.nkb, lay.qi.device
+    low, high = (x.view(G, nkb, -1).transpose(1, 2) for x in lay.extrema(lay.ki[:-1]))  # (G, r, nkb)
+    queries = lay.qi.view(G, lay.n_pad, -1)  # (G, n_pad, r)
+    need = torch.zeros(G, lay.nqb, nkb, dtype=torch.bool, device=dev)
+    lower = torch.full((G, lay.nqb, B), float("inf"), dtype=lay.qi.dtype, device=dev)
+    reach = lay.reach()
+    for a, b in _query_spans(reach, G * B):
+        cut = max(reach[a:b])  # causal: key blocks after it hold only future keys
+        if cut == 0:  # no query here has a key
+            continue
+        rows = (torch.arange(G, device=dev)[:, None] * lay.nqb + torch.arange(a, b, device=dev)).view(-1)
+        q_pos, live = lay.q_pos[rows], lay.query_live[rows]  # (R, B) each, R = G·(b − a)
+        upper = _bounds(queries[:, a * B : b * B], low[..., :cut], high[..., :cut]).view(-1, B, cut)  # ≥ z′
+        seen = lay.visible(slice(None), q_pos.view(G, -1), cut).reshape(-1, B, cut) & live[..., None]
+        best = upper.masked_fill(~seen, _NEG_INF).amax(1)  # (R, cut): each block's largest bound
+        ranked = best.topk(min(_LOWER_BLOCKS, cut), dim=-1)  # (R, t)
+        flat = lay.flat_blocks(rows, ranked.indices.masked_fill(ranked.values == _NEG_INF, -1))
+        x = lay.scores(lay.qi[rows], lay.ki, rows, flat).mul_(alpha - 1.0)  # (R, B, t·B) (α − 1) z′
+        bound = _threshold_lower_bound(x, alpha)  # (R, B), +inf where a query sees none of those keys
+        bound = torch.where(live, bound.masked_fill_(bound.isposinf(), _NEG_INF), float("inf"))
         slack = 64 * torch.finfo(bound.dtype).eps * (1.0 + bound.abs().masked_fill(bound.isinf(), 0.0))
-        reach = upper.mul_(alpha - 1.0) >= (bound - margin - slack)[..., None]  # rounding keeps a block
-        need.append((reach & seen).any(1))
-        lower.append(bound)
-    return torch.cat(need), torch.cat(lower)
+        reached = upper.mul_(alpha - 1.0) >= (bound - margin - slack)[..., None]  # rounding keeps a block
+        need[:, a:b, :cut] = (reached & seen).any(1).view(G, b - a, cut)
+        lower[:, a:b] = bound.view(G, b - a, B)
+    return need.view(G * lay.nqb, nkb), lower.view(G * lay.nqb, B)
+
+
+def _threshold_lower_bound(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """A lower bound of τ per row of x = (α − 1)·scores (…, L), −inf on masked entries; +inf on rows with
+    no finite entry.
+
+    For α ≤ 2, ``_LOWER_STEPS`` Newton steps on F^{α−1} − 1 from max − 1: that function is convex, so
+    steps from below stay below τ (:func:`entmax_threshold`). For α = 1.5 and 2 each step is one fused read
+    of x (:func:`kernels.support_sums.support_sums`: F and F′ from Σ (x − τ)₊, Σ (x − τ)₊² and the count).
+    For α > 2, τ itself (x is then shifted in place).
+    """
+    if alpha > 2.0:
+        tau, top = entmax_threshold(x, None, alpha)
+        return tau + top
+    beta = 1.0 / (alpha - 1.0)
+    top = x.amax(-1)  # (…)
+    empty = torch.isneginf(top)
+    top = top.masked_fill_(empty, 0.0)
+    tau = torch.full_like(top, -1.0)  # relative to the maximum: F(−1) ≥ 1, the maximum alone contributes 1
+    if alpha in (1.5, 2.0):
+        never = torch.full_like(top, float("inf"))
+        for _ in range(_LOWER_STEPS):
+            s1, s2, count, _ = support_sums(x, top, tau, never, 1.0)
+            mass, slope = (s2, 2.0 * s1) if beta == 2.0 else (s1, count)
+            tau = _newton_step(tau, mass, slope, beta)
+    else:
+        y, diff = x - top[..., None], torch.empty_like(x)  # (…, L) ≤ 0 or −inf
+        for _ in range(_LOWER_STEPS):
+            tau = _newton_step(tau, *_mass_and_slope(y, tau, beta, diff), beta)
+    return (tau + top).masked_fill_(empty, float("inf"))
 
 
 def _principal_basis(lay: _Layout) -> torch.Tensor:
@@ -599,9 +632,7 @@ def _kept_blocks(lay: _Layout, tau_s: torch.Tensor, alpha: float) -> torch.Tenso
     for a, b in _query_spans(reach, lay.G * lay.B):
         cut = max(reach[a:b])  # causal: key blocks after it hold only future keys
         part = queries[:, a * B : b * B]  # (G, (b − a)·B, c + 1)
-        upper = torch.baddbmm(
-            torch.bmm(part.clamp_max(0), low[..., :cut]), part.clamp_min(0), high[..., :cut]
-        )  # (G, (b − a)·B, cut) ≥ z
+        upper = _bounds(part, low[..., :cut], high[..., :cut])  # (G, (b − a)·B, cut) ≥ z
         above = upper > limit[:, a * B : b * B, None]  # (G, (b − a)·B, cut)
         above &= lay.visible(slice(None), lay.q_pos.view(G, -1)[:, a * B : b * B], cut)
         keep[:, a:b, :cut] = above.view(G, b - a, B, cut).any(2)
@@ -625,9 +656,12 @@ def _query_spans(reach: list[int], rows: int) -> list[tuple[int, int]]:
 def _exact_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """τ (N,) of each row of scores (N, L) (−inf masked) in (α − 1)·score units; +inf on empty rows.
 
-    τ ≥ max − 1 (the maximum alone has mass 1), so only entries x = (α − 1)·z ≥ max − 1 can be in the
-    support: the rows are packed to those (:func:`_compact`) and solved there.
+    α = 1.5 and 2: the bucketed path's exact search (:func:`kernels.torch_bucketed.exact_row_thresholds`).
+    Other α: τ ≥ max − 1 (the maximum alone has mass 1), so only entries x = (α − 1)·z ≥ max − 1 can be in
+    the support: the rows are packed to those (:func:`_compact`) and solved there.
     """
+    if alpha in (1.5, 2.0):
+        return exact_row_thresholds(scores, alpha)
     x = scores * (alpha - 1.0)  # (N, L)
     top = x.amax(-1, keepdim=True)
     near = x >= top.masked_fill(top.isneginf(), float("inf")) - 1.0  # empty rows keep nothing

@@ -323,6 +323,19 @@ def _exact_thresholds(
     return q_max, tau
 
 
+def exact_row_thresholds(scores: torch.Tensor, alpha: float) -> torch.Tensor:
+    """For α = 1.5 or 2, the threshold τ (N,) of each row of scores (N, L), entries off the mask −inf, in
+    (α − 1)·score units: α-entmax(s) = ((α − 1) s − τ)₊^{1/(α−1)}; +inf on a row without keys. The exact
+    search of this path (:func:`_support_threshold`), each row its own query: fused reads of the rows, no
+    sort."""
+    top = scores.amax(-1)  # (N,)
+    empty = top.isneginf()
+    shift = top.masked_fill(empty, 0.0)
+    rows = _SpreadRows([torch.arange(len(top), device=scores.device)], len(top))
+    tau = _support_threshold([scores], shift, alpha, rows, torch.full_like(shift, -1.0), check_first=False)
+    return (tau + (alpha - 1.0) * shift).masked_fill_(empty, float("inf"))
+
+
 def _entry_cost(width: int) -> float:
     """Nanoseconds (one CPU core) one entry costs a step of the threshold search in rows of ``width``: the
     compiled pass's cost per row spreads over the row's entries (measured: 0.55 at 32, 0.3 at 256)."""

@@ -16,6 +16,7 @@ from kernels.indexed_attention import (
     _bound_factors,
     _compact,
     _exact_threshold,
+    _indexer_blocks,
     _Layout,
     clustered_orders,
     dense_indexed_reference,
@@ -359,6 +360,42 @@ def test_threshold_matches_bisection_from_any_guess():
             guess = None if shift is None else truth.masked_fill(truth.isinf(), 0.0) + shift
             tau, top = entmax_threshold(x.clone(), guess, alpha)
             torch.testing.assert_close(tau + top, truth, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0, 2.5])
+def test_pass_one_bounds_the_low_rank_threshold_from_below(alpha):
+    """Pass 1's L_i ≤ τ′_i (the threshold of query i's whole low-rank row) for every live query, +inf for
+    padding; in the clustered causal order some queries see none of their row group's shared blocks and
+    get −inf, and their groups then need every block they may see."""
+    q, k, v, qi, ki = random_inputs(97, seed=20)
+    valid = padding(2, 97, seed=20)
+    lay = _Layout(
+        q,
+        k,
+        v,
+        qi,
+        ki,
+        valid,
+        block=16,
+        causal=True,
+        scale=0.5,
+        compute=torch.float64,
+        orders=clustered_orders(qi, ki, block=16),
+    )
+    need, lower = _indexer_blocks(lay, alpha, 0.0)
+    G = lay.G
+    z = lay.qi.view(G, lay.n_pad, -1) @ lay.ki[:-1].view(G, lay.m_pad, -1).transpose(1, 2)  # scaled z′
+    allowed = lay.key_valid.view(G, 1, -1) & (lay.k_pos[:-1].view(G, 1, -1) <= lay.q_pos.view(G, -1, 1))
+    truth = dense_threshold(((alpha - 1) * z).masked_fill(~allowed, float("-inf")), alpha)  # (G, n_pad)
+    live = lay.query_live.view(G, -1)
+    lower = lower.view(G, -1)
+    assert (lower[live] <= truth[live] + 1e-12).all()
+    assert torch.isposinf(lower[~live]).all()
+    blind = torch.isneginf(lower)  # (G, n_pad)
+    assert blind.any()
+    sees = allowed.view(G, lay.n_pad, lay.nkb, lay.B).any(-1)  # (G, n_pad, nkb)
+    group_needs = need.view(G, lay.nqb, 1, lay.nkb).expand(-1, -1, lay.B, -1).reshape(G, lay.n_pad, -1)
+    assert (group_needs | ~sees)[blind].all()
 
 
 @pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
