@@ -309,8 +309,11 @@ class _Layout:
             x = x.reshape(G, length, -1)
             if order is not None:
                 x = x.gather(1, order[..., None].expand_as(x))
-            out = x.new_zeros(G * nb + extra, B, x.shape[-1], dtype=compute)
-            out[: G * nb].view(G, nb * B, -1)[:, :length] = x
+            out = x.new_empty(G * nb + extra, B, x.shape[-1], dtype=compute)
+            body = out[: G * nb].view(G, nb * B, -1)
+            body[:, :length] = x
+            body[:, length:] = 0  # only the padding is filled: a zeroed buffer would be written twice
+            out[G * nb :] = 0
             return out
 
         def slots(order: torch.Tensor | None, length: int, nb: int, pad: int) -> torch.Tensor:
