@@ -29,8 +29,8 @@ Modes.
 * ``"approximate"``: exact α-entmax with the exact scores z over Ŝ_i only.
 * ``"certified"``: exact for every input (recall 1 by construction); the indexer only decides how much is
   skipped. (1) Exact scores over the key blocks pass 1 found needed (those that may hold members of Ŝ)
-  and τ_S, their exact threshold: a subset of the row, so τ_S ≤ τ_i (only entries within 1 of the row's
-  maximum can be in a support, so the solve runs on those, packed); entmax attention over those blocks.
+  and τ_S, their exact threshold (:func:`_exact_threshold`): a subset of the row, so τ_S ≤ τ_i; entmax
+  attention over those blocks.
   (2) Per (query block, key block) an upper bound on q_i·k_j over the full head dim, in the keys'
   principal axes (any orthonormal basis keeps q·k; in that one the ranges are narrow): Quest's
   per-channel bound on the leading axes and Cauchy–Schwarz on the rest. A key block whose
