@@ -364,19 +364,16 @@ class _Layout:
             allowed = allowed & (earliest <= latest[:, None])
         return allowed
 
-    def visible(self, groups: slice, q_pos: torch.Tensor, cut: int) -> torch.Tensor:
-        """(G′, N, cut) bool: key blocks 0 … cut − 1 of the groups ``groups`` that hold a valid key the
-        queries at positions ``q_pos`` (G′, N) may attend (causal: one at or before it)."""
-        if not self.causal:
-            return self.block_live[groups, None, :cut].expand(-1, q_pos.shape[1], -1)
-        return self.earliest_key[groups, None, :cut] <= q_pos[..., None]
-
-    def reach(self) -> list[int]:
-        """Per query block, one past the last key block any group allows it: the key blocks bound passes
-        cover (causal by position: up to the diagonal)."""
-        allowed = self.allowed.view(self.G, self.nqb, self.nkb).any(0)  # (nqb, nkb)
-        last = torch.where(allowed, torch.arange(1, self.nkb + 1, device=allowed.device), 0).amax(1)
-        return last.tolist()
+    def sees(self, rows: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """(R, B, K) bool: which queries of row groups ``rows`` (R,) may attend a valid key of the key blocks
+        ``blocks`` (R, K) of their group (causal: one at or before them; −1: none); padding queries attend
+        nothing."""
+        g = (rows // self.nqb)[:, None]
+        if self.causal:
+            sees = self.earliest_key[g, blocks][:, None, :] <= self.q_pos[rows][..., None]
+        else:
+            sees = self.block_live[g, blocks][:, None, :]
+        return sees & (blocks >= 0)[:, None, :] & self.query_live[rows][..., None]
 
     def extrema(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel min and max over the valid keys of each key block of keys (G·nkb, B, c): (G·nkb, c)
@@ -416,13 +413,57 @@ class _Layout:
         return out
 
 
-def _bounds(queries: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """Quest's upper bound on q·k over each key block: Σ_c max(q_c·high_c, q_c·low_c).
+def _box_bounds(queries: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """An upper bound on q·k for every query of each row group and every key of each key block, round-off
+    included: queries (G, nqb, B, c); low, high (G, c, nkb) per-channel key-block extrema → (G·nqb, nkb).
 
-    queries (G, N, c); low, high (G, c, K) the per-channel extrema of K key blocks of each group →
-    (G, N, K). Split by the sign of q_c: two batched products.
+    With the group's queries in the box m_q ± r_q and the block's keys in m_k ± r_k (per channel),
+    q_c·k_c ≤ m_q·m_k + r_q·|m_k| + (|m_q| + r_q)·r_k: three small products, where per-query bounds take one
+    entry per query. Round-off is covered by 8c ulps of Σ_c (|m_q| + r_q)(|m_k| + r_k), which bounds the size
+    of every term.
     """
-    return torch.baddbmm(torch.bmm(queries.clamp_max(0), low), queries.clamp_min(0), high)
+    G, nqb, _, c = queries.shape
+    q_low, q_high = queries.amin(2), queries.amax(2)  # (G, nqb, c)
+    m_q, r_q = (q_high + q_low) / 2, (q_high - q_low) / 2
+    m_k, r_k = (high + low) / 2, (high - low) / 2  # (G, c, nkb)
+    size_q, centre_k = m_q.abs() + r_q, m_k.abs()
+    bound = torch.bmm(m_q, m_k).baddbmm_(r_q, centre_k).baddbmm_(size_q, r_k)
+    eps = torch.finfo(bound.dtype).eps
+    return bound.baddbmm_(size_q, centre_k + r_k, alpha=8 * c * eps).view(G * nqb, -1)
+
+
+def _reaching_blocks(
+    lay: _Layout,
+    box: torch.Tensor,
+    queries: torch.Tensor,
+    low: torch.Tensor,
+    high: torch.Tensor,
+    limit: torch.Tensor,
+) -> torch.Tensor:
+    """(G·nqb, nkb) bool: the allowed key blocks b of each row group for which some query i that may attend
+    b has Quest's bound Σ_c max(q_ic·high_cb, q_ic·low_cb) ≥ limit_i, in the units of queries (G, n_pad, c);
+    low, high (G, c, nkb); limit (G·nqb, B), +inf for a query that needs nothing, −inf for one that needs
+    every block it may attend.
+
+    Two levels: the row group's bound ``box`` (:func:`_box_bounds`) discards the blocks below the group's
+    smallest limit, and the per-query bounds (split by the sign of q_c: two batched products) run on the
+    blocks left, row groups sorted by their count.
+    """
+    G, B, nkb = lay.G, lay.B, lay.nkb
+    c = queries.shape[-1]
+    left = (box >= limit.amin(1, keepdim=True)) & lay.allowed  # (G·nqb, nkb)
+    low, high = (torch.cat([x.transpose(1, 2).reshape(G * nkb, c), x.new_zeros(1, c)]) for x in (low, high))
+    queries = queries.view(-1, B, c)  # (G·nqb, B, c)
+    out = torch.zeros_like(lay.allowed)
+    for rows, blocks in _sorted_chunks(left, B):  # a block's bounds: one per query
+        flat = lay.flat_blocks(rows, blocks)  # (R, K)
+        q = queries[rows]  # (R, B, c)
+        bound = torch.baddbmm(
+            torch.bmm(q.clamp_max(0), low[flat].transpose(1, 2)), q.clamp_min(0), high[flat].transpose(1, 2)
+        )  # (R, B, K)
+        hit = ((bound >= limit[rows][..., None]) & lay.sees(rows, blocks)).any(1)  # (R, K)
+        out[rows[:, None].expand_as(blocks)[hit], blocks[hit]] = True
+    return out
 
 
 def _block_lists(chosen: torch.Tensor, width: int) -> torch.Tensor:
@@ -444,14 +485,15 @@ def _chunks(counts: list[int], width_entries: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _sorted_chunks(chosen: torch.Tensor, B: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Row groups sorted by their number of chosen key blocks and cut into chunks: (rows, block lists)."""
+def _sorted_chunks(chosen: torch.Tensor, entries: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Row groups sorted by their number of chosen key blocks and cut into chunks of about
+    ``CHUNK_ENTRIES``, a chosen block costing ``entries`` per row group: (rows, block lists)."""
     counts = chosen.sum(1)
     order = torch.sort(counts, stable=True).indices
     sorted_counts = counts[order].tolist()
     return [
         (order[a:z], _block_lists(chosen[order[a:z]], sorted_counts[z - 1]))
-        for a, z in _chunks(sorted_counts, B * B)
+        for a, z in _chunks(sorted_counts, entries)
     ]
 
 
@@ -513,39 +555,30 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Te
     """Pass 1's block step: need (G·nqb, nkb) bool, the key blocks that may hold members of Ŝ, and the
     lower bounds L (G·nqb, B).
 
-    Per row group, the ``_LOWER_BLOCKS`` key blocks with the largest bounds for some of its queries are
+    Per row group, the ``_LOWER_BLOCKS`` key blocks with the largest group bounds (:func:`_box_bounds`) are
     scored in low rank, and L_i is a lower bound (:func:`_threshold_lower_bound`) of the threshold of the
     keys among them query i may attend: a subset of the row, so L_i ≤ τ′_i (+inf for padding and queries
     with no key: they need nothing; −inf for a query that may attend none of those keys: it needs every
     block it may see). A block whose bound on (α − 1) z′ stays below L_i − margin for every query of its
-    row group holds no member. Like the certified bounds, spans of query blocks of every group at once,
-    over the key blocks they reach.
+    row group that may attend it holds no member (:func:`_reaching_blocks`).
     """
-    G, B, nkb, dev = lay.G, lay.B, lay.nkb, lay.qi.device
+    G, B, nkb, rows = lay.G, lay.B, lay.nkb, lay.query_live.shape[0]
     low, high = (x.view(G, nkb, -1).transpose(1, 2) for x in lay.extrema(lay.ki[:-1]))  # (G, r, nkb)
-    queries = lay.qi.view(G, lay.n_pad, -1)  # (G, n_pad, r)
-    need = torch.zeros(G, lay.nqb, nkb, dtype=torch.bool, device=dev)
-    lower = torch.full((G, lay.nqb, B), float("inf"), dtype=lay.qi.dtype, device=dev)
-    reach = lay.reach()
-    for a, b in _query_spans(reach, G * B):
-        cut = max(reach[a:b])  # causal: key blocks after it hold only future keys
-        if cut == 0:  # no query here has a key
-            continue
-        rows = (torch.arange(G, device=dev)[:, None] * lay.nqb + torch.arange(a, b, device=dev)).view(-1)
-        q_pos, live = lay.q_pos[rows], lay.query_live[rows]  # (R, B) each, R = G·(b − a)
-        upper = _bounds(queries[:, a * B : b * B], low[..., :cut], high[..., :cut]).view(-1, B, cut)  # ≥ z′
-        seen = lay.visible(slice(None), q_pos.view(G, -1), cut).reshape(-1, B, cut) & live[..., None]
-        best = upper.masked_fill(~seen, _NEG_INF).amax(1)  # (R, cut): each block's largest bound
-        ranked = best.topk(min(_LOWER_BLOCKS, cut), dim=-1)  # (R, t)
-        flat = lay.flat_blocks(rows, ranked.indices.masked_fill(ranked.values == _NEG_INF, -1))
-        x = lay.scores(lay.qi[rows], lay.ki, rows, flat).mul_(alpha - 1.0)  # (R, B, t·B) (α − 1) z′
-        bound = _threshold_lower_bound(x, alpha)  # (R, B), +inf where a query sees none of those keys
-        bound = torch.where(live, bound.masked_fill_(bound.isposinf(), _NEG_INF), float("inf"))
-        slack = 64 * torch.finfo(bound.dtype).eps * (1.0 + bound.abs().masked_fill(bound.isinf(), 0.0))
-        reached = upper.mul_(alpha - 1.0) >= (bound - margin - slack)[..., None]  # rounding keeps a block
-        need[:, a:b, :cut] = (reached & seen).any(1).view(G, b - a, cut)
-        lower[:, a:b] = bound.view(G, b - a, B)
-    return need.view(G * lay.nqb, nkb), lower.view(G * lay.nqb, B)
+    box = _box_bounds(lay.qi.view(G, lay.nqb, B, -1), low, high)  # (G·nqb, nkb) ≥ z′
+    ranked = box.masked_fill(~lay.allowed, _NEG_INF).topk(min(_LOWER_BLOCKS, nkb), dim=-1)  # (G·nqb, t)
+    ids = torch.arange(rows, device=box.device)
+    flat = lay.flat_blocks(ids, ranked.indices.masked_fill(ranked.values == _NEG_INF, -1))
+    lower = lay.qi.new_empty(rows, B)
+    step = max(1, CHUNK_ENTRIES // (B * flat.shape[1] * B))
+    for a in range(0, rows, step):
+        at = ids[a : a + step]
+        x = lay.scores(lay.qi[at], lay.ki, at, flat[at]).mul_(alpha - 1.0)  # (R, B, t·B) (α − 1) z′
+        lower[at] = _threshold_lower_bound(x, alpha)  # +inf where a query sees none of those keys
+    lower = torch.where(lay.query_live, lower.masked_fill_(lower.isposinf(), _NEG_INF), float("inf"))
+    slack = 64 * torch.finfo(lower.dtype).eps * (1.0 + lower.abs().masked_fill(lower.isinf(), 0.0))
+    limit = (lower - margin - slack) / (alpha - 1.0)  # z′ units; rounding keeps a block
+    queries = lay.qi.view(G, lay.n_pad, -1)
+    return _reaching_blocks(lay, box, queries, low, high, limit), lower
 
 
 def _threshold_lower_bound(x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -616,44 +649,21 @@ def _bound_factors(lay: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def _kept_blocks(lay: _Layout, tau_s: torch.Tensor, alpha: float) -> torch.Tensor:
     """Certified pruning: (G·nqb, nkb) bool, the key blocks whose exact-score bound (:func:`_bound_factors`)
-    exceeds τ_S (G·nqb, B) for some query of the row group (+inf τ_S: a query with no key or padding,
-    which keeps nothing).
+    exceeds τ_S (G·nqb, B) for some query of the row group that may attend them (+inf τ_S: a query with no
+    key or padding, which keeps nothing), through :func:`_reaching_blocks`.
 
-    Bounds are taken for spans of query blocks of every group at once, over the key blocks they reach.
     Slack for round-off: 64 ulps of τ_S, and (8 d ulps)·|q_i|·max_j |k_j| for the rotation and the bound's
     products and norms.
     """
-    G, d, B, nkb = lay.G, lay.d, lay.B, lay.nkb
+    G, d = lay.G, lay.d
     queries, low, high = _bound_factors(lay)
     eps = torch.finfo(tau_s.dtype).eps
     key_norm = (lay.k[:-1].view(G, -1, d).norm(dim=-1) * lay.key_valid.view(G, -1)).amax(1)  # (G,)
     rotation = 8 * d * eps * lay.q.norm(dim=-1).view(G, -1) * key_norm[:, None]  # (G, n_pad)
     slack = 64 * eps * (1.0 + tau_s.abs().masked_fill(tau_s.isinf(), 0.0))
     limit = ((tau_s - slack) / (alpha - 1.0)).view(G, -1) - rotation  # (G, n_pad) in score units
-    keep = torch.zeros(G, lay.nqb, nkb, dtype=torch.bool, device=tau_s.device)
-    reach = lay.reach()
-    for a, b in _query_spans(reach, lay.G * lay.B):
-        cut = max(reach[a:b])  # causal: key blocks after it hold only future keys
-        part = queries[:, a * B : b * B]  # (G, (b − a)·B, c + 1)
-        upper = _bounds(part, low[..., :cut], high[..., :cut])  # (G, (b − a)·B, cut) ≥ z
-        above = upper > limit[:, a * B : b * B, None]  # (G, (b − a)·B, cut)
-        above &= lay.visible(slice(None), lay.q_pos.view(G, -1)[:, a * B : b * B], cut)
-        keep[:, a:b, :cut] = above.view(G, b - a, B, cut).any(2)
-    return keep.view(G * lay.nqb, nkb) & lay.allowed
-
-
-def _query_spans(reach: list[int], rows: int) -> list[tuple[int, int]]:
-    """Query-block spans [a, b) whose bounds against the key blocks they reach (:meth:`_Layout.reach`), for
-    ``rows`` queries per query block, hold at most ~CHUNK_ENTRIES entries (at least one block each)."""
-    spans, a = [], 0
-    while a < len(reach):
-        b, widest = a + 1, reach[a]
-        while b < len(reach) and (b + 1 - a) * rows * max(widest, reach[b]) <= CHUNK_ENTRIES:
-            widest = max(widest, reach[b])
-            b += 1
-        spans.append((a, b))
-        a = b
-    return spans
+    box = _box_bounds(queries.view(G, lay.nqb, lay.B, -1), low, high)  # (G·nqb, nkb)
+    return _reaching_blocks(lay, box, queries, low, high, limit.view_as(tau_s))
 
 
 def _exact_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -722,7 +732,7 @@ def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str
     clock = time.perf_counter()
     with torch.no_grad():
         need, _ = _indexer_blocks(lay, alpha, margin)  # (G·nqb, nkb)
-        chunks = _sorted_chunks(need, lay.B)
+        chunks = _sorted_chunks(need, lay.B * lay.B)
     stats["indexer_s"] += time.perf_counter() - clock
     out = lay.q.new_zeros(lay.G * lay.nqb, lay.B, lay.v.shape[-1])
     tau_s = torch.full(lay.query_live.shape, float("inf"), dtype=lay.q.dtype, device=lay.q.device)
@@ -739,7 +749,7 @@ def _run_certified(lay: _Layout, *, alpha: float, margin: float, stats: dict[str
     with torch.no_grad():
         keep = _kept_blocks(lay, tau_s, alpha)  # (G·nqb, nkb)
         redo = (keep & ~need).any(1).nonzero().squeeze(1)  # weight may lie outside the needed blocks
-        chunks = _sorted_chunks(keep[redo], lay.B)
+        chunks = _sorted_chunks(keep[redo], lay.B * lay.B)
     stats["bounds_s"] += time.perf_counter() - clock
     stats["queries"] = float(lay.query_live.sum())
     # blocks whose exact scores were computed: the needed ones, and a recomputed group's others
@@ -782,7 +792,7 @@ def _run_approximate(
     clock = time.perf_counter()
     with torch.no_grad():
         need, lower = _indexer_blocks(lay, alpha, margin)
-        chunks = _sorted_chunks(need, B)
+        chunks = _sorted_chunks(need, B * B)
     stats["indexer_s"] += time.perf_counter() - clock
     for rows, blocks in chunks:
         clock = time.perf_counter()

@@ -14,10 +14,12 @@ from kernels.bench import scattered_inputs, structured_inputs
 from kernels.indexed_attention import (
     RowEntmax,
     _bound_factors,
+    _box_bounds,
     _compact,
     _exact_threshold,
     _indexer_blocks,
     _Layout,
+    _reaching_blocks,
     clustered_orders,
     dense_indexed_reference,
     entmax_threshold,
@@ -271,6 +273,62 @@ def test_bound_factors_bound_every_score(d):
     block_max = block_max.view(lay.G, lay.n_pad, lay.nkb, lay.B).amax(-1)
     assert (upper >= block_max - 1e-12).all()
     assert torch.isfinite(upper).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("spread", [1.0, 0.0])
+def test_box_bounds_bound_every_query_of_a_group_against_every_key_of_a_block(dtype, spread):
+    """A row group's bound is at least q_i·k_j for each of its queries and each key of the block, round-off
+    included (spread 0: all queries of a group alike and all keys of a block alike, where the bound is the
+    score itself and only its slack keeps it above), and never looser than Σ_c max |q_c| · max |k_c|."""
+    gen = torch.Generator().manual_seed(31)
+    shape_q, shape_k = (3, 5, 8, 6), (3, 7, 9, 6)  # (G, nqb, B, c), (G, nkb, keys, c)
+    queries = 3 * torch.randn(3, 5, 1, 6, generator=gen) + spread * torch.randn(shape_q, generator=gen)
+    keys = 4 + 3 * torch.randn(3, 7, 1, 6, generator=gen) + spread * torch.randn(shape_k, generator=gen)
+    queries, keys = (x.expand(shape).to(dtype) for x, shape in ((queries, shape_q), (keys, shape_k)))
+    low, high = (x.transpose(1, 2) for x in (keys.amin(2), keys.amax(2)))  # (G, c, nkb)
+    box = _box_bounds(queries, low, high).double().view(3, 5, 7)
+    scores = torch.einsum("gqbc,gkjc->gqkbj", queries.double(), keys.double())  # (G, nqb, nkb, B, keys)
+    assert (box >= scores.amax((-1, -2))).all()
+    naive = queries.abs().amax(2).double() @ torch.maximum(low.abs(), high.abs()).double()
+    assert (box <= naive * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reaching_blocks_equal_per_query_bounds_everywhere(causal):
+    """The two-level test (group bound first, per-query bounds on the blocks left) keeps exactly the
+    allowed blocks some query that may attend them reaches with its own bound; limits ±inf included."""
+    q, k, v, qi, ki = random_inputs(97, seed=24)
+    valid = padding(2, 97, seed=24)
+    lay = _Layout(
+        q,
+        k,
+        v,
+        qi,
+        ki,
+        valid,
+        block=16,
+        causal=causal,
+        scale=0.5,
+        compute=torch.float64,
+        orders=clustered_orders(qi, ki, block=16),
+    )
+    queries, low, high = _bound_factors(lay)  # (G, n_pad, c), (G, c, nkb)
+    G, B = lay.G, lay.B
+    gen = torch.Generator().manual_seed(24)
+    limit = 2.0 + 2 * torch.randn(G * lay.nqb, B, generator=gen, dtype=torch.float64)
+    limit[3, :4] = float("-inf")
+    limit[~lay.query_live] = float("inf")
+    box = _box_bounds(queries.view(G, lay.nqb, B, -1), low, high)
+    got = _reaching_blocks(lay, box, queries, low, high, limit)
+    upper = (queries.clamp_max(0) @ low + queries.clamp_min(0) @ high).view(G * lay.nqb, B, -1)
+    allowed = lay.key_valid.view(G, 1, -1) & (
+        ~torch.tensor(causal) | (lay.k_pos[:-1].view(G, 1, -1) <= lay.q_pos.view(G, -1, 1))
+    )  # (G, n_pad, m_pad)
+    sees = allowed.view(G * lay.nqb, B, lay.nkb, B).any(-1) & lay.query_live[..., None]
+    want = ((upper >= limit[..., None]) & sees).any(1)
+    assert torch.equal(got, want)
+    assert 0 < want.sum() < lay.allowed.sum()
 
 
 @pytest.mark.parametrize("alpha", [1.5, 1.3, 2.0])
