@@ -50,6 +50,16 @@ def padding(batch: int, m: int, *, seed: int) -> torch.Tensor:
     return valid
 
 
+def clustered_layout(*, seed: int, causal: bool) -> _Layout:
+    """The layout of random float64 inputs (n 97, padded keys, blocks of 16) in the clustered order."""
+    q, k, v, qi, ki = random_inputs(97, seed=seed)
+    orders = clustered_orders(qi, ki, block=16)
+    valid = padding(2, 97, seed=seed)
+    return _Layout(
+        q, k, v, qi, ki, valid, block=16, causal=causal, scale=0.5, compute=torch.float64, orders=orders
+    )
+
+
 def check_matches_dense(q, k, v, qi, ki, *, grads: bool = True, **options) -> dict[str, float]:
     """Certified output and q, k, v gradients equal dense entmax's; returns the call's stats."""
     dense_opts = {key: options[key] for key in ("alpha", "causal", "key_valid", "scale") if key in options}
@@ -298,21 +308,7 @@ def test_box_bounds_bound_every_query_of_a_group_against_every_key_of_a_block(dt
 def test_reaching_blocks_equal_per_query_bounds_everywhere(causal):
     """The two-level test (group bound first, per-query bounds on the blocks left) keeps exactly the
     allowed blocks some query that may attend them reaches with its own bound; limits ±inf included."""
-    q, k, v, qi, ki = random_inputs(97, seed=24)
-    valid = padding(2, 97, seed=24)
-    lay = _Layout(
-        q,
-        k,
-        v,
-        qi,
-        ki,
-        valid,
-        block=16,
-        causal=causal,
-        scale=0.5,
-        compute=torch.float64,
-        orders=clustered_orders(qi, ki, block=16),
-    )
+    lay = clustered_layout(seed=24, causal=causal)
     queries, low, high = _bound_factors(lay)  # (G, n_pad, c), (G, c, nkb)
     G, B = lay.G, lay.B
     gen = torch.Generator().manual_seed(24)
@@ -425,21 +421,7 @@ def test_pass_one_bounds_the_low_rank_threshold_from_below(alpha):
     """Pass 1's L_i ≤ τ′_i (the threshold of query i's whole low-rank row) for every live query, +inf for
     padding; in the clustered causal order some queries see none of their row group's shared blocks and
     get −inf, and their groups then need every block they may see."""
-    q, k, v, qi, ki = random_inputs(97, seed=20)
-    valid = padding(2, 97, seed=20)
-    lay = _Layout(
-        q,
-        k,
-        v,
-        qi,
-        ki,
-        valid,
-        block=16,
-        causal=True,
-        scale=0.5,
-        compute=torch.float64,
-        orders=clustered_orders(qi, ki, block=16),
-    )
+    lay = clustered_layout(seed=20, causal=True)
     need, lower = _indexer_blocks(lay, alpha, 0.0)
     G = lay.G
     z = lay.qi.view(G, lay.n_pad, -1) @ lay.ki[:-1].view(G, lay.m_pad, -1).transpose(1, 2)  # scaled z′
