@@ -130,7 +130,7 @@ def entmax_threshold(x: torch.Tensor, guess: torch.Tensor | None, alpha: float) 
         mass, slope = _mass_and_slope(y, tau, beta, diff)
         lo = torch.where(mass >= 1, tau, lo)
         hi = torch.where(mass < 1, tau, hi)
-        newton = tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope  # NaN at no slope: bisected
+        newton = tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope  # no slope: not finite, bisected
         near = (newton - tau).abs() <= tol
         inside = (newton > lo) & (newton < hi)  # a step onto the bracket's end could cycle: bisect instead
         step = torch.where(inside | near, newton, 0.5 * (lo + hi))
@@ -155,8 +155,8 @@ def entmax_threshold(x: torch.Tensor, guess: torch.Tensor | None, alpha: float) 
 
 
 def _newton_step(tau: torch.Tensor, mass: torch.Tensor, slope: torch.Tensor, beta: float) -> torch.Tensor:
-    """The Newton step on h(τ) = F(τ)^{1/β} − 1 from τ, given F(τ) and −F′(τ) (:func:`_mass_and_slope`): a
-    row with no slope (no entry above τ) stays."""
+    """The Newton step on h(τ) = F(τ)^{1/β} − 1 from τ, given F(τ) and −F′(τ) (:func:`_mass_and_slope`); a
+    row with no entry above τ has no slope and takes it as 1 (a finite step, where a solve would bisect)."""
     return tau + beta * (mass - mass.pow(1.0 - 1.0 / beta)) / slope.masked_fill(slope == 0, 1.0)
 
 
