@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ from pipeline.students.distill import DistillationTrainer
 RUN_FINGERPRINT = "run_fingerprint.json"
 # the share of an mlm block's tokens chosen for prediction (BERT's and RoBERTa's)
 MASKED_FRACTION = 0.15
+
+_WORKER_SETTLE_SECONDS = 0.2
+"""How long a rank releases the GIL after its last barrier, so that gloo's worker thread can finish first
+(:func:`leave_process_group`)."""
 
 
 def prepare_run_folder(run_dir: str | os.PathLike, fingerprint: str, *, is_main: bool) -> str | None:
@@ -90,9 +95,15 @@ def leave_process_group() -> None:
     gloo group still up leaves the group's worker threads to interpreter finalisation, which can abort
     it (SIGABRT, "terminate called without an active exception") and fail the whole ``torchrun``.
     Destroying the group while the interpreter is whole makes that exit clean. A no-op in one process.
+
+    After the barrier, gloo's worker thread frees the finished work and the tensors it held, which takes
+    the GIL; the group's destructor joins that thread and runs with the GIL held (here, or when the DDP
+    wrapper that also holds the group is freed). Were it to start first, each thread would wait for the
+    other for ever. So the rank sleeps a moment, releasing the GIL, before it lets the group go.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+        time.sleep(_WORKER_SETTLE_SECONDS)
         torch.distributed.destroy_process_group()
 
 
