@@ -1,0 +1,217 @@
+// The exact α-entmax threshold of every query, for α = 2 (β = 1) and α = 1.5 (β = 2), over scores held in
+// pieces: rows of `width` entries, each owned by one query, a query's keys spread over any number of them.
+//
+// With m the query's largest score and x_j = (α − 1)(s_j − m) ≤ 0, τ solves
+//
+//     F(τ) = Σ_j (x_j − τ)₊^β = 1,   τ in [−1, 0).
+//
+// At τ ≤ τ* the support S = {x > τ} contains the true one. On S the equation is a polynomial one,
+// Σ_S (y − δ) = 1 or Σ_S (y − δ)² = 1 with y = x − τ, whose (smaller) root τ′ = τ + δ is τ* exactly when
+// {x > τ′} still has |S| elements: then it is S itself, and τ′ is the sort-based value. Otherwise a Newton
+// step on F^{1/β} − 1 from below (a norm of (x − τ)₊: convex, so it never overshoots) brings τ closer.
+//
+// This is the search of kernels/torch_bucketed.py (`_support_threshold`, the reference beside it) done one
+// query at a time: a query's entries come from memory once, for its maximum, and every later pass over them
+// runs in the first-level cache, where the tensor version reads all the scores from memory at each step.
+// Queries run in parallel; each one's arithmetic is the same whatever the number of threads.
+
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <new>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxSteps = 100;  // as the reference: more than float64 resolution needs
+constexpr int kGroup = 8;       // queries whose search steps interleave
+
+// Vectors of 64 bytes (GCC's and Clang's vector extensions: the compiler picks the instructions).
+typedef float Floats __attribute__((vector_size(64)));
+typedef double Doubles __attribute__((vector_size(64)));
+template <typename Real>
+struct VectorOf;
+template <>
+struct VectorOf<float> {
+    using type = Floats;
+};
+template <>
+struct VectorOf<double> {
+    using type = Doubles;
+};
+template <typename Real>
+using Vec = typename VectorOf<Real>::type;
+template <typename Real>
+constexpr int kWidth = 64 / sizeof(Real);
+
+template <typename Real>
+struct Query {
+    const Real* const* rows;  // the query's pieces
+    int64_t count;            // how many
+    int64_t width;            // entries per piece
+    Real shift;               // m
+    Real scale;               // α − 1
+
+    // Σ (x − τ)₊, Σ (x − τ)₊², |{x > τ}| and |{x > τ + gap}| (the check of a candidate τ′ = τ + gap).
+    void sums(Real tau, Real gap, Real& s1, Real& s2, Real& k, Real& k_gap) const {
+        Vec<Real> a[2] = {}, b[2] = {}, c[2] = {}, e[2] = {};
+        each(tau, [&](int half, Vec<Real> d) {
+            e[half] += d > gap ? Real(1) : Real(0);
+            d = d > 0 ? d : 0;
+            a[half] += d;
+            b[half] += d * d;
+            c[half] += d > 0 ? Real(1) : Real(0);
+        });
+        s1 = total(a), s2 = total(b), k = total(c), k_gap = total(e);
+    }
+
+    // max_j s_j, through the same lanes: x − τ with m = 0, scale −1, τ = 0 is −s; its minimum is −max s.
+    Real largest() const {
+        const Real inf = std::numeric_limits<Real>::infinity();
+        Vec<Real> low[2] = {Vec<Real>{} + inf, Vec<Real>{} + inf};
+        Query flipped = *this;
+        flipped.shift = 0, flipped.scale = -1;
+        flipped.each(0, [&](int half, Vec<Real> d) { low[half] = d < low[half] ? d : low[half]; });
+        Real m = inf;
+        for (const Vec<Real>& v : low)
+            for (int lane = 0; lane < kWidth<Real>; ++lane) m = std::min(m, v[lane]);
+        return -m;
+    }
+
+    // f(half, x − τ) over the entries, a vector of them at a time, x = scale·(s − m), alternating between two
+    // sets of running sums so that consecutive additions need not wait on each other. A row's last entries
+    // (fewer than a vector) come padded with s = −∞, which every f ignores.
+    template <typename F>
+    void each(Real tau, F&& f) const {
+        constexpr int64_t n = kWidth<Real>;
+        for (int64_t r = 0; r < count; ++r) {
+            const Real* s = rows[r];
+            int64_t j = 0;
+            for (; j + 2 * n <= width; j += 2 * n) {  // constant halves: the sums stay in registers
+                f(0, load(s + j, n, tau));
+                f(1, load(s + j + n, n, tau));
+            }
+            if (j + n <= width) f(0, load(s + j, n, tau)), j += n;
+            if (j < width) f(1, load(s + j, width - j, tau));
+        }
+    }
+
+    // x − τ of the `valid` (≤ kWidth) entries from s on, −∞ in the lanes after them.
+    Vec<Real> load(const Real* s, int64_t valid, Real tau) const {
+        Vec<Real> x;
+        if (valid == kWidth<Real>) {
+            std::memcpy(&x, s, sizeof x);
+        } else {
+            x = Vec<Real>{} - std::numeric_limits<Real>::infinity();
+            std::memcpy(&x, s, valid * sizeof(Real));
+        }
+        return scale * (x - shift) - tau;
+    }
+
+    // Σ of the lanes of two vectors, pairwise: a serial sum would wait on each addition in turn.
+    static Real total(const Vec<Real>* lanes) {
+        Real v[kWidth<Real>];
+        Vec<Real> both = lanes[0] + lanes[1];
+        std::memcpy(v, &both, sizeof v);
+        for (int half = kWidth<Real> / 2; half > 0; half /= 2)
+            for (int lane = 0; lane < half; ++lane) v[lane] += v[lane + half];
+        return v[0];
+    }
+
+};
+
+// τ of `size` (≤ kGroup) queries together, each from τ = −1, where F ≥ 1 (the maximum alone contributes 1).
+// Each pass over a query's entries gives the sums at its current τ and checks the candidate τ′ of the
+// pass before (whether {x > τ′} kept that pass's |S| elements). The queries' passes interleave: one
+// query's have no data dependence on another's, so the processor overlaps them, where a query alone would
+// wait on each sum's last additions and on the solve's square roots and divisions.
+template <typename Real>
+void solve(const Query<Real>* group, int size, int beta, Real* threshold) {
+    const Real inf = std::numeric_limits<Real>::infinity();
+    Real tau[kGroup], candidate[kGroup], support[kGroup];
+    bool searching[kGroup];
+    int left = 0;
+    for (int i = 0; i < size; ++i) {
+        tau[i] = -1, candidate[i] = inf, support[i] = -1;  // no candidate yet: nothing to check
+        searching[i] = group[i].count > 0;                 // a query without pieces keeps τ = −1
+        left += searching[i];
+    }
+    for (int step = 0; step < kMaxSteps && left > 0; ++step) {
+        for (int i = 0; i < size; ++i) {
+            if (!searching[i]) continue;
+            Real s1, s2, k, k_candidate;
+            group[i].sums(tau[i], candidate[i] - tau[i], s1, s2, k, k_candidate);
+            if (k_candidate == support[i]) {
+                tau[i] = candidate[i], searching[i] = false, --left;
+                continue;
+            }
+            if (beta == 1) {  // the value on S is also the Newton step from below
+                tau[i] = candidate[i] = tau[i] + (s1 - 1) / (k > 1 ? k : 1);
+            } else {
+                Real disc = s1 * s1 - k * (s2 - 1), root = disc > 0 ? std::sqrt(disc) : 0;
+                candidate[i] = tau[i] + (s2 - 1) / (s1 + root == 0 ? 1 : s1 + root);
+                tau[i] += (s2 - std::sqrt(s2)) / (s1 == 0 ? 1 : s1);
+            }
+            support[i] = k;
+        }
+    }
+    std::copy(tau, tau + size, threshold);
+}
+
+// Scores below half the masked value (−max float / 2) belong to no key.
+constexpr double kNoKey = -0.5 * 3.4028234663852886e38;
+
+template <typename Real>
+void thresholds(const Real* pieces, int64_t num_pieces, int64_t width, const int64_t* owners,
+               int64_t num_queries, int beta, Real* shift, Real* threshold, int threads) {
+    // The pieces of each query, in their order, by a counting sort of the owners.
+    std::vector<int64_t> start(num_queries + 1, 0);
+    std::vector<const Real*> rows(num_pieces);
+    for (int64_t p = 0; p < num_pieces; ++p) ++start[owners[p] + 1];
+    for (int64_t i = 0; i < num_queries; ++i) start[i + 1] += start[i];
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t p = 0; p < num_pieces; ++p) rows[next[owners[p]]++] = pieces + p * width;
+    const Real scale = beta == 1 ? 1 : 0.5;
+#pragma omp parallel for schedule(dynamic, 8) num_threads(threads) if (threads > 1)
+    for (int64_t first = 0; first < num_queries; first += kGroup) {
+        Query<Real> group[kGroup];
+        int size = static_cast<int>(std::min<int64_t>(kGroup, num_queries - first));
+        for (int g = 0; g < size; ++g) {
+            int64_t i = first + g;
+            group[g] = {rows.data() + start[i], start[i + 1] - start[i], width, 0, scale};
+            Real m = group[g].largest();
+            shift[i] = group[g].shift = m > kNoKey ? m : 0;  // a query without keys: any finite shift does
+        }
+        solve(group, size, beta, threshold + first);
+    }
+}
+
+// Runs `thresholds`: 0 once done, −1 when memory ran out (no exception may cross into C).
+template <typename Real>
+int guarded(const Real* pieces, int64_t num_pieces, int64_t width, const int64_t* owners, int64_t num_queries,
+            int beta, Real* shift, Real* threshold, int threads) {
+    try {
+        thresholds(pieces, num_pieces, width, owners, num_queries, beta, shift, threshold, threads);
+        return 0;
+    } catch (const std::bad_alloc&) {
+        return -1;
+    }
+}
+
+}  // namespace
+
+// pieces (num_pieces, width) contiguous; owners (num_pieces,) in [0, num_queries); shift and threshold
+// (num_queries,) receive m and τ. A query without pieces gets m = 0 and τ = −1. Returns 0, or −1 when memory ran out.
+extern "C" int entmax_thresholds_float(const float* pieces, int64_t num_pieces, int64_t width,
+                                       const int64_t* owners, int64_t num_queries, int beta, float* shift,
+                                       float* threshold, int threads) {
+    return guarded(pieces, num_pieces, width, owners, num_queries, beta, shift, threshold, threads);
+}
+
+extern "C" int entmax_thresholds_double(const double* pieces, int64_t num_pieces, int64_t width,
+                                        const int64_t* owners, int64_t num_queries, int beta, double* shift,
+                                        double* threshold, int threads) {
+    return guarded(pieces, num_pieces, width, owners, num_queries, beta, shift, threshold, threads);
+}

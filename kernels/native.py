@@ -1,0 +1,84 @@
+"""The package's C++ kernels, compiled on first use for the processor they run on and loaded with ctypes.
+
+A kernel is one C++ file beside this module with ``extern "C"`` functions on raw pointers: no Python or
+torch headers, so it compiles in about a second with the system's C++ compiler (the one TorchInductor's CPU
+backend needs already). The shared library lands in a cache folder (``$SPARSEFINDER_NATIVE_CACHE``, else
+``$XDG_CACHE_HOME/sparsefinder-native``, else ``~/.cache/sparsefinder-native``) under a name that hashes the
+source, the compiler, the flags and the processor, so an edit, another compiler or another machine sharing
+the folder gets its own build; it is written under a temporary name and renamed into place, so processes
+that build at once never load half a file. Where no library can be built (no compiler, a read-only cache),
+:func:`library` warns once and returns None, and callers run their PyTorch reference instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+"""-march=native: the vector width of the machine that runs it (the cache key names the processor)."""
+
+
+def cache_folder() -> Path:
+    """Where built libraries are kept."""
+    if "SPARSEFINDER_NATIVE_CACHE" in os.environ:
+        return Path(os.environ["SPARSEFINDER_NATIVE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "sparsefinder-native"
+
+
+def _processor() -> str:
+    """The processor's model and features (Linux), else the architecture: -march=native code may use any
+    feature of the machine that built it."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    described = {line for line in lines if line.startswith(("model name", "flags", "Features", "CPU part"))}
+    return "\n".join(sorted(described)) or platform.machine()
+
+
+def _build(source: Path, compiler: str, target: Path) -> None:
+    """Compile ``source`` into the shared library ``target``, atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=".so")
+    os.close(handle)
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, str(source), "-o", partial], check=True, capture_output=True, text=True
+        )
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+@functools.cache
+def library(name: str) -> ctypes.CDLL | None:
+    """The compiled ``kernels/<name>.cpp``, built once per source, compiler and processor; None (with one
+    warning) where it cannot be built or loaded."""
+    source = Path(__file__).with_name(f"{name}.cpp")
+    compiler = os.environ.get("CXX") or "c++"
+    key = hashlib.sha256(
+        b"\0".join([source.read_bytes(), compiler.encode(), " ".join(FLAGS).encode(), _processor().encode()])
+    ).hexdigest()[:16]
+    target = cache_folder() / f"{name}-{key}.so"
+    try:
+        if not target.exists():
+            if shutil.which(compiler) is None:
+                raise OSError(f"no C++ compiler {compiler!r} on PATH (set CXX)")
+            _build(source, compiler, target)
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = err.stderr.strip()[-300:] if isinstance(err, subprocess.CalledProcessError) else str(err)
+        message = f"the C++ kernel {name} could not be built or loaded, its PyTorch reference runs instead"
+        warnings.warn(f"{message}: {detail}", stacklevel=2)
+        return None
