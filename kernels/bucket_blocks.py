@@ -21,7 +21,7 @@ operation (``spread`` is False); otherwise a query's keys are spread over up to 
 Blocks are grouped into classes by their kind and their (rows, keys) rounded up on a ladder of four steps
 per octave, so a class is one (blocks, L, M) tensor and padding costs at most 25 % per side. Every class
 costs a few dozen small operations whatever its size, so two roundings keep the classes few: a bucket
-block's keys are a whole number of ``KEY_STEP`` (the pieces of the α-entmax threshold search), and when
+block's keys are a whole number of ``KEY_STEP`` (whole vectors for the normalisers' row passes), and when
 causal a bucket block facing at most 2 · ``rows`` keys has the full ``rows``: a bucket's short chunk comes
 first, where it faces the fewest keys, so its padding rows cost at most 2 · rows² entries per bucket. Block
 entries: the attended pairs plus that rounding, the causal diagonal blocks and the band's corners, so

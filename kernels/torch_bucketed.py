@@ -25,10 +25,10 @@ per-pair gather and nothing of size n × n is ever built.
 * Softmax with several ids per token, a window or global tokens: a query's keys are spread over up to
   T + 2 rows. Each row is normalised on its own with its output product, chunk by chunk, and the rows of a
   query are merged by their log-normalisers.
-* α-entmax computes the scores of every block first, finds each query's threshold from row reductions
-  gathered per query, then runs the output product chunk by chunk. For α = 1.5 and 2 the search reads the
-  scores of all classes as one buffer of pieces (rows of ``PIECE`` or more), so each of its steps is one
-  fused read (:mod:`kernels.support_sums`), however many block shapes the plan has.
+* α-entmax computes the scores of every block first, turns them into probabilities in place, each query
+  over all of its rows, then runs the output product chunk by chunk. For α = 1.5 and 2 a C++ kernel
+  (:mod:`kernels.exact_entmax`) does the middle step a few queries at a time, each query's entries read
+  from memory once; other α take the tolerance search below, by row reductions gathered per query.
 
 Apart from the blocks sent to SDPA (whose own backward serves), the forward keeps the probabilities for the
 backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
@@ -52,15 +52,12 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kernels.bucket_blocks import KEY_STEP, BlockClass, BlockPlan, plan_blocks, round_up
+from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
+from kernels.exact_entmax import exact_entmax
 from kernels.support_sums import support_sums
 
 CHUNK_ENTRIES = 2**18
 """Score entries per chunk: scores, probabilities and gradients of a chunk stay in L2."""
-
-PIECE = KEY_STEP
-"""Fewest entries per piece of the α-entmax threshold search's layout (:func:`_piece_scores`): rows of 16
-reduce at about twice the cost per entry of rows of 32."""
 
 _MASKED = -torch.finfo(torch.float32).max
 """Added to scores off the mask: far below any real score, yet finite (see _normalise)."""
@@ -123,8 +120,8 @@ class _WholeRows:
 @dataclass(frozen=True)
 class _SpreadRows:
     """Parts whose rows belong to queries ``rows[c]`` (the part's leading shape: (blocks, L) for a class,
-    (pieces,) for pieces), in [0, num_queries); a query's keys may be spread over rows of several parts.
-    Per-query values are (num_queries,)."""
+    (rows,) for rows gathered by :func:`_rows_of`), in [0, num_queries); a query's keys may be spread over
+    rows of several parts. Per-query values are (num_queries,)."""
 
     rows: list[torch.Tensor]
     num_queries: int
@@ -317,83 +314,33 @@ def _exact_thresholds(
     scores: list[torch.Tensor], alpha: float, red: _SpreadRows
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For α = 1.5 or 2, per query the shift (its largest score) and the τ over the parts ``scores``:
-    α-entmax is then p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`)."""
+    α-entmax is then p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`). The C++
+    kernel's reference (:mod:`kernels.exact_entmax`), and its stand-in where it cannot run."""
     q_max = _query_max([s.amax(-1) for s in scores], red)
     tau = _support_threshold(scores, q_max, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
     return q_max, tau
 
 
+def _exact_entmax(scores: list[torch.Tensor], alpha: float, red: _SpreadRows) -> None:
+    """p = α-entmax(s) per query for α = 1.5 or 2, in place of the parts ``scores`` (contiguous): the C++
+    kernel where it runs, else its reference."""
+    if exact_entmax(scores, red.rows, red.num_queries, alpha, write=True) is None:
+        shift, tau = _exact_thresholds(scores, alpha, red)
+        for c, s in enumerate(scores):
+            _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha)
+
+
 def exact_row_thresholds(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """For α = 1.5 or 2, the threshold τ (N,) of each row of scores (N, L), entries off the mask −inf, in
     (α − 1)·score units: α-entmax(s) = ((α − 1) s − τ)₊^{1/(α−1)}; +inf on a row without keys. The exact
-    search of this path (:func:`_support_threshold`), each row its own query: fused reads of the rows, no
-    sort."""
-    top = scores.amax(-1)  # (N,)
-    empty = top.isneginf()
-    shift = top.masked_fill(empty, 0.0)
-    rows = _SpreadRows([torch.arange(len(top), device=scores.device)], len(top))
-    tau = _support_threshold([scores], shift, alpha, rows, torch.full_like(shift, -1.0), check_first=False)
+    search of this path (:func:`_exact_thresholds`), each row its own query: no sort."""
+    empty = scores.amax(-1).isneginf()  # (N,)
+    rows = torch.arange(len(empty), device=scores.device)
+    found = exact_entmax([scores.contiguous()], [rows], len(rows), alpha, write=False)
+    if found is None:
+        found = _exact_thresholds([scores], alpha, _SpreadRows([rows], len(rows)))
+    shift, tau = found
     return (tau + (alpha - 1.0) * shift).masked_fill_(empty, float("inf"))
-
-
-def _entry_cost(width: int) -> float:
-    """Nanoseconds (one CPU core) one entry costs a step of the threshold search in rows of ``width``: the
-    compiled pass's cost per row spreads over the row's entries (measured: 0.55 at 32, 0.3 at 256)."""
-    return 0.27 + 9.0 / width
-
-
-def _piece_width(widths: list[int], rows: list[int]) -> int:
-    """The piece width (``PIECE`` times a power of two) that makes a step of the search cheapest for
-    classes of M = ``widths`` keys and ``rows`` rows, each row padded to whole pieces: wide pieces cost less
-    per entry, narrow ones pad less. Memory bounds the choice: ``PIECE`` pads each row by less than
-    ``PIECE`` entries, and a wider piece may take at most a quarter more than that."""
-
-    def padded(piece: int) -> int:
-        return sum(r * round_up(w, piece) for w, r in zip(widths, rows, strict=True))
-
-    pieces = [PIECE << i for i in range(max(max(widths) // PIECE, 1).bit_length())]
-    allowed = [piece for piece in pieces if 4 * padded(piece) <= 5 * padded(PIECE)]
-    return min(allowed, key=lambda piece: padded(piece) * _entry_cost(piece))
-
-
-@dataclass(frozen=True)
-class _Pieces:
-    """The scores of every class as the threshold search reads them: one part of pieces (P, width), each
-    piece a stretch of one query's row (``owners`` (P,)). A class whose M is a whole number of pieces lies
-    in the buffer itself (its score tensor is a view of it); any other is copied in, padded with
-    ``_MASKED``, once its scores are made (:meth:`copy_in`), at ``copies`` (class, (rows, padded M))."""
-
-    buffer: torch.Tensor
-    owners: torch.Tensor
-    copies: list[tuple[int, torch.Tensor]]
-
-    def copy_in(self, scores: list[torch.Tensor]) -> None:
-        for c, place in self.copies:
-            place[:, : scores[c].shape[-1]] = scores[c].reshape(place.shape[0], -1)
-
-
-def _piece_scores(q: torch.Tensor, plan: BlockPlan) -> tuple[list[torch.Tensor], _Pieces]:
-    """Score tensors (blocks, L, M) for every class and the :class:`_Pieces` the search reads them as, so
-    that each step of the search is one fused read, however many block shapes the plan has (bucket blocks
-    face whole ``PIECE``s of keys, :mod:`kernels.bucket_blocks`, so they need no copy)."""
-    widths = [blocks.keys.shape[1] for blocks in plan.classes]
-    rows = [blocks.queries.numel() for blocks in plan.classes]
-    piece = _piece_width(widths, rows)
-    padded = [round_up(w, piece) for w in widths]
-    sizes = [r * p for r, p in zip(rows, padded, strict=True)]
-    buffer = q.new_empty(sum(sizes))
-    scores, owners, copies = [], [], []
-    for c, (blocks, place) in enumerate(zip(plan.classes, buffer.split(sizes), strict=True)):
-        shape = (*blocks.queries.shape, widths[c])
-        if padded[c] == widths[c]:
-            scores.append(place.view(shape))
-        else:
-            scores.append(q.new_empty(shape))
-            place = place.view(rows[c], padded[c])
-            place[:, widths[c] :] = _MASKED
-            copies.append((c, place))
-        owners.append(blocks.queries.reshape(-1).repeat_interleave(padded[c] // piece))
-    return scores, _Pieces(buffer.view(-1, piece), torch.cat(owners), copies)
 
 
 def _exact_probabilities(
@@ -425,10 +372,8 @@ def _normalise(
     receives log Σ_j exp(s_j), −inf for a query without keys.
     """
     if alpha in (1.5, 2.0):
-        shift, tau = _exact_thresholds(scores, alpha, red)
-        return [
-            _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha) for c, s in enumerate(scores)
-        ]
+        _exact_entmax(scores, alpha, red)
+        return scores
     keep = [None] * len(scores) if keep is None else keep
     row_max = [s.amax(-1) for s in scores]
     q_max = _query_max(row_max, red)
@@ -633,16 +578,12 @@ def _spread_softmax_forward(
 def _entmax_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
-    """α-entmax (α > 1): every block's scores first, each query's threshold over all of them, then a chunk
-    at a time the probabilities (α = 1.5 and 2: from the scores and the thresholds, while the chunk is in
-    cache) and the output. For α = 1.5 and 2 the search reads the classes' scores as one part of pieces
-    (:func:`_piece_scores`). With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per
-    query for the backward; whole rows need neither."""
+    """α-entmax (α > 1): every block's scores first, then in their place each query's probabilities over all
+    of them (:func:`_normalise`; for α = 1.5 and 2 the C++ kernel, which reads each query's entries from
+    memory once), then a chunk at a time the output. With spread rows the forward also keeps
+    U = Σ_j g_ij v_j and Σ_j g_ij per query for the backward; whole rows need neither."""
     general = alpha not in (1.5, 2.0)  # only the tolerance search counts keys by a mask
-    if general:
-        scores = [q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) for blocks in plan.classes]
-    else:
-        scores, pieces = _piece_scores(q, plan)
+    scores = [q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) for blocks in plan.classes]
     ons = []
     for blocks, s in zip(plan.classes, scores, strict=True):
         on = q.new_empty(s.shape) if general and blocks.masked else None
@@ -652,23 +593,14 @@ def _entmax_forward(
                 on[a:b] = chunk_on
         ons.append(on)
     red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
-    if general:
-        _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
-        thresholds = [None] * len(scores)
-    else:  # the chunks below turn scores into probabilities
-        pieces.copy_in(scores)
-        search = _SpreadRows([pieces.owners], plan.num_queries)
-        shift, tau = _exact_thresholds([pieces.buffer], alpha, search)
-        thresholds = [(red.at(shift, c), red.at(tau, c)) for c in range(len(scores))]
+    _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
     out = v.new_zeros(plan.num_queries, v.shape[1])
     weighted = torch.zeros_like(out) if keep and plan.spread else None
     weights = []  # Σ_j g_ij per row, (blocks, L) per class
-    for blocks, p_all, t in zip(plan.classes, scores, thresholds, strict=True):
+    for blocks, p_all in zip(plan.classes, scores, strict=True):
         if weighted is not None:
             weights.append(q.new_empty(blocks.queries.shape))
         for a, b in _chunks(blocks):
-            if t is not None:
-                _exact_probabilities(p_all[a:b], t[0][a:b], t[1][a:b], alpha)
             at, vb = blocks.queries[a:b].reshape(-1), _rows(v, blocks.keys[a:b])
             out.index_add_(0, at, torch.bmm(p_all[a:b], vb).flatten(0, 1))
             if weighted is not None:
@@ -752,7 +684,7 @@ def plan_attention(
     q_ids = _distinct_ids(q_buckets.reshape(b * h, n, -1))
     k_ids = _distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], -1))
     pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
-    if whole_buckets:  # SDPA tiles the keys itself: padding them to whole pieces would only add work
+    if whole_buckets:  # SDPA tiles the keys itself: padding them to whole key steps would only add work
         return plan_blocks(q_ids, k_ids, **pattern, rows=max(n, 1), key_step=1)
     return plan_blocks(q_ids, k_ids, **pattern)
 

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernels import bucketed_attention, torch_bucketed
 from kernels.attended import window_radius
 from kernels.bucket_blocks import BlockPlan, attended
+from kernels.exact_entmax import exact_entmax
 from kernels.reference import attended_mask, dense_bucketed_attention, normalize
 from kernels.torch_bucketed import _normalise, _SpreadRows, plan_attention
 
@@ -334,11 +335,8 @@ def test_memory_grows_with_pairs_not_n_squared():
         q, k, v = (torch.randn(1, 1, n, d, requires_grad=True) for _ in "qkv")
         with LargestTensor() as probe:
             torch_bucketed_attention(q, k, v, ids, ids, **window).sum().backward()
-        # Blocks hold scores (entries; the threshold search's pieces pad each row by less than PIECE or a
-        # quarter) and gathered rows; inputs are n × d; nothing is n × n.
-        rows = sum(c.queries.numel() for c in plan.classes)
-        pieces = max(plan.num_entries + rows * torch_bucketed.PIECE, 5 * plan.num_entries // 4)
-        assert probe.largest <= max(pieces, (n + 1) * d) <= n * n // 8
+        # Blocks hold scores (entries) and gathered rows; inputs are n × d; nothing is n × n.
+        assert probe.largest <= max(plan.num_entries, (n + 1) * d) <= n * n // 8
 
 
 def test_several_ids_leave_no_entry_sized_mask_in_the_plan():
@@ -355,44 +353,22 @@ def test_several_ids_leave_no_entry_sized_mask_in_the_plan():
     assert torch.equal(pair_counts(plan, 130).view(2, 2, 130, 130), mask.long())
 
 
-def test_the_threshold_search_reads_every_class_as_one_part_of_pieces():
-    """Causal buckets of uneven sizes with a window and global tokens make many block shapes; the search
-    reads them all as one part of pieces, each a stretch of one query's row: laid over the score tensors of
-    the classes whose keys are whole pieces, a padded copy of the others. α = 1.5 still equals the
-    reference."""
+def test_exact_entmax_over_many_block_shapes_equals_the_reference(monkeypatch):
+    """Causal buckets of uneven sizes with a window and global tokens make many block shapes, some of widths
+    that are not whole vectors; the C++ kernel takes them all in one call, each query's keys spread over
+    several of them, and α = 1.5 still equals the reference."""
     q, k, v, qb, kb = make_inputs(700, 16, 1, seed=3, buckets=3)  # buckets of about 230 tokens
-    plan = plan_attention(qb, kb, causal=True, radius=4, global_tokens=2)
-    flat = (q.reshape(-1, 16), k.reshape(-1, 16))
-    scores, pieces = torch_bucketed._piece_scores(flat[0], plan)
-    width = pieces.buffer.shape[1]
-    in_place = [c.keys.shape[1] % width == 0 for c in plan.classes]
-    assert sum(in_place) >= 5 and not all(in_place)  # bucket blocks of 5+ shapes; pattern blocks apart
-    assert sorted(c for c, _ in pieces.copies) == [c for c, inside in enumerate(in_place) if not inside]
-    for blocks, s in zip(plan.classes, scores, strict=True):
-        torch_bucketed._block_scores(*flat, blocks, 0, blocks.queries.shape[0], s)
-    pieces.copy_in(scores)
-    rows = [s.reshape(-1, s.shape[-1]) for s in scores]
-    owners = [c.queries.reshape(-1) for c in plan.classes]
-    for query in (0, 5, 699, 1500, 2799):  # every entry of a query's rows, and nothing else, in its pieces
-        mine = pieces.buffer[pieces.owners == query].flatten()
-        entries = torch.cat([r[o == query].flatten() for r, o in zip(rows, owners, strict=True)])
-        torch.testing.assert_close(mine[mine > -1e30].sort().values, entries[entries > -1e30].sort().values)
-        assert int((mine <= -1e30).sum()) >= int((entries <= -1e30).sum())  # padding is masked
+    calls = []
+
+    def recording(parts, owners, *args, **kwargs):
+        calls.append([p.shape[-1] for p in parts])
+        return exact_entmax(parts, owners, *args, **kwargs)
+
+    monkeypatch.setattr(torch_bucketed, "exact_entmax", recording)
     opts = dict(alpha=1.5, causal=True, window=9, global_tokens=2)
     ours = bucketed_attention(q, k, v, qb, kb, backend="torch", **opts)
+    [widths] = calls
+    assert len(widths) >= 6 and any(w % 16 for w in widths)
     assert_close_to_truth(
         ours, dense_bucketed_attention(q, k, v, qb, kb, **opts), dense64(q, k, v, qb, kb, **opts)
     )
-
-
-@pytest.mark.parametrize(
-    ("widths", "rows", "expected"),
-    [
-        ([256], [1000], 256),  # one shape: pieces are whole rows
-        ([64, 128, 192], [1000] * 3, 64),  # wider pieces would pad 192 to 256
-        ([1, 32], [1000, 1000], 32),  # a narrow class pads least in narrow pieces
-        ([32, 64, 96, 160, 224], [1000] * 5, 64),  # wider pieces pay for the padding of 32 and 96
-    ],
-)
-def test_pieces_are_as_wide_as_the_search_wants(widths, rows, expected):
-    assert torch_bucketed._piece_width(widths, rows) == expected

@@ -1,9 +1,10 @@
-// The exact α-entmax threshold of every query, for α = 2 (β = 1) and α = 1.5 (β = 2), over scores held in
-// pieces: rows of `width` entries, each owned by one query, a query's keys spread over any number of them.
+// α-entmax over rows of scores, exactly, for α = 2 (β = 1) and α = 1.5 (β = 2), in place: each query's
+// threshold over its keys, then its probabilities written over its scores. A query's keys may be spread over
+// any number of rows, in any number of parts (each part rows × width, contiguous; each row one query's).
 //
 // With m the query's largest score and x_j = (α − 1)(s_j − m) ≤ 0, τ solves
 //
-//     F(τ) = Σ_j (x_j − τ)₊^β = 1,   τ in [−1, 0).
+//     F(τ) = Σ_j (x_j − τ)₊^β = 1,   τ in [−1, 0),   and p_j = (x_j − τ)₊^β.
 //
 // At τ ≤ τ* the support S = {x > τ} contains the true one. On S the equation is a polynomial one,
 // Σ_S (y − δ) = 1 or Σ_S (y − δ)² = 1 with y = x − τ, whose (smaller) root τ′ = τ + δ is τ* exactly when
@@ -11,14 +12,14 @@
 // step on F^{1/β} − 1 from below (a norm of (x − τ)₊: convex, so it never overshoots) brings τ closer.
 //
 // This is the search of kernels/torch_bucketed.py (`_support_threshold`, the reference beside it) done one
-// query at a time: a query's entries come from memory once, for its maximum, and every later pass over them
-// runs in the first-level cache, where the tensor version reads all the scores from memory at each step.
-// Queries run in parallel; each one's arithmetic is the same whatever the number of threads.
+// query at a time: a query's entries come from memory once, for its maximum, and every later pass over them,
+// the probabilities' included, runs in the first-level cache, where the tensor version reads all the scores
+// from memory at each step. Each query's arithmetic is the same whatever the number of threads.
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <vector>
@@ -46,13 +47,21 @@ using Vec = typename VectorOf<Real>::type;
 template <typename Real>
 constexpr int kWidth = 64 / sizeof(Real);
 
+// Scores below half the masked value (−max float / 2) belong to no key.
+constexpr double kNoKey = -0.5 * 3.4028234663852886e38;
+
+template <typename Real>
+struct Row {
+    Real* data;
+    int64_t width;
+};
+
 template <typename Real>
 struct Query {
-    const Real* const* rows;  // the query's pieces
-    int64_t count;            // how many
-    int64_t width;            // entries per piece
-    Real shift;               // m
-    Real scale;               // α − 1
+    const Row<Real>* rows;  // the query's rows
+    int64_t count;          // how many
+    Real shift;             // m
+    Real scale;             // α − 1
 
     // Σ (x − τ)₊, Σ (x − τ)₊², |{x > τ}| and |{x > τ + gap}| (the check of a candidate τ′ = τ + gap).
     void sums(Real tau, Real gap, Real& s1, Real& s2, Real& k, Real& k_gap) const {
@@ -80,6 +89,22 @@ struct Query {
         return -m;
     }
 
+    // p = (x − τ)₊^β over the rows, in place of the scores.
+    void write_probabilities(Real tau, int beta) const {
+        constexpr int64_t n = kWidth<Real>;
+        for (int64_t r = 0; r < count; ++r) {
+            Real* s = rows[r].data;
+            const int64_t width = rows[r].width;
+            for (int64_t j = 0; j < width; j += n) {
+                const int64_t valid = std::min(n, width - j);
+                Vec<Real> p = load(s + j, valid, tau);
+                p = p > 0 ? p : 0;
+                if (beta == 2) p *= p;
+                std::memcpy(s + j, &p, valid * sizeof(Real));
+            }
+        }
+    }
+
     // f(half, x − τ) over the entries, a vector of them at a time, x = scale·(s − m), alternating between two
     // sets of running sums so that consecutive additions need not wait on each other. A row's last entries
     // (fewer than a vector) come padded with s = −∞, which every f ignores.
@@ -87,7 +112,8 @@ struct Query {
     void each(Real tau, F&& f) const {
         constexpr int64_t n = kWidth<Real>;
         for (int64_t r = 0; r < count; ++r) {
-            const Real* s = rows[r];
+            const Real* s = rows[r].data;
+            const int64_t width = rows[r].width;
             int64_t j = 0;
             for (; j + 2 * n <= width; j += 2 * n) {  // constant halves: the sums stay in registers
                 f(0, load(s + j, n, tau));
@@ -119,7 +145,6 @@ struct Query {
             for (int lane = 0; lane < half; ++lane) v[lane] += v[lane + half];
         return v[0];
     }
-
 };
 
 // τ of `size` (≤ kGroup) queries together, each from τ = −1, where F ≥ 1 (the maximum alone contributes 1).
@@ -135,7 +160,7 @@ void solve(const Query<Real>* group, int size, int beta, Real* threshold) {
     int left = 0;
     for (int i = 0; i < size; ++i) {
         tau[i] = -1, candidate[i] = inf, support[i] = -1;  // no candidate yet: nothing to check
-        searching[i] = group[i].count > 0;                 // a query without pieces keeps τ = −1
+        searching[i] = group[i].count > 0;                 // a query without rows keeps τ = −1
         left += searching[i];
     }
     for (int step = 0; step < kMaxSteps && left > 0; ++step) {
@@ -160,19 +185,20 @@ void solve(const Query<Real>* group, int size, int beta, Real* threshold) {
     std::copy(tau, tau + size, threshold);
 }
 
-// Scores below half the masked value (−max float / 2) belong to no key.
-constexpr double kNoKey = -0.5 * 3.4028234663852886e38;
-
 template <typename Real>
-void thresholds(const Real* pieces, int64_t num_pieces, int64_t width, const int64_t* owners,
-               int64_t num_queries, int beta, Real* shift, Real* threshold, int threads) {
-    // The pieces of each query, in their order, by a counting sort of the owners.
+void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, const int64_t* part_width,
+                  const int64_t* const* owners, int64_t num_queries, int beta, bool write, Real* shift,
+                  Real* threshold, int threads) {
+    // The rows of each query, in their order, by a counting sort of the owners.
     std::vector<int64_t> start(num_queries + 1, 0);
-    std::vector<const Real*> rows(num_pieces);
-    for (int64_t p = 0; p < num_pieces; ++p) ++start[owners[p] + 1];
+    for (int c = 0; c < num_parts; ++c)
+        for (int64_t r = 0; r < part_rows[c]; ++r) ++start[owners[c][r] + 1];
     for (int64_t i = 0; i < num_queries; ++i) start[i + 1] += start[i];
+    std::vector<Row<Real>> rows(start[num_queries]);
     std::vector<int64_t> next(start.begin(), start.end() - 1);
-    for (int64_t p = 0; p < num_pieces; ++p) rows[next[owners[p]]++] = pieces + p * width;
+    for (int c = 0; c < num_parts; ++c)
+        for (int64_t r = 0; r < part_rows[c]; ++r)
+            rows[next[owners[c][r]]++] = {parts[c] + r * part_width[c], part_width[c]};
     const Real scale = beta == 1 ? 1 : 0.5;
 #pragma omp parallel for schedule(dynamic, 8) num_threads(threads) if (threads > 1)
     for (int64_t first = 0; first < num_queries; first += kGroup) {
@@ -180,20 +206,24 @@ void thresholds(const Real* pieces, int64_t num_pieces, int64_t width, const int
         int size = static_cast<int>(std::min<int64_t>(kGroup, num_queries - first));
         for (int g = 0; g < size; ++g) {
             int64_t i = first + g;
-            group[g] = {rows.data() + start[i], start[i + 1] - start[i], width, 0, scale};
+            group[g] = {rows.data() + start[i], start[i + 1] - start[i], 0, scale};
             Real m = group[g].largest();
             shift[i] = group[g].shift = m > kNoKey ? m : 0;  // a query without keys: any finite shift does
         }
         solve(group, size, beta, threshold + first);
+        if (write)
+            for (int g = 0; g < size; ++g) group[g].write_probabilities(threshold[first + g], beta);
     }
 }
 
-// Runs `thresholds`: 0 once done, −1 when memory ran out (no exception may cross into C).
+// Runs `exact_entmax`: 0 once done, −1 when memory ran out (no exception may cross into C).
 template <typename Real>
-int guarded(const Real* pieces, int64_t num_pieces, int64_t width, const int64_t* owners, int64_t num_queries,
-            int beta, Real* shift, Real* threshold, int threads) {
+int guarded(int num_parts, Real* const* parts, const int64_t* part_rows, const int64_t* part_width,
+            const int64_t* const* owners, int64_t num_queries, int beta, int write, Real* shift, Real* threshold,
+            int threads) {
     try {
-        thresholds(pieces, num_pieces, width, owners, num_queries, beta, shift, threshold, threads);
+        exact_entmax(num_parts, parts, part_rows, part_width, owners, num_queries, beta, write != 0, shift,
+                     threshold, threads);
         return 0;
     } catch (const std::bad_alloc&) {
         return -1;
@@ -202,16 +232,21 @@ int guarded(const Real* pieces, int64_t num_pieces, int64_t width, const int64_t
 
 }  // namespace
 
-// pieces (num_pieces, width) contiguous; owners (num_pieces,) in [0, num_queries); shift and threshold
-// (num_queries,) receive m and τ. A query without pieces gets m = 0 and τ = −1. Returns 0, or −1 when memory ran out.
-extern "C" int entmax_thresholds_float(const float* pieces, int64_t num_pieces, int64_t width,
-                                       const int64_t* owners, int64_t num_queries, int beta, float* shift,
-                                       float* threshold, int threads) {
-    return guarded(pieces, num_pieces, width, owners, num_queries, beta, shift, threshold, threads);
+// Part c is part_rows[c] × part_width[c] contiguous scores, row r owned by query owners[c][r] in
+// [0, num_queries); entries off the mask −∞ or below −max float / 2. shift and threshold (num_queries,)
+// receive m and τ (a query without rows: m = 0, τ = −1; one without keys: m = 0); with `write`, the
+// probabilities replace the scores. Returns 0, or −1 when memory ran out.
+extern "C" int exact_entmax_float(int num_parts, float* const* parts, const int64_t* part_rows,
+                                  const int64_t* part_width, const int64_t* const* owners, int64_t num_queries,
+                                  int beta, int write, float* shift, float* threshold, int threads) {
+    return guarded(num_parts, parts, part_rows, part_width, owners, num_queries, beta, write, shift, threshold,
+                   threads);
 }
 
-extern "C" int entmax_thresholds_double(const double* pieces, int64_t num_pieces, int64_t width,
-                                        const int64_t* owners, int64_t num_queries, int beta, double* shift,
-                                        double* threshold, int threads) {
-    return guarded(pieces, num_pieces, width, owners, num_queries, beta, shift, threshold, threads);
+extern "C" int exact_entmax_double(int num_parts, double* const* parts, const int64_t* part_rows,
+                                   const int64_t* part_width, const int64_t* const* owners,
+                                   int64_t num_queries, int beta, int write, double* shift, double* threshold,
+                                   int threads) {
+    return guarded(num_parts, parts, part_rows, part_width, owners, num_queries, beta, write, shift, threshold,
+                   threads);
 }
