@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
 from kernels.exact_entmax import exact_entmax
+from kernels.huge_pages import empty_large
 from kernels.support_sums import support_sums
 
 CHUNK_ENTRIES = 2**18
@@ -495,7 +496,7 @@ def _whole_rows_forward(
     out = v.new_zeros(plan.num_queries, v.shape[1])
     kept = []
     for blocks in plan.classes:
-        probs = q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) if keep else None
+        probs = empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) if keep else None
         for a, b in _chunks(blocks):
             scores, on = _block_scores(q, k, blocks, a, b, None if probs is None else probs[a:b])
             [p] = _normalise([scores], 1.0, _WholeRows, None if on is None else [on])
@@ -549,7 +550,7 @@ def _spread_softmax_forward(
     kept, log_norms, partial = [], [], []
     for blocks in plan.classes:
         shape = blocks.queries.shape  # (blocks, L)
-        probs = q.new_empty(*shape, blocks.keys.shape[1]) if keep else None
+        probs = empty_large(*shape, blocks.keys.shape[1], like=q) if keep else None
         log_norm, out = q.new_empty(shape), q.new_empty(*shape, dv)
         for a, b in _chunks(blocks):
             scores, on = _block_scores(q, k, blocks, a, b, None if probs is None else probs[a:b])
@@ -583,7 +584,7 @@ def _entmax_forward(
     memory once), then a chunk at a time the output. With spread rows the forward also keeps
     U = Σ_j g_ij v_j and Σ_j g_ij per query for the backward; whole rows need neither."""
     general = alpha not in (1.5, 2.0)  # only the tolerance search counts keys by a mask
-    scores = [q.new_empty(*blocks.queries.shape, blocks.keys.shape[1]) for blocks in plan.classes]
+    scores = [empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) for blocks in plan.classes]
     ons = []
     for blocks, s in zip(plan.classes, scores, strict=True):
         on = q.new_empty(s.shape) if general and blocks.masked else None
