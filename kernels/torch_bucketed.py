@@ -460,11 +460,18 @@ def _chunks(blocks: BlockClass) -> list[tuple[int, int]]:
 
 
 def _block_scores(
-    q: torch.Tensor, k: torch.Tensor, blocks: BlockClass, a: int, b: int, out: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    blocks: BlockClass,
+    a: int,
+    b: int,
+    out: torch.Tensor | None,
+    *,
+    mask: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores s = q_i·k_j of blocks a..b, ``_MASKED`` added off the attended set, and the mask as floats
-    (1 on it, 0 off it; None when the class has no entry off it). q (N, d), k (M, d) flat over groups;
-    s (c, L, M)."""
+    """Scores s = q_i·k_j of blocks a..b, ``_MASKED`` added off the attended set, and with ``mask`` the mask
+    as floats (1 on it, 0 off it; None when the class has no entry off it). q (N, d), k (M, d) flat over
+    groups; s (c, L, M)."""
     scores = torch.bmm(_rows(q, blocks.queries[a:b]), _rows(k, blocks.keys[a:b]).transpose(1, 2), out=out)
     if not blocks.masked:
         return scores, None
@@ -475,7 +482,7 @@ def _block_scores(
     if dropped is not None:
         off.masked_fill_(dropped, 1.0)
     scores.add_(off, alpha=_MASKED)
-    return scores, off.neg_().add_(1.0)
+    return scores, off.neg_().add_(1.0) if mask else None
 
 
 @dataclass
@@ -589,7 +596,7 @@ def _entmax_forward(
     for blocks, s in zip(plan.classes, scores, strict=True):
         on = q.new_empty(s.shape) if general and blocks.masked else None
         for a, b in _chunks(blocks):
-            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b])[1]
+            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], mask=on is not None)[1]
             if on is not None:
                 on[a:b] = chunk_on
         ons.append(on)
