@@ -78,7 +78,10 @@ def library(name: str) -> ctypes.CDLL | None:
             _build(source, compiler, target)
         return ctypes.CDLL(str(target))
     except (OSError, subprocess.CalledProcessError) as err:
-        detail = err.stderr.strip()[-300:] if isinstance(err, subprocess.CalledProcessError) else str(err)
+        if isinstance(err, subprocess.CalledProcessError):  # the compiler's last words, if it said any
+            detail = f"{compiler} exited with status {err.returncode}: {err.stderr.strip()[-300:]}"
+        else:
+            detail = str(err)
         message = f"the C++ kernel {name} could not be built or loaded, its PyTorch reference runs instead"
         warnings.warn(f"{message}: {detail}", stacklevel=2)
         return None

@@ -135,13 +135,20 @@ def test_a_library_is_built_once_into_its_cache_folder(monkeypatch, tmp_path):
         native.library.cache_clear()
 
 
-def test_a_missing_compiler_warns_and_gives_no_library(monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    ("compiler", "message"),
+    [
+        ("no-such-compiler", "exact_entmax could not be built.*no C\\+\\+ compiler 'no-such-compiler'"),
+        ("false", "exact_entmax could not be built.*false exited with status 1"),  # a compiler that fails
+    ],
+)
+def test_a_missing_or_failing_compiler_warns_and_gives_no_library(monkeypatch, tmp_path, compiler, message):
     monkeypatch.setenv("SPARSEFINDER_NATIVE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("CXX", compiler)
     native.library.cache_clear()
     try:
-        with pytest.warns(UserWarning, match="exact_entmax could not be built.*no-such-compiler"):
+        with pytest.warns(UserWarning, match=message):
             assert native.library("exact_entmax") is None
-        assert list(tmp_path.iterdir()) == []
+        assert list(tmp_path.iterdir()) == []  # nothing half-written
     finally:
         native.library.cache_clear()
