@@ -29,31 +29,40 @@ namespace {
 constexpr int kMaxSteps = 100;  // as the reference: more than float64 resolution needs
 constexpr int kGroup = 8;       // queries whose search steps interleave
 
-// Vectors of 64 bytes (GCC's and Clang's vector extensions: the compiler picks the instructions).
+// Vectors of 64 bytes (GCC's and Clang's vector extensions: the compiler picks the instructions), and the
+// float key positions of as many entries.
 typedef float Floats __attribute__((vector_size(64)));
+typedef float HalfFloats __attribute__((vector_size(32)));
 typedef double Doubles __attribute__((vector_size(64)));
 template <typename Real>
 struct VectorOf;
 template <>
 struct VectorOf<float> {
     using type = Floats;
+    using positions = Floats;
 };
 template <>
 struct VectorOf<double> {
     using type = Doubles;
+    using positions = HalfFloats;
 };
 template <typename Real>
 using Vec = typename VectorOf<Real>::type;
+template <typename Real>
+using Positions = typename VectorOf<Real>::positions;
 template <typename Real>
 constexpr int kWidth = 64 / sizeof(Real);
 
 // Scores below half the masked value (−max float / 2) belong to no key.
 constexpr double kNoKey = -0.5 * 3.4028234663852886e38;
 
+// A row of scores; with key positions, entry j is a key only when key_pos[j] ≤ limit (causality, padding).
 template <typename Real>
 struct Row {
     Real* data;
     int64_t width;
+    const float* key_pos;  // nullptr: every entry is one
+    float limit;
 };
 
 template <typename Real>
@@ -93,14 +102,13 @@ struct Query {
     void write_probabilities(Real tau, int beta) const {
         constexpr int64_t n = kWidth<Real>;
         for (int64_t r = 0; r < count; ++r) {
-            Real* s = rows[r].data;
-            const int64_t width = rows[r].width;
-            for (int64_t j = 0; j < width; j += n) {
-                const int64_t valid = std::min(n, width - j);
-                Vec<Real> p = load(s + j, valid, tau);
+            const Row<Real>& row = rows[r];
+            for (int64_t j = 0; j < row.width; j += n) {
+                const int64_t valid = std::min(n, row.width - j);
+                Vec<Real> p = load(row, j, valid, tau);
                 p = p > 0 ? p : 0;
                 if (beta == 2) p *= p;
-                std::memcpy(s + j, &p, valid * sizeof(Real));
+                std::memcpy(row.data + j, &p, valid * sizeof(Real));
             }
         }
     }
@@ -112,27 +120,32 @@ struct Query {
     void each(Real tau, F&& f) const {
         constexpr int64_t n = kWidth<Real>;
         for (int64_t r = 0; r < count; ++r) {
-            const Real* s = rows[r].data;
-            const int64_t width = rows[r].width;
+            const Row<Real>& row = rows[r];
             int64_t j = 0;
-            for (; j + 2 * n <= width; j += 2 * n) {  // constant halves: the sums stay in registers
-                f(0, load(s + j, n, tau));
-                f(1, load(s + j + n, n, tau));
+            for (; j + 2 * n <= row.width; j += 2 * n) {  // constant halves: the sums stay in registers
+                f(0, load(row, j, n, tau));
+                f(1, load(row, j + n, n, tau));
             }
-            if (j + n <= width) f(0, load(s + j, n, tau)), j += n;
-            if (j < width) f(1, load(s + j, width - j, tau));
+            if (j + n <= row.width) f(0, load(row, j, n, tau)), j += n;
+            if (j < row.width) f(1, load(row, j, row.width - j, tau));
         }
     }
 
-    // x − τ of the `valid` (≤ kWidth) entries from s on, −∞ in the lanes after them.
-    Vec<Real> load(const Real* s, int64_t valid, Real tau) const {
+    // x − τ of the `valid` (≤ kWidth) entries of the row from j on; s = −∞ in the lanes after them and where
+    // a key lies beyond the row's limit.
+    Vec<Real> load(const Row<Real>& row, int64_t j, int64_t valid, Real tau) const {
+        const Real inf = std::numeric_limits<Real>::infinity();
         Vec<Real> x;
-        if (valid == kWidth<Real>) {
-            std::memcpy(&x, s, sizeof x);
+        Positions<Real> position{};
+        if (valid == kWidth<Real>) {  // fixed-size copies: one load instruction each
+            std::memcpy(&x, row.data + j, sizeof x);
+            if (row.key_pos != nullptr) std::memcpy(&position, row.key_pos + j, sizeof position);
         } else {
-            x = Vec<Real>{} - std::numeric_limits<Real>::infinity();
-            std::memcpy(&x, s, valid * sizeof(Real));
+            x = Vec<Real>{} - inf;
+            std::memcpy(&x, row.data + j, valid * sizeof(Real));
+            if (row.key_pos != nullptr) std::memcpy(&position, row.key_pos + j, valid * sizeof(float));
         }
+        if (row.key_pos != nullptr) x = __builtin_convertvector(position, Vec<Real>) > Real(row.limit) ? -inf : x;
         return scale * (x - shift) - tau;
     }
 
@@ -187,7 +200,8 @@ void solve(const Query<Real>* group, int size, int beta, Real* threshold) {
 
 template <typename Real>
 void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, const int64_t* part_width,
-                  const int64_t* const* owners, int64_t num_queries, int beta, bool write, Real* shift,
+                  const int64_t* const* owners, const float* const* key_pos, const float* const* limits,
+                  const int64_t* block_rows, int64_t num_queries, int beta, bool write, Real* shift,
                   Real* threshold, int threads) {
     // The rows of each query, in their order, by a counting sort of the owners.
     std::vector<int64_t> start(num_queries + 1, 0);
@@ -196,9 +210,16 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
     for (int64_t i = 0; i < num_queries; ++i) start[i + 1] += start[i];
     std::vector<Row<Real>> rows(start[num_queries]);
     std::vector<int64_t> next(start.begin(), start.end() - 1);
-    for (int c = 0; c < num_parts; ++c)
-        for (int64_t r = 0; r < part_rows[c]; ++r)
-            rows[next[owners[c][r]]++] = {parts[c] + r * part_width[c], part_width[c]};
+    for (int c = 0; c < num_parts; ++c) {
+        for (int64_t r = 0; r < part_rows[c]; ++r) {
+            Row<Real> row{parts[c] + r * part_width[c], part_width[c], nullptr, 0};
+            if (key_pos[c] != nullptr) {  // the positions of the row's block, and the row's limit
+                row.key_pos = key_pos[c] + r / block_rows[c] * part_width[c];
+                row.limit = limits[c][r];
+            }
+            rows[next[owners[c][r]]++] = row;
+        }
+    }
     const Real scale = beta == 1 ? 1 : 0.5;
 #pragma omp parallel for schedule(dynamic, 8) num_threads(threads) if (threads > 1)
     for (int64_t first = 0; first < num_queries; first += kGroup) {
@@ -219,11 +240,12 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
 // Runs `exact_entmax`: 0 once done, −1 when memory ran out (no exception may cross into C).
 template <typename Real>
 int guarded(int num_parts, Real* const* parts, const int64_t* part_rows, const int64_t* part_width,
-            const int64_t* const* owners, int64_t num_queries, int beta, int write, Real* shift, Real* threshold,
+            const int64_t* const* owners, const float* const* key_pos, const float* const* limits,
+            const int64_t* block_rows, int64_t num_queries, int beta, int write, Real* shift, Real* threshold,
             int threads) {
     try {
-        exact_entmax(num_parts, parts, part_rows, part_width, owners, num_queries, beta, write != 0, shift,
-                     threshold, threads);
+        exact_entmax(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows, num_queries,
+                     beta, write != 0, shift, threshold, threads);
         return 0;
     } catch (const std::bad_alloc&) {
         return -1;
@@ -233,20 +255,25 @@ int guarded(int num_parts, Real* const* parts, const int64_t* part_rows, const i
 }  // namespace
 
 // Part c is part_rows[c] × part_width[c] contiguous scores, row r owned by query owners[c][r] in
-// [0, num_queries); entries off the mask −∞ or below −max float / 2. shift and threshold (num_queries,)
+// [0, num_queries); entries off the mask −∞ or below −max float / 2. Where key_pos[c] is not null, the part's
+// rows come in blocks of block_rows[c] that share key positions (key_pos[c], blocks × part_width[c]), and
+// entry j of row r is a key only when its position is at most limits[c][r]. shift and threshold (num_queries,)
 // receive m and τ (a query without rows: m = 0, τ = −1; one without keys: m = 0); with `write`, the
 // probabilities replace the scores. Returns 0, or −1 when memory ran out.
 extern "C" int exact_entmax_float(int num_parts, float* const* parts, const int64_t* part_rows,
-                                  const int64_t* part_width, const int64_t* const* owners, int64_t num_queries,
-                                  int beta, int write, float* shift, float* threshold, int threads) {
-    return guarded(num_parts, parts, part_rows, part_width, owners, num_queries, beta, write, shift, threshold,
-                   threads);
+                                  const int64_t* part_width, const int64_t* const* owners,
+                                  const float* const* key_pos, const float* const* limits,
+                                  const int64_t* block_rows, int64_t num_queries, int beta, int write,
+                                  float* shift, float* threshold, int threads) {
+    return guarded(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows, num_queries,
+                   beta, write, shift, threshold, threads);
 }
 
 extern "C" int exact_entmax_double(int num_parts, double* const* parts, const int64_t* part_rows,
                                    const int64_t* part_width, const int64_t* const* owners,
-                                   int64_t num_queries, int beta, int write, double* shift, double* threshold,
-                                   int threads) {
-    return guarded(num_parts, parts, part_rows, part_width, owners, num_queries, beta, write, shift, threshold,
-                   threads);
+                                   const float* const* key_pos, const float* const* limits,
+                                   const int64_t* block_rows, int64_t num_queries, int beta, int write,
+                                   double* shift, double* threshold, int threads) {
+    return guarded(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows, num_queries,
+                   beta, write, shift, threshold, threads);
 }

@@ -21,9 +21,9 @@ from kernels.native import library
 _FUNCTIONS = {torch.float32: "exact_entmax_float", torch.float64: "exact_entmax_double"}
 
 
-def _addresses(tensors: list[torch.Tensor]) -> ctypes.Array:
-    """A C array of the tensors' data pointers."""
-    return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+def _addresses(tensors: list[torch.Tensor | None]) -> ctypes.Array:
+    """A C array of the tensors' data pointers (null for None)."""
+    return (ctypes.c_void_p * len(tensors))(*(None if t is None else t.data_ptr() for t in tensors))
 
 
 def _int64s(values: list[int]) -> ctypes.Array:
@@ -37,12 +37,16 @@ def exact_entmax(
     alpha: float,
     *,
     write: bool,
+    limits: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per query (num_queries,) the shift m and the threshold τ over the rows of ``parts`` (each (…, W),
     contiguous, CPU, float32 or float64, one dtype) whose owners (…) are queries in [0, num_queries); entries
-    off the mask −inf or below −max float / 2. With ``write``, the probabilities replace the scores. A query
-    without rows gets m = 0 and τ = −1, one without keys m = 0. None where the C++ kernel cannot run (no
-    compiler, see :mod:`kernels.native`; GPU tensors), and then nothing is written."""
+    off the mask −inf or below −max float / 2. ``limits`` may give a part of blocks (blocks, L, W) its keys'
+    positions (blocks, W) and its rows' limits (blocks, L), float32: entry j of a row is then a key only when
+    its position is at most the row's limit (a causal cut, padding), with no mask written into the scores.
+    With ``write``, the probabilities replace the scores (0 off the keys). A query without rows gets m = 0 and
+    τ = −1, one without keys m = 0. None where the C++ kernel cannot run (no compiler, see
+    :mod:`kernels.native`; GPU tensors), and then nothing is written."""
     if alpha not in (1.5, 2.0):
         raise ValueError(f"exact α-entmax takes α = 1.5 or 2; got {alpha}")
     for scores, owner in zip(parts, owners, strict=True):
@@ -54,6 +58,19 @@ def exact_entmax(
         low, high = (int(x) for x in owner.aminmax()) if owner.numel() else (0, 0)
         if low < 0 or high >= num_queries:
             raise ValueError(f"owners must be queries in [0, {num_queries}); got [{low}, {high}]")
+    limits = [None] * len(parts) if limits is None else limits
+    for scores, limit in zip(parts, limits, strict=True):
+        if limit is not None:
+            positions, row_limits = limit
+            expected = ((scores.shape[0], scores.shape[-1]), tuple(scores.shape[:2]))
+            got = (tuple(positions.shape), tuple(row_limits.shape))
+            if scores.dim() != 3 or got != expected:
+                raise ValueError(
+                    f"limits of a part (blocks, L, W) {tuple(scores.shape)} must be key positions "
+                    f"(blocks, W) and row limits (blocks, L); got {got[0]}, {got[1]}"
+                )
+            if {positions.dtype, row_limits.dtype} != {torch.float32}:
+                raise ValueError("key positions and row limits must be float32")
     dtype = parts[0].dtype if parts else torch.float32
     kernel = library("exact_entmax")
     if kernel is None or dtype not in _FUNCTIONS or any(p.device.type != "cpu" for p in parts):
@@ -61,6 +78,8 @@ def exact_entmax(
     if any(p.dtype != dtype for p in parts):
         raise ValueError(f"all parts must share one dtype; got {sorted({str(p.dtype) for p in parts})}")
     rows = [o.reshape(-1).to(torch.int64).contiguous() for o in owners]  # kept alive for the call
+    given = [(None, None) if limit is None else [x.contiguous() for x in limit] for limit in limits]
+    positions, row_limits = (list(x) for x in zip(*given, strict=True)) if given else ([], [])
     shift, tau = torch.zeros(num_queries, dtype=dtype), torch.zeros(num_queries, dtype=dtype)
     status = getattr(kernel, _FUNCTIONS[dtype])(
         ctypes.c_int(len(parts)),
@@ -68,6 +87,9 @@ def exact_entmax(
         _int64s([r.numel() for r in rows]),
         _int64s([p.shape[-1] for p in parts]),
         _addresses(rows),
+        _addresses(positions),
+        _addresses(row_limits),
+        _int64s([p.shape[1] if p.dim() == 3 else 1 for p in parts]),
         ctypes.c_int64(num_queries),
         ctypes.c_int(1 if alpha == 2.0 else 2),
         ctypes.c_int(int(write)),

@@ -322,10 +322,20 @@ def _exact_thresholds(
     return q_max, tau
 
 
-def _exact_entmax(scores: list[torch.Tensor], alpha: float, red: _SpreadRows) -> None:
+def _exact_entmax(
+    scores: list[torch.Tensor], alpha: float, red: _SpreadRows, classes: list[BlockClass] | None = None
+) -> None:
     """p = α-entmax(s) per query for α = 1.5 or 2, in place of the parts ``scores`` (contiguous): the C++
-    kernel where it runs, else its reference."""
-    if exact_entmax(scores, red.rows, red.num_queries, alpha, write=True) is None:
+    kernel where it runs, else its reference. With ``classes`` (one per part), the keys beyond their rows'
+    limits are left out here, not by masked scores (:func:`_block_scores` without ``limits``)."""
+    limits = None
+    if classes is not None:
+        limits = [(c.key_pos, c.query_limit) if c.masked else None for c in classes]
+    if exact_entmax(scores, red.rows, red.num_queries, alpha, write=True, limits=limits) is None:
+        if classes is not None:  # the reference reads the limits from masked scores
+            for s, blocks in zip(scores, classes, strict=True):
+                if blocks.masked:
+                    s.add_(_beyond_limits(blocks, 0, len(s)), alpha=_MASKED)
         shift, tau = _exact_thresholds(scores, alpha, red)
         for c, s in enumerate(scores):
             _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha)
@@ -459,6 +469,13 @@ def _chunks(blocks: BlockClass) -> list[tuple[int, int]]:
     return [(a, min(a + step, count)) for a in range(0, count, step)]
 
 
+def _beyond_limits(blocks: BlockClass, a: int, b: int) -> torch.Tensor:
+    """(b − a, L, M) float, 1 where a key of blocks a..b lies beyond its row's limit, else 0. Positions are
+    whole numbers, so their difference clamped to [0, 1] is the indicator of key_pos > limit: float
+    arithmetic, cheaper than a boolean mask on CPU."""
+    return torch.sub(blocks.key_pos[a:b, None, :], blocks.query_limit[a:b, :, None]).clamp_(0, 1)
+
+
 def _block_scores(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -468,17 +485,21 @@ def _block_scores(
     out: torch.Tensor | None,
     *,
     mask: bool = True,
+    limits: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores s = q_i·k_j of blocks a..b, ``_MASKED`` added off the attended set, and with ``mask`` the mask
-    as floats (1 on it, 0 off it; None when the class has no entry off it). q (N, d), k (M, d) flat over
-    groups; s (c, L, M)."""
+    as floats (1 on it, 0 off it; None when the class has no entry off it). Without ``limits`` the keys
+    beyond their rows' limits keep their scores (the C++ normaliser reads the limits itself) and only the
+    dropped entries are masked. q (N, d), k (M, d) flat over groups; s (c, L, M)."""
     scores = torch.bmm(_rows(q, blocks.queries[a:b]), _rows(k, blocks.keys[a:b]).transpose(1, 2), out=out)
     if not blocks.masked:
         return scores, None
-    # Positions are whole numbers, so their difference clamped to [0, 1] is the indicator of key_pos > limit:
-    # float arithmetic, cheaper than a boolean mask on CPU.
-    off = torch.sub(blocks.key_pos[a:b, None, :], blocks.query_limit[a:b, :, None]).clamp_(0, 1)  # (c, L, M)
     dropped = blocks.dropped_at(a, b)
+    if not limits:
+        if dropped is not None:
+            scores.masked_fill_(dropped, _MASKED)
+        return scores, None
+    off = _beyond_limits(blocks, a, b)  # (c, L, M)
     if dropped is not None:
         off.masked_fill_(dropped, 1.0)
     scores.add_(off, alpha=_MASKED)
@@ -596,12 +617,15 @@ def _entmax_forward(
     for blocks, s in zip(plan.classes, scores, strict=True):
         on = q.new_empty(s.shape) if general and blocks.masked else None
         for a, b in _chunks(blocks):
-            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], mask=on is not None)[1]
+            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], mask=on is not None, limits=general)[1]
             if on is not None:
                 on[a:b] = chunk_on
         ons.append(on)
     red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
-    _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
+    if general:
+        _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
+    else:
+        _exact_entmax(scores, alpha, red, plan.classes)
     out = v.new_zeros(plan.num_queries, v.shape[1])
     weighted = torch.zeros_like(out) if keep and plan.spread else None
     weights = []  # Σ_j g_ij per row, (blocks, L) per class

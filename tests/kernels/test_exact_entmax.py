@@ -70,6 +70,28 @@ def test_entmax_equals_the_reference_and_entmax_itself(alpha, dtype, width):
             )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [7, 16, 40])
+def test_key_limits_equal_masked_scores_bit_for_bit(dtype, width):
+    """Keys beyond a row's limit left out by the kernel (positions and limits, as causal blocks carry them)
+    give exactly what scores masked by adding ``_MASKED`` give: the same m, τ and probabilities."""
+    gen = torch.Generator().manual_seed(width)
+    blocks, rows, queries = 6, 5, 13
+    scores = torch.randn(blocks, rows, width, generator=gen, dtype=dtype)
+    owners = torch.randint(0, queries, (blocks, rows), generator=gen)
+    positions = torch.randint(0, 30, (blocks, width), generator=gen).float()
+    positions[:, -1] = 2.0**41  # a padding key, beyond every limit
+    limits = torch.randint(-1, 30, (blocks, rows), generator=gen).float()  # −1: a padding row
+    beyond = (positions[:, None, :] - limits[..., None]).clamp(0, 1).to(dtype)
+    masked = scores + beyond * _MASKED
+    by_limits = scores.clone()
+    found = exact_entmax([by_limits], [owners], queries, 1.5, write=True, limits=[(positions, limits)])
+    expected = exact_entmax([masked], [owners], queries, 1.5, write=True)
+    assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))
+    assert torch.equal(by_limits, masked)
+    assert (by_limits[beyond > 0] == 0).all() and (by_limits > 0).any()
+
+
 def test_thresholds_alone_leave_the_scores_as_they_are():
     parts, owners = spread_parts(30, 20, seed=0, dtype=torch.float32)
     before = [p.clone() for p in parts]
@@ -107,6 +129,12 @@ def test_threads_change_nothing():
 def test_bad_arguments_are_refused(scores, owners, alpha, message):
     with pytest.raises(ValueError, match=message):
         exact_entmax([scores], [owners], 3, alpha, write=True)
+
+
+def test_limits_of_the_wrong_shape_are_refused():
+    scores, owners = torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"must be key positions \(blocks, W\) and row limits"):
+        exact_entmax([scores], [owners], 1, 1.5, write=True, limits=[(torch.zeros(2, 3), torch.zeros(2, 3))])
 
 
 def test_the_bucketed_path_runs_its_reference_where_no_library_can_be_built(monkeypatch):
