@@ -260,20 +260,14 @@ int guarded(int num_parts, Real* const* parts, const int64_t* part_rows, const i
 // entry j of row r is a key only when its position is at most limits[c][r]. shift and threshold (num_queries,)
 // receive m and τ (a query without rows: m = 0, τ = −1; one without keys: m = 0); with `write`, the
 // probabilities replace the scores. Returns 0, or −1 when memory ran out.
-extern "C" int exact_entmax_float(int num_parts, float* const* parts, const int64_t* part_rows,
-                                  const int64_t* part_width, const int64_t* const* owners,
-                                  const float* const* key_pos, const float* const* limits,
-                                  const int64_t* block_rows, int64_t num_queries, int beta, int write,
-                                  float* shift, float* threshold, int threads) {
-    return guarded(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows, num_queries,
-                   beta, write, shift, threshold, threads);
-}
+#define EXPORT(NAME, REAL)                                                                                    \
+    extern "C" int NAME(int num_parts, REAL* const* parts, const int64_t* part_rows, const int64_t* part_width, \
+                        const int64_t* const* owners, const float* const* key_pos, const float* const* limits,   \
+                        const int64_t* block_rows, int64_t num_queries, int beta, int write, REAL* shift,        \
+                        REAL* threshold, int threads) {                                                        \
+        return guarded(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows,             \
+                       num_queries, beta, write, shift, threshold, threads);                                     \
+    }
 
-extern "C" int exact_entmax_double(int num_parts, double* const* parts, const int64_t* part_rows,
-                                   const int64_t* part_width, const int64_t* const* owners,
-                                   const float* const* key_pos, const float* const* limits,
-                                   const int64_t* block_rows, int64_t num_queries, int beta, int write,
-                                   double* shift, double* threshold, int threads) {
-    return guarded(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows, num_queries,
-                   beta, write, shift, threshold, threads);
-}
+EXPORT(exact_entmax_float, float)
+EXPORT(exact_entmax_double, double)
