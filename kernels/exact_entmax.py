@@ -49,7 +49,8 @@ def exact_entmax(
     :mod:`kernels.native`; GPU tensors), and then nothing is written."""
     if alpha not in (1.5, 2.0):
         raise ValueError(f"exact α-entmax takes α = 1.5 or 2; got {alpha}")
-    for scores, owner in zip(parts, owners, strict=True):
+    limits = [None] * len(parts) if limits is None else limits
+    for scores, owner, limit in zip(parts, owners, limits, strict=True):
         if scores.shape[:-1] != owner.shape:
             shapes = f"{tuple(scores.shape)}, {tuple(owner.shape)}"
             raise ValueError(f"a part (…, W) needs owners (…) of the same leading shape; got {shapes}")
@@ -58,18 +59,15 @@ def exact_entmax(
         low, high = (int(x) for x in owner.aminmax()) if owner.numel() else (0, 0)
         if low < 0 or high >= num_queries:
             raise ValueError(f"owners must be queries in [0, {num_queries}); got [{low}, {high}]")
-    limits = [None] * len(parts) if limits is None else limits
-    for scores, limit in zip(parts, limits, strict=True):
         if limit is not None:
-            positions, row_limits = limit
             expected = ((scores.shape[0], scores.shape[-1]), tuple(scores.shape[:2]))
-            got = (tuple(positions.shape), tuple(row_limits.shape))
+            got = tuple(tuple(x.shape) for x in limit)
             if scores.dim() != 3 or got != expected:
                 raise ValueError(
                     f"limits of a part (blocks, L, W) {tuple(scores.shape)} must be key positions "
                     f"(blocks, W) and row limits (blocks, L); got {got[0]}, {got[1]}"
                 )
-            if {positions.dtype, row_limits.dtype} != {torch.float32}:
+            if {x.dtype for x in limit} != {torch.float32}:
                 raise ValueError("key positions and row limits must be float32")
     dtype = parts[0].dtype if parts else torch.float32
     kernel = library("exact_entmax")
@@ -78,8 +76,8 @@ def exact_entmax(
     if any(p.dtype != dtype for p in parts):
         raise ValueError(f"all parts must share one dtype; got {sorted({str(p.dtype) for p in parts})}")
     rows = [o.reshape(-1).to(torch.int64).contiguous() for o in owners]  # kept alive for the call
-    given = [(None, None) if limit is None else [x.contiguous() for x in limit] for limit in limits]
-    positions, row_limits = (list(x) for x in zip(*given, strict=True)) if given else ([], [])
+    positions = [None if limit is None else limit[0].contiguous() for limit in limits]
+    row_limits = [None if limit is None else limit[1].contiguous() for limit in limits]
     shift, tau = torch.zeros(num_queries, dtype=dtype), torch.zeros(num_queries, dtype=dtype)
     status = getattr(kernel, _FUNCTIONS[dtype])(
         ctypes.c_int(len(parts)),
