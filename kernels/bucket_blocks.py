@@ -14,7 +14,9 @@ of a sorted token sequence, so attention needs no per-pair gather:
 
 A pair met more than once is kept in one place: in the bucket block of the smallest id the two tokens share,
 and in a pattern block only when they share none (pattern blocks are the fewer entries to check). Entries of
-a block that are not attended (causal cut, the band's corners, pairs kept elsewhere, padding) are masked.
+a block that are not attended (causal cut, the band's corners, pairs kept elsewhere, padding) are left out by
+a rule on positions and ids (:class:`BlockMask`) that the kernels apply where they read the scores: the plan
+holds no tensor of a block's size.
 With one id per token and no pattern, each query sits in one block row, so a normaliser is a plain row
 operation (``spread`` is False); otherwise a query's keys are spread over up to T + 2 rows.
 
@@ -55,46 +57,64 @@ _BUCKET, _BAND, _GLOBAL = 0, 1, 2
 
 
 @dataclass(frozen=True)
+class BlockMask:
+    """Which entries of a class's blocks (blocks, L, M) are attended pairs, with no (blocks, L, M) tensor:
+    entry (r, c) of block b is one when
+
+        low[b, r] ≤ key_pos[b, c] ≤ limit[b, r]   and   q_tags[s, b, r] ≠ k_tags[s′, b, c] for every s, s′.
+
+    The limits cut the causal keys, the window band's corners and padding (padding keys sit above every
+    limit; padding rows have the limit −1 and no lower one). Tags leave a pair to another block: a bucket
+    block's rows and columns carry the ids below the block's own that their tokens hold (a pair stays in the
+    smallest bucket its tokens share), a pattern block's every id (a pair sharing one is in a bucket block).
+    Tags are int32 ids, −2 and −3 where none (never equal). Kernels evaluate the rule where they read
+    the scores, a chunk or a vector at a time."""
+
+    key_pos: torch.Tensor  # (blocks, M) float32 key position (or 0 when positions cut nothing)
+    limit: torch.Tensor  # (blocks, L) float32 largest key position the row may attend
+    low: torch.Tensor | None = None  # (blocks, L) float32 smallest key position the row may attend
+    q_tags: torch.Tensor | None = None  # (S, blocks, L) int32
+    k_tags: torch.Tensor | None = None  # (S′, blocks, M) int32
+
+    def excluded(self, a: int, b: int) -> torch.Tensor:
+        """(b − a, L, M) float, 1 on the entries of blocks a..b that are not attended, else 0. Positions
+        are whole numbers, so a difference clamped to [0, 1] is the indicator of key_pos > limit (float
+        arithmetic, cheaper than boolean masks on CPU); low ≤ limit on every row, so the two indicators
+        never both hold."""
+        off = torch.sub(self.key_pos[a:b, None, :], self.limit[a:b, :, None]).clamp_(0, 1)
+        if self.low is not None:
+            off.add_(torch.sub(self.low[a:b, :, None], self.key_pos[a:b, None, :]).clamp_(0, 1))
+        if self.q_tags is not None:
+            for q_tags in self.q_tags:
+                for k_tags in self.k_tags:
+                    off.masked_fill_(q_tags[a:b, :, None] == k_tags[a:b, None, :], 1.0)
+        return off
+
+
+@dataclass(frozen=True)
 class BlockClass:
     """Blocks of one shape: ``blocks`` × L queries against ``blocks`` × M keys.
 
-    Query index ``g·n + i``, key index ``g·m + j``; padding rows and columns hold index 0. Entry (r, c) of a
-    block is attended iff ``key_pos[c] ≤ query_limit[r]`` and not dropped (:meth:`dropped_at`); padding
-    keys have a position above every limit and padding queries the limit −1, so their entries are never
-    attended and their probabilities are 0.
-
-    Bucket blocks whose tokens hold several ids keep a pair only when its tokens share no smaller id: rather
-    than a (blocks, L, M) mask, each row and column carries those smaller ids (``q_lower``, ``k_lower``),
-    compared a chunk at a time where the scores are made.
+    Query index ``g·n + i``, key index ``g·m + j``; padding rows and columns hold index 0. The entries
+    attended are those of ``mask`` (:class:`BlockMask`), every one when it is None (no padding, not causal,
+    nothing left to another block); the others' probabilities are 0.
     """
 
     queries: torch.Tensor  # (blocks, L) int64 flat query index
     keys: torch.Tensor  # (blocks, M) int64 flat key index
-    query_limit: torch.Tensor  # (blocks, L) float32 largest key position the row may attend
-    key_pos: torch.Tensor  # (blocks, M) float32 key position (or 0 when not causal)
-    dropped: torch.Tensor | None  # (blocks, L, M) bool, True on pattern entries left to another block
-    masked: bool  # False when every entry is attended (no padding, not causal, nothing dropped)
-    q_lower: torch.Tensor | None = None  # (T − 1, blocks, L) ids below the block's a query holds, −2 else
-    k_lower: torch.Tensor | None = None  # (T′ − 1, blocks, M) ids below the block's a key holds, −3 else
+    mask: BlockMask | None
 
     def padding_keys(self) -> torch.Tensor:
         """(blocks, M) bool, True on the columns that pad a block's keys to its class's M."""
-        return self.key_pos > _NO_LIMIT
+        if self.mask is None:
+            return torch.zeros(self.keys.shape, dtype=torch.bool, device=self.keys.device)
+        return self.mask.key_pos > _NO_LIMIT
 
     def real_queries(self) -> torch.Tensor:
         """(blocks, L) bool, True on the rows that hold a query (not padding)."""
-        return self.query_limit >= 0
-
-    def dropped_at(self, a: int, b: int) -> torch.Tensor | None:
-        """(b − a, L, M) bool, True on the entries of blocks a..b left to another block or beyond their
-        pattern, or None when there is none."""
-        out = None if self.dropped is None else self.dropped[a:b]
-        if self.q_lower is not None:
-            for q_ids in self.q_lower:
-                for k_ids in self.k_lower:
-                    hit = q_ids[a:b, :, None] == k_ids[a:b, None, :]  # a smaller bucket holds the pair
-                    out = hit if out is None else out | hit
-        return out
+        if self.mask is None:
+            return torch.ones(self.queries.shape, dtype=torch.bool, device=self.queries.device)
+        return self.mask.limit >= 0
 
 
 @dataclass(frozen=True)
@@ -119,9 +139,10 @@ class BlockPlan:
 
 def attended(blocks: BlockClass) -> torch.Tensor:
     """(blocks, L, M) bool: the entries of ``blocks`` that are attended pairs."""
-    hit = blocks.key_pos[:, None, :] <= blocks.query_limit[:, :, None]
-    dropped = blocks.dropped_at(0, blocks.queries.shape[0])
-    return hit if dropped is None else hit & ~dropped
+    count, rows = blocks.queries.shape
+    if blocks.mask is None:
+        return torch.ones(count, rows, blocks.keys.shape[1], dtype=torch.bool, device=blocks.keys.device)
+    return blocks.mask.excluded(0, count) == 0
 
 
 def round_up(x: torch.Tensor | int, step: torch.Tensor | int) -> torch.Tensor | int:
@@ -317,13 +338,13 @@ def plan_blocks(
     c_start, c_rows, b_start, b_keys, kind, bucket = (
         x[keep] for x in (c_start, c_rows, b_start, b_keys, kind, bucket)
     )
-    # Every id of a flat query or key, for the classes whose drop mask compares ids: pattern blocks, and
-    # bucket blocks when both sides hold several ids ("none" as −2 and −3, never equal).
+    # Every id of a flat query or key, for the classes whose mask compares tags: pattern blocks, and bucket
+    # blocks when both sides hold several ids ("none" as −2 and −3, never equal).
     dedupe = T > 1 and Tk > 1
     if pattern or dedupe:
         q_all = torch.cat([q_ids.reshape(G * n, T), q_ids.new_full((1, T), -2)])
-        q_all = q_all.masked_fill(q_all < 0, -2)
-        k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)])
+        q_all = q_all.masked_fill(q_all < 0, -2).int()
+        k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)]).int()
 
     L, M = ladder(c_rows), ladder(b_keys)
     bucket_block = kind == _BUCKET
@@ -340,17 +361,25 @@ def plan_blocks(
         real_q, queries, q_at = _padded(c_start[sel], c_rows[sel], width_q, q_flat, q_pos)
         real_k, keys, k_at = _padded(b_start[sel], b_keys[sel], width_k, k_flat, k_pos)
         queries, keys = queries * real_q, keys * real_k
-        dropped, lower = None, (None, None)
+        low, tags = None, (None, None)
         if block_kind != _BUCKET:
-            dropped = _dropped(block_kind, q_at, k_at, q_all[queries], k_all[keys], radius)
+            tags = q_all[queries].permute(2, 0, 1).contiguous(), k_all[keys].permute(2, 0, 1).contiguous()
         elif dedupe:
-            lower = _lower_ids(bucket[sel], q_all[queries], k_all[keys])
-        limit = q_at.float() if causal else torch.full(q_at.shape, _NO_LIMIT, device=q_at.device)
-        key_pos = k_at.float() if causal else torch.zeros(k_at.shape, device=k_at.device)
+            tags = _lower_ids(bucket[sel], q_all[queries], k_all[keys])
+        band = block_kind == _BAND
+        if causal:
+            limit = q_at.float()
+        elif band:
+            limit = (q_at + radius).float()
+        else:
+            limit = torch.full(q_at.shape, _NO_LIMIT, device=q_at.device)
+        key_pos = k_at.float() if causal or band else torch.zeros(k_at.shape, device=k_at.device)
+        if band:
+            low = (q_at - radius).float().masked_fill_(~real_q, -1)
         limit, key_pos = limit.masked_fill(~real_q, -1), key_pos.masked_fill(~real_k, 2 * _NO_LIMIT)
-        dropping = dropped is not None or lower[0] is not None
-        masked = causal or dropping or not bool(real_q.all() and real_k.all())
-        classes.append(BlockClass(queries, keys, limit, key_pos, dropped, masked, *lower))
+        whole = not causal and tags[0] is None and bool(real_q.all() and real_k.all())
+        mask = None if whole else BlockMask(key_pos, limit, low, *tags)
+        classes.append(BlockClass(queries, keys, mask))
     spread = pattern or bool((q_ids >= 0).sum(-1).gt(1).any())
     return BlockPlan(classes, G * n, G * m, spread)
 
@@ -370,29 +399,3 @@ def _lower_ids(
     q_ids = q_ids.masked_fill(q_ids >= below, -2).sort(-1, descending=True).values[..., :-1]
     k_ids = k_ids.masked_fill(k_ids >= below, -3).sort(-1, descending=True).values[..., :-1]
     return q_ids.permute(2, 0, 1).contiguous(), k_ids.permute(2, 0, 1).contiguous()
-
-
-def _dropped(
-    kind: int, i: torch.Tensor, j: torch.Tensor, q_ids: torch.Tensor, k_ids: torch.Tensor, radius: int
-) -> torch.Tensor | None:
-    """(blocks, L, M) bool, True on the entries that pattern blocks of one ``kind`` leave to a bucket block
-    (their tokens share an id) or hold beyond their pattern (the band's corners), or None when there is
-    none.
-
-    i (blocks, L), j (blocks, M) positions; q_ids (blocks, L, T), k_ids (blocks, M, T′) every id of each
-    row's query and column's key (−2 and −3 where none, so never equal).
-    """
-    out = (i[:, :, None] - j[:, None, :]).abs_() > radius if kind == _BAND else None
-    for t in range(q_ids.shape[2]):
-        for u in range(k_ids.shape[2]):
-            hit = q_ids[:, :, t, None] == k_ids[:, None, :, u]
-            out = hit if out is None else out.logical_or_(hit)
-    if out is None or not _any(out):
-        return None
-    return out
-
-
-def _any(mask: torch.Tensor) -> bool:
-    """Whether a bool tensor holds a True: the largest of its bytes, about 20× faster on CPU than
-    ``mask.any()`` over millions of entries."""
-    return bool(mask.view(torch.uint8).max())

@@ -15,6 +15,11 @@
 // query at a time: a query's entries come from memory once, for its maximum, and every later pass over them,
 // the probabilities' included, runs in the first-level cache, where the tensor version reads all the scores
 // from memory at each step. Each query's arithmetic is the same whatever the number of threads.
+//
+// Which entries of a part are keys may be given by a rule instead of masked scores (`PartMask`, the blocks'
+// mask of kernels/bucket_blocks.py): entry (r, c) of block b is one when low_r ≤ key_pos_bc ≤ limit_r (a
+// causal cut, a window band, padding) and no tag of row r equals a tag of column c (a pair another block
+// holds). The rule is applied where the entries are loaded, so no mask is written or read.
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +27,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -30,44 +36,115 @@ constexpr int kMaxSteps = 100;  // as the reference: more than float64 resolutio
 constexpr int kGroup = 8;       // queries whose search steps interleave
 
 // Vectors of 64 bytes (GCC's and Clang's vector extensions: the compiler picks the instructions), and the
-// float key positions of as many entries.
+// float key positions and int32 tags of as many entries.
 typedef float Floats __attribute__((vector_size(64)));
 typedef float HalfFloats __attribute__((vector_size(32)));
 typedef double Doubles __attribute__((vector_size(64)));
+typedef int32_t Ints __attribute__((vector_size(64)));
+typedef int32_t HalfInts __attribute__((vector_size(32)));
+typedef int64_t Longs __attribute__((vector_size(64)));
 template <typename Real>
 struct VectorOf;
 template <>
 struct VectorOf<float> {
     using type = Floats;
     using positions = Floats;
+    using tags = Ints;
+    using mask = Ints;  // what a comparison of two `type` gives
 };
 template <>
 struct VectorOf<double> {
     using type = Doubles;
     using positions = HalfFloats;
+    using tags = HalfInts;
+    using mask = Longs;
 };
 template <typename Real>
 using Vec = typename VectorOf<Real>::type;
 template <typename Real>
 using Positions = typename VectorOf<Real>::positions;
 template <typename Real>
+using Tags = typename VectorOf<Real>::tags;
+template <typename Real>
+using Mask = typename VectorOf<Real>::mask;
+template <typename Real>
 constexpr int kWidth = 64 / sizeof(Real);
 
 // Scores below half the masked value (−max float / 2) belong to no key.
 constexpr double kNoKey = -0.5 * 3.4028234663852886e38;
 
-// A row of scores; with key positions, entry j is a key only when key_pos[j] ≤ limit (causality, padding).
+// A vector of the `valid` (≤ its lanes) values from `from` on, `rest` in the lanes after them.
+template <typename V, typename T>
+V lanes(const T* from, int64_t valid, V rest) {
+    if (valid * sizeof(T) == sizeof(V)) {  // a fixed-size copy: one load instruction
+        std::memcpy(&rest, from, sizeof rest);
+    } else {
+        std::memcpy(&rest, from, valid * sizeof(T));
+    }
+    return rest;
+}
+
+// Which entries of a part of blocks (blocks × block_rows rows of `width`) are keys: entry c of row r is one
+// when low[r] ≤ key_pos[c] ≤ limit[r] (the positions of the row's block) and no tag of the row equals one of
+// the column.
+struct PartMask {
+    const float* key_pos;   // (blocks, width) key positions
+    const float* limit;     // (rows,) the largest key position of each row
+    const float* low;       // (rows,) the smallest, or null for none
+    const int32_t* q_tags;  // (q_tag_count, rows), or null
+    const int32_t* k_tags;  // (k_tag_count, blocks, width), or null when q_tags is
+    int64_t q_tag_count, k_tag_count, blocks, block_rows;
+};
+
+// What a row's mask tests, from the least: nothing (every entry is a key), the upper limit, both limits,
+// both limits and the tags. The loops over a row's entries are compiled once for each, so a row pays for
+// no test it does not need.
+enum Rule { kEvery, kLimit, kRange, kTagged };
+
+// A row of scores and its part's mask resolved for it: its limits, its tags and its block's columns.
 template <typename Real>
 struct Row {
-    Real* data;
-    int64_t width;
-    const float* key_pos;  // nullptr: every entry is one
-    float limit;
+    Real* data = nullptr;
+    int64_t width = 0;
+    Rule rule = kEvery;
+    const float* key_pos = nullptr;  // the positions of the row's block; null: every entry is a key
+    float limit = 0, low = 0;
+    const int32_t* q_tags = nullptr;  // the row's first tag; null: no tags
+    const int32_t* k_tags = nullptr;  // the block's first tag of each column
+    const PartMask* mask = nullptr;   // the tags' counts and strides
+
+    Row() = default;
+    Row(Real* scores, int64_t columns, const PartMask* part, int64_t r) : data(scores), width(columns) {
+        if (part == nullptr) return;
+        rule = part->q_tags != nullptr ? kTagged : part->low != nullptr ? kRange : kLimit;
+        const int64_t block = r / part->block_rows;
+        key_pos = part->key_pos + block * width;
+        limit = part->limit[r];
+        low = part->low != nullptr ? part->low[r] : -std::numeric_limits<float>::infinity();
+        if (part->q_tags != nullptr) q_tags = part->q_tags + r, k_tags = part->k_tags + block * width, mask = part;
+    }
+
+    // True (all bits) in the lanes of entries j.. (`valid` of them) that are not keys of the row, by the
+    // tests of `rule` (at least kLimit).
+    template <Rule rule>
+    Mask<Real> excluded(int64_t j, int64_t valid) const {
+        const Vec<Real> at = __builtin_convertvector(lanes(key_pos + j, valid, Positions<Real>{}), Vec<Real>);
+        Mask<Real> off = at > Real(limit);
+        if constexpr (rule >= kRange) off |= at < Real(low);
+        if constexpr (rule < kTagged) return off;
+        const int64_t q_stride = mask->blocks * mask->block_rows, k_stride = mask->blocks * width;
+        for (int64_t u = 0; u < mask->k_tag_count; ++u) {
+            const Tags<Real> column = lanes(k_tags + u * k_stride + j, valid, Tags<Real>{});
+            for (int64_t t = 0; t < mask->q_tag_count; ++t)
+                off |= __builtin_convertvector(column == q_tags[t * q_stride], Mask<Real>);
+        }
+        return off;
+    }
 };
 
 template <typename Real>
 struct Query {
-    const Row<Real>* rows;  // the query's rows
+    Row<Real>* rows;  // the query's rows
     int64_t count;          // how many
     Real shift;             // m
     Real scale;             // α − 1
@@ -98,18 +175,39 @@ struct Query {
         return -m;
     }
 
+    // −∞ written over the entries the rows' masks leave out, and the masks dropped: the search's passes then
+    // test nothing (one pass of tests, where every pass of the search would repeat them).
+    void apply_masks() const {
+        constexpr int64_t n = kWidth<Real>;
+        const Real inf = std::numeric_limits<Real>::infinity();
+        for (int64_t r = 0; r < count; ++r) {
+            by_rule(rows[r], [&](const Row<Real>& row, auto rule) {
+                if constexpr (rule != kEvery) {
+                    for (int64_t j = 0; j < row.width; j += n) {
+                        const int64_t valid = std::min(n, row.width - j);
+                        Vec<Real> x = lanes(row.data + j, valid, Vec<Real>{});
+                        x = row.template excluded<rule>(j, valid) ? -inf : x;
+                        std::memcpy(row.data + j, &x, valid * sizeof(Real));
+                    }
+                }
+            });
+            rows[r].rule = kEvery;
+        }
+    }
+
     // p = (x − τ)₊^β over the rows, in place of the scores.
     void write_probabilities(Real tau, int beta) const {
         constexpr int64_t n = kWidth<Real>;
         for (int64_t r = 0; r < count; ++r) {
-            const Row<Real>& row = rows[r];
-            for (int64_t j = 0; j < row.width; j += n) {
-                const int64_t valid = std::min(n, row.width - j);
-                Vec<Real> p = load(row, j, valid, tau);
-                p = p > 0 ? p : 0;
-                if (beta == 2) p *= p;
-                std::memcpy(row.data + j, &p, valid * sizeof(Real));
-            }
+            by_rule(rows[r], [&](const Row<Real>& row, auto rule) {
+                for (int64_t j = 0; j < row.width; j += n) {
+                    const int64_t valid = std::min(n, row.width - j);
+                    Vec<Real> p = load<rule>(row, j, valid, tau);
+                    p = p > 0 ? p : 0;
+                    if (beta == 2) p *= p;
+                    std::memcpy(row.data + j, &p, valid * sizeof(Real));
+                }
+            });
         }
     }
 
@@ -120,32 +218,36 @@ struct Query {
     void each(Real tau, F&& f) const {
         constexpr int64_t n = kWidth<Real>;
         for (int64_t r = 0; r < count; ++r) {
-            const Row<Real>& row = rows[r];
-            int64_t j = 0;
-            for (; j + 2 * n <= row.width; j += 2 * n) {  // constant halves: the sums stay in registers
-                f(0, load(row, j, n, tau));
-                f(1, load(row, j + n, n, tau));
-            }
-            if (j + n <= row.width) f(0, load(row, j, n, tau)), j += n;
-            if (j < row.width) f(1, load(row, j, row.width - j, tau));
+            by_rule(rows[r], [&](const Row<Real>& row, auto rule) {
+                int64_t j = 0;
+                for (; j + 2 * n <= row.width; j += 2 * n) {  // constant halves: the sums stay in registers
+                    f(0, load<rule>(row, j, n, tau));
+                    f(1, load<rule>(row, j + n, n, tau));
+                }
+                if (j + n <= row.width) f(0, load<rule>(row, j, n, tau)), j += n;
+                if (j < row.width) f(1, load<rule>(row, j, row.width - j, tau));
+            });
         }
     }
 
-    // x − τ of the `valid` (≤ kWidth) entries of the row from j on; s = −∞ in the lanes after them and where
-    // a key lies beyond the row's limit.
+    // body(row, rule) with the row's rule as a compile-time constant.
+    template <typename F>
+    static void by_rule(const Row<Real>& row, F&& body) {
+        switch (row.rule) {
+            case kEvery: return body(row, std::integral_constant<Rule, kEvery>{});
+            case kLimit: return body(row, std::integral_constant<Rule, kLimit>{});
+            case kRange: return body(row, std::integral_constant<Rule, kRange>{});
+            case kTagged: return body(row, std::integral_constant<Rule, kTagged>{});
+        }
+    }
+
+    // x − τ of the `valid` (≤ kWidth) entries of the row from j on; s = −∞ in the lanes after them and on
+    // the entries the row's mask leaves out.
+    template <Rule rule>
     Vec<Real> load(const Row<Real>& row, int64_t j, int64_t valid, Real tau) const {
         const Real inf = std::numeric_limits<Real>::infinity();
-        Vec<Real> x;
-        Positions<Real> position{};
-        if (valid == kWidth<Real>) {  // fixed-size copies: one load instruction each
-            std::memcpy(&x, row.data + j, sizeof x);
-            if (row.key_pos != nullptr) std::memcpy(&position, row.key_pos + j, sizeof position);
-        } else {
-            x = Vec<Real>{} - inf;
-            std::memcpy(&x, row.data + j, valid * sizeof(Real));
-            if (row.key_pos != nullptr) std::memcpy(&position, row.key_pos + j, valid * sizeof(float));
-        }
-        if (row.key_pos != nullptr) x = __builtin_convertvector(position, Vec<Real>) > Real(row.limit) ? -inf : x;
+        Vec<Real> x = lanes<Vec<Real>>(row.data + j, valid, Vec<Real>{} - inf);
+        if constexpr (rule != kEvery) x = row.template excluded<rule>(j, valid) ? -inf : x;
         return scale * (x - shift) - tau;
     }
 
@@ -200,9 +302,8 @@ void solve(const Query<Real>* group, int size, int beta, Real* threshold) {
 
 template <typename Real>
 void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, const int64_t* part_width,
-                  const int64_t* const* owners, const float* const* key_pos, const float* const* limits,
-                  const int64_t* block_rows, int64_t num_queries, int beta, bool write, Real* shift,
-                  Real* threshold, int threads) {
+                  const int64_t* const* owners, const PartMask* masks, int64_t num_queries, int beta, bool write,
+                  Real* shift, Real* threshold, int threads) {
     // The rows of each query, in their order, by a counting sort of the owners.
     std::vector<int64_t> start(num_queries + 1, 0);
     for (int c = 0; c < num_parts; ++c)
@@ -212,12 +313,8 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
     std::vector<int64_t> next(start.begin(), start.end() - 1);
     for (int c = 0; c < num_parts; ++c) {
         for (int64_t r = 0; r < part_rows[c]; ++r) {
-            Row<Real> row{parts[c] + r * part_width[c], part_width[c], nullptr, 0};
-            if (key_pos[c] != nullptr) {  // the positions of the row's block, and the row's limit
-                row.key_pos = key_pos[c] + r / block_rows[c] * part_width[c];
-                row.limit = limits[c][r];
-            }
-            rows[next[owners[c][r]]++] = row;
+            const PartMask* mask = masks[c].key_pos != nullptr ? masks + c : nullptr;
+            rows[next[owners[c][r]]++] = Row<Real>{parts[c] + r * part_width[c], part_width[c], mask, r};
         }
     }
     const Real scale = beta == 1 ? 1 : 0.5;
@@ -228,6 +325,7 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
         for (int g = 0; g < size; ++g) {
             int64_t i = first + g;
             group[g] = {rows.data() + start[i], start[i + 1] - start[i], 0, scale};
+            if (write) group[g].apply_masks();  // the scores are overwritten anyway
             Real m = group[g].largest();
             shift[i] = group[g].shift = m > kNoKey ? m : 0;  // a query without keys: any finite shift does
         }
@@ -240,12 +338,11 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
 // Runs `exact_entmax`: 0 once done, −1 when memory ran out (no exception may cross into C).
 template <typename Real>
 int guarded(int num_parts, Real* const* parts, const int64_t* part_rows, const int64_t* part_width,
-            const int64_t* const* owners, const float* const* key_pos, const float* const* limits,
-            const int64_t* block_rows, int64_t num_queries, int beta, int write, Real* shift, Real* threshold,
-            int threads) {
+            const int64_t* const* owners, const PartMask* masks, int64_t num_queries, int beta, int write,
+            Real* shift, Real* threshold, int threads) {
     try {
-        exact_entmax(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows, num_queries,
-                     beta, write != 0, shift, threshold, threads);
+        exact_entmax(num_parts, parts, part_rows, part_width, owners, masks, num_queries, beta, write != 0,
+                     shift, threshold, threads);
         return 0;
     } catch (const std::bad_alloc&) {
         return -1;
@@ -255,18 +352,16 @@ int guarded(int num_parts, Real* const* parts, const int64_t* part_rows, const i
 }  // namespace
 
 // Part c is part_rows[c] × part_width[c] contiguous scores, row r owned by query owners[c][r] in
-// [0, num_queries); entries off the mask −∞ or below −max float / 2. Where key_pos[c] is not null, the part's
-// rows come in blocks of block_rows[c] that share key positions (key_pos[c], blocks × part_width[c]), and
-// entry j of row r is a key only when its position is at most limits[c][r]. shift and threshold (num_queries,)
-// receive m and τ (a query without rows: m = 0, τ = −1; one without keys: m = 0); with `write`, the
-// probabilities replace the scores. Returns 0, or −1 when memory ran out.
+// [0, num_queries); entries off the mask −∞ or below −max float / 2. Where masks[c].key_pos is not null,
+// masks[c] says which of the part's entries are keys (`PartMask`). shift and threshold (num_queries,) receive
+// m and τ (a query without rows: m = 0, τ = −1; one without keys: m = 0); with `write`, the probabilities
+// replace the scores (0 off the keys). Returns 0, or −1 when memory ran out.
 #define EXPORT(NAME, REAL)                                                                                    \
     extern "C" int NAME(int num_parts, REAL* const* parts, const int64_t* part_rows, const int64_t* part_width, \
-                        const int64_t* const* owners, const float* const* key_pos, const float* const* limits,   \
-                        const int64_t* block_rows, int64_t num_queries, int beta, int write, REAL* shift,        \
-                        REAL* threshold, int threads) {                                                        \
-        return guarded(num_parts, parts, part_rows, part_width, owners, key_pos, limits, block_rows,             \
-                       num_queries, beta, write, shift, threshold, threads);                                     \
+                        const int64_t* const* owners, const PartMask* masks, int64_t num_queries, int beta,    \
+                        int write, REAL* shift, REAL* threshold, int threads) {                                \
+        return guarded(num_parts, parts, part_rows, part_width, owners, masks, num_queries, beta, write, shift,  \
+                       threshold, threads);                                                                    \
     }
 
 EXPORT(exact_entmax_float, float)

@@ -16,18 +16,82 @@ import ctypes
 
 import torch
 
+from kernels.bucket_blocks import BlockMask
 from kernels.native import library
 
 _FUNCTIONS = {torch.float32: "exact_entmax_float", torch.float64: "exact_entmax_double"}
 
 
+class _PartMask(ctypes.Structure):
+    """``PartMask`` of the C++ kernel: a part's :class:`~kernels.bucket_blocks.BlockMask` as pointers."""
+
+    _fields_ = [
+        ("key_pos", ctypes.c_void_p),
+        ("limit", ctypes.c_void_p),
+        ("low", ctypes.c_void_p),
+        ("q_tags", ctypes.c_void_p),
+        ("k_tags", ctypes.c_void_p),
+        ("q_tag_count", ctypes.c_int64),
+        ("k_tag_count", ctypes.c_int64),
+        ("blocks", ctypes.c_int64),
+        ("block_rows", ctypes.c_int64),
+    ]
+
+
 def _addresses(tensors: list[torch.Tensor | None]) -> ctypes.Array:
     """A C array of the tensors' data pointers (null for None)."""
-    return (ctypes.c_void_p * len(tensors))(*(None if t is None else t.data_ptr() for t in tensors))
+    return (ctypes.c_void_p * len(tensors))(*(_address(t) for t in tensors))
+
+
+def _address(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
 
 
 def _int64s(values: list[int]) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
+
+
+def _check_mask(scores: torch.Tensor, mask: BlockMask) -> None:
+    """One line naming what is wrong when ``mask`` does not fit a part of blocks (blocks, L, W)."""
+    if scores.dim() != 3:
+        raise ValueError(f"a mask needs a part of blocks (blocks, L, W); got {tuple(scores.shape)}")
+    blocks, rows, width = scores.shape
+    expected = {
+        "key_pos": ((blocks, width), torch.float32),
+        "limit": ((blocks, rows), torch.float32),
+        "low": ((blocks, rows), torch.float32),
+        "q_tags": ((blocks, rows), torch.int32),
+        "k_tags": ((blocks, width), torch.int32),
+    }
+    if (mask.q_tags is None) != (mask.k_tags is None):
+        raise ValueError("a mask's q_tags and k_tags go together: give both or neither")
+    for name, (shape, dtype) in expected.items():
+        x = getattr(mask, name)
+        if x is None:
+            continue
+        got = tuple(x.shape[1:]) if name.endswith("tags") else tuple(x.shape)
+        if got != shape or x.dtype != dtype or (name.endswith("tags") and x.dim() != 3):
+            lead = "(S, " if name.endswith("tags") else "("
+            want = f"{lead}{', '.join(map(str, shape))}) {dtype}"
+            raise ValueError(
+                f"a mask's {name} must be {want} for scores {tuple(scores.shape)}; got "
+                f"{tuple(x.shape)} {x.dtype}"
+            )
+
+
+def _part_masks(parts: list[torch.Tensor], masks: list[BlockMask | None]) -> tuple[ctypes.Array, list]:
+    """The C array of the parts' masks, and the contiguous tensors it points into (to keep alive)."""
+    out, alive = (_PartMask * len(parts))(), []
+    for c, (scores, mask) in enumerate(zip(parts, masks, strict=True)):
+        if mask is None:
+            continue
+        fields = [mask.key_pos, mask.limit, mask.low, mask.q_tags, mask.k_tags]
+        fields = [None if x is None else x.contiguous() for x in fields]
+        alive += fields
+        q_count, k_count = (0, 0) if mask.q_tags is None else (len(mask.q_tags), len(mask.k_tags))
+        blocks, rows = scores.shape[:2]
+        out[c] = _PartMask(*map(_address, fields), q_count, k_count, blocks, rows)
+    return out, alive
 
 
 def exact_entmax(
@@ -37,20 +101,20 @@ def exact_entmax(
     alpha: float,
     *,
     write: bool,
-    limits: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    masks: list[BlockMask | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per query (num_queries,) the shift m and the threshold τ over the rows of ``parts`` (each (…, W),
     contiguous, CPU, float32 or float64, one dtype) whose owners (…) are queries in [0, num_queries); entries
-    off the mask −inf or below −max float / 2. ``limits`` may give a part of blocks (blocks, L, W) its keys'
-    positions (blocks, W) and its rows' limits (blocks, L), float32: entry j of a row is then a key only when
-    its position is at most the row's limit (a causal cut, padding), with no mask written into the scores.
-    With ``write``, the probabilities replace the scores (0 off the keys). A query without rows gets m = 0 and
-    τ = −1, one without keys m = 0. None where the C++ kernel cannot run (no compiler, see
-    :mod:`kernels.native`; GPU tensors), and then nothing is written."""
+    off the mask −inf or below −max float / 2. ``masks`` may give a part of blocks (blocks, L, W) the rule
+    that says which of its entries are keys (:class:`~kernels.bucket_blocks.BlockMask`: positions and limits
+    for a causal cut, a window band or padding, tags for pairs another block holds), applied as the entries
+    are read, with no mask written into the scores. With ``write``, the probabilities replace the scores (0
+    off the keys). A query without rows gets m = 0 and τ = −1, one without keys m = 0. None where the C++
+    kernel cannot run (no compiler, see :mod:`kernels.native`; GPU tensors), and then nothing is written."""
     if alpha not in (1.5, 2.0):
         raise ValueError(f"exact α-entmax takes α = 1.5 or 2; got {alpha}")
-    limits = [None] * len(parts) if limits is None else limits
-    for scores, owner, limit in zip(parts, owners, limits, strict=True):
+    masks = [None] * len(parts) if masks is None else masks
+    for scores, owner, mask in zip(parts, owners, masks, strict=True):
         if scores.shape[:-1] != owner.shape:
             shapes = f"{tuple(scores.shape)}, {tuple(owner.shape)}"
             raise ValueError(f"a part (…, W) needs owners (…) of the same leading shape; got {shapes}")
@@ -59,16 +123,8 @@ def exact_entmax(
         low, high = (int(x) for x in owner.aminmax()) if owner.numel() else (0, 0)
         if low < 0 or high >= num_queries:
             raise ValueError(f"owners must be queries in [0, {num_queries}); got [{low}, {high}]")
-        if limit is not None:
-            expected = ((scores.shape[0], scores.shape[-1]), tuple(scores.shape[:2]))
-            got = tuple(tuple(x.shape) for x in limit)
-            if scores.dim() != 3 or got != expected:
-                raise ValueError(
-                    f"limits of a part (blocks, L, W) {tuple(scores.shape)} must be key positions "
-                    f"(blocks, W) and row limits (blocks, L); got {got[0]}, {got[1]}"
-                )
-            if {x.dtype for x in limit} != {torch.float32}:
-                raise ValueError("key positions and row limits must be float32")
+        if mask is not None:
+            _check_mask(scores, mask)
     dtype = parts[0].dtype if parts else torch.float32
     kernel = library("exact_entmax")
     if kernel is None or dtype not in _FUNCTIONS or any(p.device.type != "cpu" for p in parts):
@@ -76,8 +132,7 @@ def exact_entmax(
     if any(p.dtype != dtype for p in parts):
         raise ValueError(f"all parts must share one dtype; got {sorted({str(p.dtype) for p in parts})}")
     rows = [o.reshape(-1).to(torch.int64).contiguous() for o in owners]  # kept alive for the call
-    positions = [None if limit is None else limit[0].contiguous() for limit in limits]
-    row_limits = [None if limit is None else limit[1].contiguous() for limit in limits]
+    part_masks, _pointed_to = _part_masks(parts, masks)  # the tensors stay alive for the call
     shift, tau = torch.zeros(num_queries, dtype=dtype), torch.zeros(num_queries, dtype=dtype)
     status = getattr(kernel, _FUNCTIONS[dtype])(
         ctypes.c_int(len(parts)),
@@ -85,9 +140,7 @@ def exact_entmax(
         _int64s([r.numel() for r in rows]),
         _int64s([p.shape[-1] for p in parts]),
         _addresses(rows),
-        _addresses(positions),
-        _addresses(row_limits),
-        _int64s([p.shape[1] if p.dim() == 3 else 1 for p in parts]),
+        part_masks,
         ctypes.c_int64(num_queries),
         ctypes.c_int(1 if alpha == 2.0 else 2),
         ctypes.c_int(int(write)),

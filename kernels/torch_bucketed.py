@@ -326,16 +326,14 @@ def _exact_entmax(
     scores: list[torch.Tensor], alpha: float, red: _SpreadRows, classes: list[BlockClass] | None = None
 ) -> None:
     """p = α-entmax(s) per query for α = 1.5 or 2, in place of the parts ``scores`` (contiguous): the C++
-    kernel where it runs, else its reference. With ``classes`` (one per part), the keys beyond their rows'
-    limits are left out here, not by masked scores (:func:`_block_scores` without ``limits``)."""
-    limits = None
-    if classes is not None:
-        limits = [(c.key_pos, c.query_limit) if c.masked else None for c in classes]
-    if exact_entmax(scores, red.rows, red.num_queries, alpha, write=True, limits=limits) is None:
-        if classes is not None:  # the reference reads the limits from masked scores
+    kernel where it runs, else its reference. With ``classes`` (one per part), the entries off the classes'
+    masks are left out here, not by masked scores (:func:`_block_scores` without ``apply_mask``)."""
+    masks = None if classes is None else [c.mask for c in classes]
+    if exact_entmax(scores, red.rows, red.num_queries, alpha, write=True, masks=masks) is None:
+        if classes is not None:  # the reference reads the masks from masked scores
             for s, blocks in zip(scores, classes, strict=True):
-                if blocks.masked:
-                    s.add_(_beyond_limits(blocks, 0, len(s)), alpha=_MASKED)
+                if blocks.mask is not None:
+                    s.add_(blocks.mask.excluded(0, len(s)), alpha=_MASKED)
         shift, tau = _exact_thresholds(scores, alpha, red)
         for c, s in enumerate(scores):
             _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha)
@@ -469,13 +467,6 @@ def _chunks(blocks: BlockClass) -> list[tuple[int, int]]:
     return [(a, min(a + step, count)) for a in range(0, count, step)]
 
 
-def _beyond_limits(blocks: BlockClass, a: int, b: int) -> torch.Tensor:
-    """(b − a, L, M) float, 1 where a key of blocks a..b lies beyond its row's limit, else 0. Positions are
-    whole numbers, so their difference clamped to [0, 1] is the indicator of key_pos > limit: float
-    arithmetic, cheaper than a boolean mask on CPU."""
-    return torch.sub(blocks.key_pos[a:b, None, :], blocks.query_limit[a:b, :, None]).clamp_(0, 1)
-
-
 def _block_scores(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -484,26 +475,19 @@ def _block_scores(
     b: int,
     out: torch.Tensor | None,
     *,
-    mask: bool = True,
-    limits: bool = True,
+    keep: bool = True,
+    apply_mask: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores s = q_i·k_j of blocks a..b, ``_MASKED`` added off the attended set, and with ``mask`` the mask
-    as floats (1 on it, 0 off it; None when the class has no entry off it). Without ``limits`` the keys
-    beyond their rows' limits keep their scores (the C++ normaliser reads the limits itself) and only the
-    dropped entries are masked. q (N, d), k (M, d) flat over groups; s (c, L, M)."""
+    """Scores s = q_i·k_j of blocks a..b, ``_MASKED`` added off the attended set, and with ``keep`` the
+    attended set as floats (1 on it, 0 off it; None when the class has no entry off it). Without
+    ``apply_mask`` every entry keeps its score: the C++ normaliser applies the class's mask itself. q (N, d),
+    k (M, d) flat over groups; s (c, L, M)."""
     scores = torch.bmm(_rows(q, blocks.queries[a:b]), _rows(k, blocks.keys[a:b]).transpose(1, 2), out=out)
-    if not blocks.masked:
+    if blocks.mask is None or not apply_mask:
         return scores, None
-    dropped = blocks.dropped_at(a, b)
-    if not limits:
-        if dropped is not None:
-            scores.masked_fill_(dropped, _MASKED)
-        return scores, None
-    off = _beyond_limits(blocks, a, b)  # (c, L, M)
-    if dropped is not None:
-        off.masked_fill_(dropped, 1.0)
+    off = blocks.mask.excluded(a, b)  # (c, L, M)
     scores.add_(off, alpha=_MASKED)
-    return scores, off.neg_().add_(1.0) if mask else None
+    return scores, off.neg_().add_(1.0) if keep else None
 
 
 @dataclass
@@ -546,7 +530,7 @@ def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Bl
     component too (SDPA's fast kernel wants one head size) and drop it after. Padding rows read query 0 and
     are zeroed before the scatter."""
     dv = v.shape[1]
-    padded = any(blocks.masked for blocks in plan.classes)
+    padded = any(blocks.mask is not None for blocks in plan.classes)
     if padded:
         q = F.pad(q, (0, 1), value=1.0)  # (N, d + 1)
         k = F.pad(k, (0, 1, 0, 1))  # (M + 1, d + 1), the last row the sentinel
@@ -554,11 +538,11 @@ def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Bl
         v = F.pad(v, (0, 1, 0, 1))  # (M + 1, d + 1)
     out, sentinel = v.new_zeros(plan.num_queries, dv), k.shape[0] - 1
     for blocks in plan.classes:
-        keys = blocks.keys.masked_fill(blocks.padding_keys(), sentinel) if blocks.masked else blocks.keys
+        keys = blocks.keys.masked_fill(blocks.padding_keys(), sentinel) if padded else blocks.keys
         rows = F.scaled_dot_product_attention(
             _rows(q, blocks.queries)[:, None], _rows(k, keys)[:, None], _rows(v, keys)[:, None], scale=1.0
         )[:, 0, :, :dv]  # (blocks, L, d)
-        if blocks.masked:
+        if blocks.mask is not None:
             rows = rows * blocks.real_queries()[..., None]
         out = out.index_add(0, blocks.queries.reshape(-1), rows.flatten(0, 1))
     return out
@@ -615,9 +599,9 @@ def _entmax_forward(
     scores = [empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) for blocks in plan.classes]
     ons = []
     for blocks, s in zip(plan.classes, scores, strict=True):
-        on = q.new_empty(s.shape) if general and blocks.masked else None
+        on = q.new_empty(s.shape) if general and blocks.mask is not None else None
         for a, b in _chunks(blocks):
-            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], mask=on is not None, limits=general)[1]
+            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], keep=on is not None, apply_mask=general)[1]
             if on is not None:
                 on[a:b] = chunk_on
         ons.append(on)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from entmax import entmax15, sparsemax
 
 from kernels import native, torch_bucketed
+from kernels.bucket_blocks import BlockMask
 from kernels.exact_entmax import exact_entmax
 from kernels.torch_bucketed import _MASKED, _exact_thresholds, _SpreadRows
 
@@ -70,26 +73,48 @@ def test_entmax_equals_the_reference_and_entmax_itself(alpha, dtype, width):
             )
 
 
+def random_mask(blocks: int, rows: int, width: int, *, seed: int, low: bool, tags: bool) -> BlockMask:
+    """A block mask of random positions and limits (a padding key and a padding row), with lower limits
+    and two row tags against three column tags (ids in 0..4, −2 and −3 for none) when asked."""
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 30, (blocks, width), generator=gen).float()
+    positions[:, -1] = 2.0**41  # a padding key, beyond every limit
+    limits = torch.randint(0, 30, (blocks, rows), generator=gen).float()
+    lows = (limits - torch.randint(0, 12, (blocks, rows), generator=gen)).float() if low else None
+    limits[0, 0] = -1  # a padding row: no key, and no lower limit
+    if lows is not None:
+        lows[0, 0] = -1
+    q_tags = k_tags = None
+    if tags:
+        q_tags = torch.randint(0, 5, (2, blocks, rows), generator=gen, dtype=torch.int32)
+        k_tags = torch.randint(0, 5, (3, blocks, width), generator=gen, dtype=torch.int32)
+        q_tags[q_tags == 4], k_tags[k_tags == 4] = -2, -3
+    return BlockMask(positions, limits, lows, q_tags, k_tags)
+
+
+@pytest.mark.parametrize("rule", ["limits", "band", "tags"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("width", [7, 16, 40])
-def test_key_limits_equal_masked_scores_bit_for_bit(dtype, width):
-    """Keys beyond a row's limit left out by the kernel (positions and limits, as causal blocks carry them)
-    give exactly what scores masked by adding ``_MASKED`` give: the same m, τ and probabilities."""
+def test_masks_equal_masked_scores_bit_for_bit(dtype, width, rule):
+    """Entries left out by the kernel through a block mask (limits as causal blocks carry them; lower limits
+    as the window band's; tags as pairs another block holds) give exactly what scores masked by adding
+    ``_MASKED`` give: the same m, τ and probabilities, 0 off the mask."""
     gen = torch.Generator().manual_seed(width)
     blocks, rows, queries = 6, 5, 13
     scores = torch.randn(blocks, rows, width, generator=gen, dtype=dtype)
     owners = torch.randint(0, queries, (blocks, rows), generator=gen)
-    positions = torch.randint(0, 30, (blocks, width), generator=gen).float()
-    positions[:, -1] = 2.0**41  # a padding key, beyond every limit
-    limits = torch.randint(-1, 30, (blocks, rows), generator=gen).float()  # −1: a padding row
-    beyond = (positions[:, None, :] - limits[..., None]).clamp(0, 1).to(dtype)
-    masked = scores + beyond * _MASKED
-    by_limits = scores.clone()
-    found = exact_entmax([by_limits], [owners], queries, 1.5, write=True, limits=[(positions, limits)])
+    mask = random_mask(blocks, rows, width, seed=width, low=rule != "limits", tags=rule == "tags")
+    off = mask.excluded(0, blocks)
+    assert off.max() == 1 and off.min() == 0  # an indicator, even where two rules hold
+    if rule == "tags":
+        assert (mask.q_tags[0, :, :, None] == mask.k_tags[0, :, None, :]).any()
+    masked = scores + off.to(dtype) * _MASKED
+    by_mask = scores.clone()
+    found = exact_entmax([by_mask], [owners], queries, 1.5, write=True, masks=[mask])
     expected = exact_entmax([masked], [owners], queries, 1.5, write=True)
     assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))
-    assert torch.equal(by_limits, masked)
-    assert (by_limits[beyond > 0] == 0).all() and (by_limits > 0).any()
+    assert torch.equal(by_mask, masked)
+    assert (by_mask[off > 0] == 0).all() and (by_mask > 0).any()
 
 
 def test_thresholds_alone_leave_the_scores_as_they_are():
@@ -131,10 +156,31 @@ def test_bad_arguments_are_refused(scores, owners, alpha, message):
         exact_entmax([scores], [owners], 3, alpha, write=True)
 
 
-def test_limits_of_the_wrong_shape_are_refused():
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"limit": torch.zeros(2, 4)}, r"limit must be \(2, 3\) torch.float32 for scores \(2, 3, 4\)"),
+        ({"key_pos": torch.zeros(2, 4, dtype=torch.float64)}, r"key_pos must be \(2, 4\) torch.float32"),
+        ({"low": torch.zeros(3, 3)}, r"low must be \(2, 3\)"),
+        ({"q_tags": torch.zeros(1, 2, 3, dtype=torch.int32)}, "q_tags and k_tags go together"),
+        (
+            {"q_tags": torch.zeros(1, 2, 3), "k_tags": torch.zeros(1, 2, 4, dtype=torch.int32)},
+            r"q_tags must be \(S, 2, 3\) torch.int32",
+        ),
+        (
+            {
+                "q_tags": torch.zeros(1, 2, 3, dtype=torch.int32),
+                "k_tags": torch.zeros(2, 4, dtype=torch.int32),
+            },
+            r"k_tags must be \(S, 2, 4\) torch.int32",
+        ),
+    ],
+)
+def test_masks_that_do_not_fit_their_part_are_refused(change, message):
     scores, owners = torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"must be key positions \(blocks, W\) and row limits"):
-        exact_entmax([scores], [owners], 1, 1.5, write=True, limits=[(torch.zeros(2, 3), torch.zeros(2, 3))])
+    mask = replace(BlockMask(torch.zeros(2, 4), torch.zeros(2, 3)), **change)
+    with pytest.raises(ValueError, match=message):
+        exact_entmax([scores], [owners], 1, 1.5, write=True, masks=[mask])
 
 
 def test_the_bucketed_path_runs_its_reference_where_no_library_can_be_built(monkeypatch):

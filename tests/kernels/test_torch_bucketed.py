@@ -339,17 +339,30 @@ def test_memory_grows_with_pairs_not_n_squared():
         assert probe.largest <= max(plan.num_entries, (n + 1) * d) <= n * n // 8
 
 
-def test_several_ids_leave_no_entry_sized_mask_in_the_plan():
-    """Bucket blocks of tokens with several ids carry the smaller ids of their rows and columns, not a
-    (blocks, L, M) mask: the plan's size stays linear in its rows and columns."""
+@pytest.mark.parametrize("pattern", [{}, {"radius": 2, "global_tokens": 3}], ids=["buckets", "pattern"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_masks_are_rules_on_rows_and_columns_not_entry_sized(causal, pattern):
+    """Every class's mask is a rule on its rows and columns (positions, limits, tags), never a (blocks, L, M)
+    tensor: bucket blocks of tokens with several ids carry the smaller ids of their rows and columns, pattern
+    blocks every id and the band's lower limits; the plan's size stays linear in its rows and columns, and it
+    still holds every attended pair once."""
     _, _, _, qb, kb = make_inputs(130, 4, 3, seed=5, buckets=9)
-    plan = plan_attention(qb, kb)
-    bucket_classes = [c for c in plan.classes if c.q_lower is not None]
-    assert bucket_classes and all(c.dropped is None for c in bucket_classes)
-    for c in bucket_classes:
+    plan = plan_attention(qb, kb, causal=causal, **pattern)
+    tagged = [c for c in plan.classes if c.mask is not None and c.mask.q_tags is not None]
+    assert tagged
+    for c in plan.classes:
+        if c.mask is None:
+            continue
         blocks, rows = c.queries.shape
-        assert c.q_lower.shape == (2, blocks, rows) and c.k_lower.shape == (2, blocks, c.keys.shape[1])
-    mask = attended_mask(qb, kb)
+        keys = c.keys.shape[1]
+        assert c.mask.key_pos.shape == (blocks, keys) and c.mask.limit.shape == (blocks, rows)
+        assert c.mask.low is None or c.mask.low.shape == (blocks, rows)
+        if c.mask.q_tags is not None:
+            assert c.mask.q_tags.shape[1:] == (blocks, rows) and c.mask.k_tags.shape[1:] == (blocks, keys)
+            assert c.mask.q_tags.shape[0] <= 3 and c.mask.k_tags.shape[0] <= 3
+    assert any(c.mask is not None and c.mask.low is not None for c in plan.classes) == bool(pattern)
+    window = 2 * pattern.get("radius", -1) + 1 if pattern else 0
+    mask = attended_mask(qb, kb, causal=causal, window=window, global_tokens=pattern.get("global_tokens", 0))
     assert torch.equal(pair_counts(plan, 130).view(2, 2, 130, 130), mask.long())
 
 
