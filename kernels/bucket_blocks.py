@@ -164,9 +164,11 @@ def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Ten
     """
     G, L, _ = ids.shape
     group = torch.arange(G, device=ids.device)[:, None, None]
-    valid = ids >= 0
-    keys = (group * nid + ids)[valid]  # (copies,) in (group, position, slot) order
-    flat = (group * L + torch.arange(L, device=ids.device)[:, None]).expand_as(ids)[valid]
+    keys = (group * nid + ids).flatten()  # (copies,) in (group, position, slot) order
+    flat = (group * L + torch.arange(L, device=ids.device)[:, None]).expand_as(ids).flatten()
+    valid = ids.flatten() >= 0
+    if not bool(valid.all()):
+        keys, flat = keys[valid], flat[valid]
     # Stable, so positions stay ascending inside a bucket; on the narrowest integers that hold the keys,
     # since the sort's cost grows with their bytes (int16 sorts about 4x faster than int64 on CPU).
     narrow = next(t for t in (torch.int16, torch.int32, torch.int64) if G * nid <= torch.iinfo(t).max)
@@ -333,11 +335,9 @@ def plan_blocks(
         _pattern_blocks(parts, G, n, m, causal, radius, global_tokens, rows)
     q_flat, q_pos = torch.cat(parts.q_flat), torch.cat(parts.q_pos)
     k_flat, k_pos = torch.cat(parts.k_flat), torch.cat(parts.k_pos)
-    c_start, c_rows, b_start, b_keys, kind, bucket = (torch.cat(x) for x in zip(*parts.runs, strict=True))
-    keep = (c_rows > 0) & (b_keys > 0)
-    c_start, c_rows, b_start, b_keys, kind, bucket = (
-        x[keep] for x in (c_start, c_rows, b_start, b_keys, kind, bucket)
-    )
+    runs = torch.cat([torch.stack(part) for part in parts.runs], 1)  # (6, blocks), the fields of _Blocks.runs
+    runs = runs[:, (runs[1] > 0) & (runs[3] > 0)]  # blocks with queries and keys
+    c_start, c_rows, b_start, b_keys, kind, bucket = runs
     # Every id of a flat query or key, for the classes whose mask compares tags: pattern blocks, and bucket
     # blocks when both sides hold several ids ("none" as −2 and −3, never equal).
     dedupe = T > 1 and Tk > 1
@@ -352,10 +352,13 @@ def plan_blocks(
     if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
         L = torch.where(bucket_block & (2 * rows >= M), rows, L)
     height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size
-    shapes, which = torch.unique((kind * height + L) * width + M, return_inverse=True)
-    classes = []
-    for s, shape in enumerate(shapes.tolist()):
-        sel = which == s
+    # Blocks sorted by class (stable: in their order within one), so that a class is a slice of them.
+    shape, order = torch.sort((kind * height + L) * width + M, stable=True)
+    shapes, counts = torch.unique_consecutive(shape, return_counts=True)
+    c_start, c_rows, b_start, b_keys, bucket = runs[[0, 1, 2, 3, 5]][:, order]
+    classes, end = [], 0
+    for shape, count in zip(shapes.tolist(), counts.tolist(), strict=True):
+        sel, end = slice(end, end + count), end + count
         rest, width_k = divmod(shape, width)
         block_kind, width_q = divmod(rest, height)
         real_q, queries, q_at = _padded(c_start[sel], c_rows[sel], width_q, q_flat, q_pos)
@@ -396,6 +399,13 @@ def _lower_ids(
     token holds at most T − 1 of those (not the block's own).
     """
     below = bucket[:, None, None]
-    q_ids = q_ids.masked_fill(q_ids >= below, -2).sort(-1, descending=True).values[..., :-1]
-    k_ids = k_ids.masked_fill(k_ids >= below, -3).sort(-1, descending=True).values[..., :-1]
-    return q_ids.permute(2, 0, 1).contiguous(), k_ids.permute(2, 0, 1).contiguous()
+    q_ids, k_ids = q_ids.masked_fill(q_ids >= below, -2), k_ids.masked_fill(k_ids >= below, -3)
+    return _largest_but_one(q_ids), _largest_but_one(k_ids)
+
+
+def _largest_but_one(ids: torch.Tensor) -> torch.Tensor:
+    """(T − 1, …): the T − 1 largest of each token's ids (…, T), the slot dimension first; with T = 2 the
+    maximum (a sort along two entries costs far more)."""
+    if ids.shape[-1] == 2:
+        return ids.amax(-1)[None]
+    return ids.sort(-1, descending=True).values[..., :-1].permute(2, 0, 1).contiguous()

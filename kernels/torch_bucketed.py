@@ -78,9 +78,11 @@ def _drop_repeated_ids(ids: torch.Tensor) -> torch.Tensor:
     T = ids.shape[-1]
     if T == 1:
         return ids
-    same = ids[..., :, None] == ids[..., None, :]  # (..., T, T)
-    earlier = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril(-1)
-    return ids.masked_fill((same & earlier).any(-1), -1)
+    repeated = torch.zeros_like(ids, dtype=torch.bool)
+    for t in range(1, T):  # slot by slot: reductions along a dimension of a few entries are slow on CPU
+        for u in range(t):
+            repeated[..., t] |= ids[..., t] == ids[..., u]
+    return ids.masked_fill(repeated, -1)
 
 
 def _distinct_ids(buckets: torch.Tensor) -> torch.Tensor:
