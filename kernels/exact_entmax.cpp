@@ -16,6 +16,9 @@
 // the probabilities' included, runs in the first-level cache, where the tensor version reads all the scores
 // from memory at each step. Each query's arithmetic is the same whatever the number of threads.
 //
+// Softmax (α = 1, β = 0) takes the same way through the rows: p_j = e^{s_j − m} / Σ_k e^{s_k − m}, one pass
+// for the exponentials (written over the scores) and their sum, one for the division.
+//
 // Which entries of a part are keys may be given by a rule instead of masked scores (`PartMask`, the blocks'
 // mask of kernels/bucket_blocks.py): entry (r, c) of block b is one when low_r ≤ key_pos_bc ≤ limit_r (a
 // causal cut, a window band, padding) and no tag of row r equals a tag of column c (a pair another block
@@ -72,6 +75,35 @@ constexpr int kWidth = 64 / sizeof(Real);
 
 // Scores below half the masked value (−max float / 2) belong to no key.
 constexpr double kNoKey = -0.5 * 3.4028234663852886e38;
+
+// e^x lane by lane for x ≤ 88 (−∞ included): 0 below −87.3, where e^x leaves float's normal range. Cephes'
+// expf: x = k·ln 2 + r with k = round(x·log₂e) and ln 2 in two parts (so r is exact), e^r by a polynomial on
+// |r| ≤ ln 2 / 2 (relative error about 1e-7), 2^k put in the exponent bits.
+inline Floats exp_lanes(Floats x) {
+    const Floats low = Floats{} - 87.33654f;
+    const Ints underflow = x < low;
+    x = x < low ? low : x;
+    const Floats round = Floats{} + 12582912.0f;  // 1.5 · 2^23: adding it rounds to a whole number
+    const Floats k = (x * 1.44269504088896341f + round) - round;
+    const Floats r = x - k * 0.693359375f + k * 2.12194440e-4f;
+    Floats y = Floats{} + 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * (r * r) + r + 1.0f;
+    const Ints bits = (__builtin_convertvector(k, Ints) + 127) << 23;
+    Floats two_k;
+    std::memcpy(&two_k, &bits, sizeof two_k);
+    return underflow ? 0.0f : y * two_k;
+}
+
+// In float64 (tests and gradient checks, not speed): the library's exp, lane by lane.
+inline Doubles exp_lanes(Doubles x) {
+    for (int lane = 0; lane < 8; ++lane) x[lane] = std::exp(x[lane]);
+    return x;
+}
 
 // A vector of the `valid` (≤ its lanes) values from `from` on, `rest` in the lanes after them.
 template <typename V, typename T>
@@ -193,6 +225,31 @@ struct Query {
             });
             rows[r].rule = kEvery;
         }
+    }
+
+    // Softmax: log Σ_j e^{s_j − m} (−∞ without keys); with `write`, p_j = e^{s_j − m} / Σ_k e^{s_k − m} over
+    // the rows, in place of the scores (0 without keys).
+    Real softmax(bool write) const {
+        constexpr int64_t n = kWidth<Real>;
+        Vec<Real> sums[2] = {};
+        int half = 0;
+        for (int64_t r = 0; r < count; ++r) {
+            by_rule(rows[r], [&](const Row<Real>& row, auto rule) {
+                for (int64_t j = 0; j < row.width; j += n, half ^= 1) {
+                    const int64_t valid = std::min(n, row.width - j);
+                    const Vec<Real> p = exp_lanes(load<rule>(row, j, valid, 0));  // e^{−∞} = 0 in the padding
+                    sums[half] += p;
+                    if (write) std::memcpy(row.data + j, &p, valid * sizeof(Real));
+                }
+            });
+        }
+        const Real total = this->total(sums);
+        if (write && total > 0) {
+            const Real inverse = 1 / total;
+            for (int64_t r = 0; r < count; ++r)
+                for (int64_t j = 0; j < rows[r].width; ++j) rows[r].data[j] *= inverse;
+        }
+        return std::log(total);
     }
 
     // p = (x − τ)₊^β over the rows, in place of the scores.
@@ -317,7 +374,7 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
             rows[next[owners[c][r]]++] = Row<Real>{parts[c] + r * part_width[c], part_width[c], mask, r};
         }
     }
-    const Real scale = beta == 1 ? 1 : 0.5;
+    const Real scale = beta == 2 ? 0.5 : 1;  // α − 1, and 1 for softmax
 #pragma omp parallel for schedule(dynamic, 8) num_threads(threads) if (threads > 1)
     for (int64_t first = 0; first < num_queries; first += kGroup) {
         Query<Real> group[kGroup];
@@ -328,6 +385,10 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
             if (write) group[g].apply_masks();  // the scores are overwritten anyway
             Real m = group[g].largest();
             shift[i] = group[g].shift = m > kNoKey ? m : 0;  // a query without keys: any finite shift does
+        }
+        if (beta == 0) {
+            for (int g = 0; g < size; ++g) threshold[first + g] = group[g].softmax(write);
+            continue;
         }
         solve(group, size, beta, threshold + first);
         if (write)
@@ -353,9 +414,10 @@ int guarded(int num_parts, Real* const* parts, const int64_t* part_rows, const i
 
 // Part c is part_rows[c] × part_width[c] contiguous scores, row r owned by query owners[c][r] in
 // [0, num_queries); entries off the mask −∞ or below −max float / 2. Where masks[c].key_pos is not null,
-// masks[c] says which of the part's entries are keys (`PartMask`). shift and threshold (num_queries,) receive
-// m and τ (a query without rows: m = 0, τ = −1; one without keys: m = 0); with `write`, the probabilities
-// replace the scores (0 off the keys). Returns 0, or −1 when memory ran out.
+// masks[c] says which of the part's entries are keys (`PartMask`). beta: 1 (α = 2), 2 (α = 1.5) or 0
+// (softmax). shift and threshold (num_queries,) receive m and τ (a query without rows: m = 0, τ = −1; one
+// without keys: m = 0), for softmax τ = log Σ_j e^{s_j − m} (−∞ without keys); with `write`, the
+// probabilities replace the scores (0 off the keys). Returns 0, or −1 when memory ran out.
 #define EXPORT(NAME, REAL)                                                                                    \
     extern "C" int NAME(int num_parts, REAL* const* parts, const int64_t* part_rows, const int64_t* part_width, \
                         const int64_t* const* owners, const PartMask* masks, int64_t num_queries, int beta,    \

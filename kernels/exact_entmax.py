@@ -1,4 +1,5 @@
-"""α-entmax, exactly, for α = 1.5 and α = 2, over rows of scores that each belong to one query, in C++.
+"""α-entmax, exactly, for α = 1.5 and α = 2, and softmax (α = 1), over rows of scores that each belong to one
+query, in C++.
 
 A query's keys may be spread over rows of several parts (tensors (…, W), one query per row, as
 :mod:`kernels.torch_bucketed` lays out the attended pairs). Per query, with m its largest score,
@@ -8,6 +9,9 @@ A query's keys may be spread over rows of several parts (tensors (…, W), one q
 τ the sort-based value. ``kernels/exact_entmax.cpp`` finds τ one query at a time, its entries read from
 memory once and searched in the first-level cache, and writes the probabilities over the scores while they
 are still there; :func:`kernels.torch_bucketed._support_threshold` is the PyTorch reference it must match.
+Softmax, p_j = e^{s_j − m} / Σ_k e^{s_k − m}, takes the same way through the rows (its reference:
+:func:`kernels.torch_bucketed._normalise`), with an exponential of its own (Cephes' expf, relative error
+about 1e-7 in float32; the C library's in float64).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from kernels.bucket_blocks import BlockMask
 from kernels.native import library
 
 _FUNCTIONS = {torch.float32: "exact_entmax_float", torch.float64: "exact_entmax_double"}
+_BETA = {1.0: 0, 1.5: 2, 2.0: 1}
+"""The kernel's β = 1/(α − 1) for each α it takes, 0 standing for softmax."""
 
 
 class _PartMask(ctypes.Structure):
@@ -109,10 +115,11 @@ def exact_entmax(
     that says which of its entries are keys (:class:`~kernels.bucket_blocks.BlockMask`: positions and limits
     for a causal cut, a window band or padding, tags for pairs another block holds), applied as the entries
     are read, with no mask written into the scores. With ``write``, the probabilities replace the scores (0
-    off the keys). A query without rows gets m = 0 and τ = −1, one without keys m = 0. None where the C++
-    kernel cannot run (no compiler, see :mod:`kernels.native`; GPU tensors), and then nothing is written."""
-    if alpha not in (1.5, 2.0):
-        raise ValueError(f"exact α-entmax takes α = 1.5 or 2; got {alpha}")
+    off the keys). A query without rows gets m = 0 and τ = −1, one without keys m = 0. For softmax (α = 1), τ
+    is log Σ_j e^{s_j − m} (−inf without keys). None where the C++ kernel cannot run (no compiler, see
+    :mod:`kernels.native`; GPU tensors), and then nothing is written."""
+    if alpha not in _BETA:
+        raise ValueError(f"exact α-entmax takes α = 1 (softmax), 1.5 or 2; got {alpha}")
     masks = [None] * len(parts) if masks is None else masks
     for scores, owner, mask in zip(parts, owners, masks, strict=True):
         if scores.shape[:-1] != owner.shape:
@@ -142,7 +149,7 @@ def exact_entmax(
         _addresses(rows),
         part_masks,
         ctypes.c_int64(num_queries),
-        ctypes.c_int(1 if alpha == 2.0 else 2),
+        ctypes.c_int(_BETA[alpha]),
         ctypes.c_int(int(write)),
         ctypes.c_void_p(shift.data_ptr()),
         ctypes.c_void_p(tau.data_ptr()),

@@ -16,19 +16,16 @@ Layout. :mod:`kernels.bucket_blocks` places every attended pair in exactly one d
 of sorted queries against a contiguous run of sorted keys, so scores and outputs are batched matmuls with no
 per-pair gather and nothing of size n × n is ever built.
 
-* Softmax, one id per query and no pattern (the common learned-bucket case): each query sits in one block
-  row, so each block is a small dense attention of its own. Not causal, a block is a whole bucket's queries
-  against its keys, and each class of blocks is one call of ``scaled_dot_product_attention`` (its CPU
-  kernel is flash attention: the scores never reach memory, about twice as fast per entry as a bmm, a
-  softmax and a bmm). Causal, blocks are processed a cache-sized chunk (``CHUNK_ENTRIES`` entries) at a
-  time, scores, normaliser and output product together.
-* Softmax with several ids per token, a window or global tokens: a query's keys are spread over up to
-  T + 2 rows. Each row is normalised on its own with its output product, chunk by chunk, and the rows of a
-  query are merged by their log-normalisers.
-* α-entmax computes the scores of every block first, turns them into probabilities in place, each query
-  over all of its rows, then runs the output product chunk by chunk. For α = 1.5 and 2 a C++ kernel
-  (:mod:`kernels.exact_entmax`) does the middle step a few queries at a time, each query's entries read
-  from memory once; other α take the tolerance search below, by row reductions gathered per query.
+* Softmax over whole buckets (not causal, one id per query, no pattern: the common learned-bucket case):
+  each block is a small dense attention of its own, a whole bucket's queries against its keys, and each
+  class of blocks is one call of ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the
+  scores never reach memory).
+* Otherwise the scores of every block are computed first, then turned into probabilities in place, each
+  query over all of its rows (up to T + 2 of them: its buckets, the window band, the global keys), then the
+  output product runs chunk by chunk. For softmax and α = 1.5 and 2 a C++ kernel (:mod:`kernels.exact_entmax`)
+  does the middle step a few queries at a time, each query's entries read from memory once, the blocks'
+  masks applied as they are read; other α take the tolerance search below, by row reductions gathered per
+  query.
 
 Apart from the blocks sent to SDPA (whose own backward serves), the forward keeps the probabilities for the
 backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
@@ -52,7 +49,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kernels.bucket_blocks import BlockClass, BlockPlan, plan_blocks
+from kernels.bucket_blocks import BlockClass, BlockMask, BlockPlan, plan_blocks
 from kernels.exact_entmax import exact_entmax
 from kernels.huge_pages import empty_large
 from kernels.support_sums import support_sums
@@ -100,26 +97,6 @@ def _distinct_ids(buckets: torch.Tensor) -> torch.Tensor:
 # cache-sized part is read from memory once per pass; per-row statistics are then summed per query.
 
 
-class _WholeRows:
-    """One part whose every row holds all keys of its query: per-query values have the rows' shape (…).
-    (Softmax only: the α-entmax threshold search gathers the rows of unsettled queries, as spread rows.)"""
-
-    @staticmethod
-    def reduce(stats: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-        """Per-query sums of the parts' per-row statistics: S values (…) per part, S values (…) in all."""
-        return stats[0]
-
-    @staticmethod
-    def max(values: list[torch.Tensor]) -> torch.Tensor:
-        """Per-query maxima of the parts' per-row values (…)."""
-        return values[0]
-
-    @staticmethod
-    def at(per_query: torch.Tensor, part: int) -> torch.Tensor:
-        """Per-query values (…) broadcast over the entries of each row of ``part`` (…, 1)."""
-        return per_query[..., None]
-
-
 @dataclass(frozen=True)
 class _SpreadRows:
     """Parts whose rows belong to queries ``rows[c]`` (the part's leading shape: (blocks, L) for a class,
@@ -145,15 +122,12 @@ class _SpreadRows:
         return per_query[self.rows[part]][..., None]
 
 
-Reducer = type[_WholeRows] | _SpreadRows
-
-
-def _query_sums(values: list[torch.Tensor], red: Reducer) -> torch.Tensor:
+def _query_sums(values: list[torch.Tensor], red: _SpreadRows) -> torch.Tensor:
     """Σ over each query's entries of the parts ``values``."""
     return red.reduce([[v.sum(-1)] for v in values])[0]
 
 
-def _query_max(row_max: list[torch.Tensor], red: Reducer) -> torch.Tensor:
+def _query_max(row_max: list[torch.Tensor], red: _SpreadRows) -> torch.Tensor:
     """Per query, the largest of its rows' maxima (one tensor per part); 0 for a query without keys (any
     finite shift does)."""
     q_max = red.max(row_max)
@@ -161,11 +135,10 @@ def _query_max(row_max: list[torch.Tensor], red: Reducer) -> torch.Tensor:
 
 
 def _thresholds(
-    red: Reducer, per_query: torch.Tensor, offsets: list[torch.Tensor | None], part: int
+    red: _SpreadRows, per_query: torch.Tensor, offsets: list[torch.Tensor], part: int
 ) -> torch.Tensor:
     """A per-query threshold τ as each row of ``part`` sees it (…, 1): τ plus the row's offset."""
-    at = red.at(per_query, part)
-    return at if offsets[part] is None else at + offsets[part]
+    return red.at(per_query, part) + offsets[part]
 
 
 def _clamped(x: torch.Tensor, tau: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
@@ -174,7 +147,7 @@ def _clamped(x: torch.Tensor, tau: torch.Tensor, buffer: torch.Tensor) -> torch.
 
 
 def _newton_threshold(
-    xs: list[torch.Tensor], offsets: list, count: torch.Tensor, alpha: float, red: Reducer
+    xs: list[torch.Tensor], offsets: list, count: torch.Tensor, alpha: float, red: _SpreadRows
 ) -> torch.Tensor:
     """τ per query for rows x (far below −1 off the mask) whose query sees x − offset, x − offset =
     (α − 1)(s − max) over the query's entries, any α > 1; count = attended keys per query.
@@ -324,23 +297,6 @@ def _exact_thresholds(
     return q_max, tau
 
 
-def _exact_entmax(
-    scores: list[torch.Tensor], alpha: float, red: _SpreadRows, classes: list[BlockClass] | None = None
-) -> None:
-    """p = α-entmax(s) per query for α = 1.5 or 2, in place of the parts ``scores`` (contiguous): the C++
-    kernel where it runs, else its reference. With ``classes`` (one per part), the entries off the classes'
-    masks are left out here, not by masked scores (:func:`_block_scores` without ``apply_mask``)."""
-    masks = None if classes is None else [c.mask for c in classes]
-    if exact_entmax(scores, red.rows, red.num_queries, alpha, write=True, masks=masks) is None:
-        if classes is not None:  # the reference reads the masks from masked scores
-            for s, blocks in zip(scores, classes, strict=True):
-                if blocks.mask is not None:
-                    s.add_(blocks.mask.excluded(0, len(s)), alpha=_MASKED)
-        shift, tau = _exact_thresholds(scores, alpha, red)
-        for c, s in enumerate(scores):
-            _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha)
-
-
 def exact_row_thresholds(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """For α = 1.5 or 2, the threshold τ (N,) of each row of scores (N, L), entries off the mask −inf, in
     (α − 1)·score units: α-entmax(s) = ((α − 1) s − τ)₊^{1/(α−1)}; +inf on a row without keys. The exact
@@ -363,38 +319,50 @@ def _exact_probabilities(
     return p.square_() if alpha == 1.5 else p
 
 
+_NATIVE = (1.0, 1.5, 2.0)
+"""The α the C++ normaliser takes (:mod:`kernels.exact_entmax`): softmax and exact α-entmax."""
+
+
 def _normalise(
     scores: list[torch.Tensor],
     alpha: float,
-    red: Reducer,
+    red: _SpreadRows,
     keep: list[torch.Tensor | None] | None = None,
-    log_norm: torch.Tensor | None = None,
+    masks: list[BlockMask | None] | None = None,
 ) -> list[torch.Tensor]:
     """p = α-entmax(s) per query (softmax for α = 1) over the entries ``red`` gathers, computed in place of
-    the scores. A query without keys gets zeros.
+    the scores (contiguous). A query without keys gets zeros.
 
     α-entmax(s)_j = [(α − 1)(s_j − max s) − τ]₊^{1/(α−1)} with τ such that Σ_j p_j = 1.
 
+    Entries off the mask hold −inf or ``_MASKED`` or less; ``masks`` (one per part, for parts of blocks)
+    leaves out more entries by their blocks' rule, where their scores are not masked. For α = 1, 1.5 and 2
+    the C++ kernel (:mod:`kernels.exact_entmax`) runs where it can, each query's entries read from memory
+    once; elsewhere, and for other α, the PyTorch normaliser below, which reads the masks as masked scores.
+
     Each row is shifted by its own maximum r; a query whose maximum m lies in another row sees the row's
-    entries lowered by (α − 1)(m − r) (softmax: scaled by exp(r − m)). Entries off the mask hold −inf, or,
-    when ``keep`` is given, ``_MASKED`` or less in the parts whose ``keep`` (1 on the mask, 0 off it) is not
-    None: exp then runs on arguments clamped to ``_EXP_FLOOR`` (below it exp underflows, and on CPU takes a
-    slow path) and ``keep`` zeroes the entries off the mask exactly. For softmax, ``log_norm`` (per query)
-    receives log Σ_j exp(s_j), −inf for a query without keys.
+    entries lowered by (α − 1)(m − r) (softmax: scaled by exp(r − m)). With ``keep`` (1 on the mask, 0 off
+    it, for the parts where it is not None), exp runs on arguments clamped to ``_EXP_FLOOR`` (below it exp
+    underflows, and on CPU takes a slow path) and ``keep`` zeroes the entries off the mask exactly. α = 1.5
+    and 2 take the exact threshold search (:func:`_exact_thresholds`).
     """
+    native = alpha in _NATIVE
+    if native and exact_entmax(scores, red.rows, red.num_queries, alpha, write=True, masks=masks) is not None:
+        return scores
+    for s, mask in zip(scores, masks or [None] * len(scores), strict=True):
+        if mask is not None:
+            s.add_(mask.excluded(0, len(s)), alpha=_MASKED)
     if alpha in (1.5, 2.0):
-        _exact_entmax(scores, alpha, red)
+        shift, tau = _exact_thresholds(scores, alpha, red)
+        for c, s in enumerate(scores):
+            _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha)
         return scores
     keep = [None] * len(scores) if keep is None else keep
     row_max = [s.amax(-1) for s in scores]
     q_max = _query_max(row_max, red)
-    if red is _WholeRows:
-        row_max, below = [q_max], [None]
-    else:  # a row without keys takes its query's shift; below: how far each row's maximum lies under it
-        row_max = [
-            torch.where(r <= 0.5 * _MASKED, red.at(q_max, i)[..., 0], r) for i, r in enumerate(row_max)
-        ]
-        below = [red.at(q_max, i) - r[..., None] for i, r in enumerate(row_max)]
+    # a row without keys takes its query's shift; below: how far each row's maximum lies under it
+    row_max = [torch.where(r <= 0.5 * _MASKED, red.at(q_max, i)[..., 0], r) for i, r in enumerate(row_max)]
+    below = [red.at(q_max, i) - r[..., None] for i, r in enumerate(row_max)]
     for s, r in zip(scores, row_max, strict=True):
         s.sub_(r[..., None])  # ≤ 0 off empty rows
     if alpha == 1.0:
@@ -402,26 +370,23 @@ def _normalise(
             x.exp_() if on is None else x.clamp_min_(_EXP_FLOOR).exp_().mul_(on)
             for x, on in zip(scores, keep, strict=True)
         ]
-        factors = [None if b is None else b.neg_().exp_() for b in below]
+        factors = [b.neg_().exp_() for b in below]
     else:
         xs = [x.mul_(alpha - 1.0) for x in scores]
-        offsets = [None if b is None else b.mul_(alpha - 1.0) for b in below]
-        masks = [
+        offsets = [b.mul_(alpha - 1.0) for b in below]
+        on_mask = [
             (x > 0.5 * _MASKED if on is None else on).to(x.dtype) for x, on in zip(xs, keep, strict=True)
         ]
-        tau = _newton_threshold(xs, offsets, _query_sums(masks, red), alpha, red)
+        tau = _newton_threshold(xs, offsets, _query_sums(on_mask, red), alpha, red)
         probs = [
             x.sub_(_thresholds(red, tau, offsets, part)).clamp_min_(0).pow_(1.0 / (alpha - 1.0))
             for part, x in enumerate(xs)
         ]
-        factors = [None] * len(probs)
-    sums = [p.sum(-1) if f is None else p.sum(-1) * f[..., 0] for p, f in zip(probs, factors, strict=True)]
-    total = red.reduce([[row_sum] for row_sum in sums])[0]
-    if log_norm is not None:
-        torch.add(q_max, total.log(), out=log_norm)
+        factors = [torch.ones_like(b) for b in below]
+    total = red.reduce([[p.sum(-1) * f[..., 0]] for p, f in zip(probs, factors, strict=True)])[0]
     total = total.masked_fill(total == 0, 1.0)
     for part, (p, f) in enumerate(zip(probs, factors, strict=True)):
-        p.div_(red.at(total, part) if f is None else red.at(total, part) / f)
+        p.div_(red.at(total, part) / f)
     return probs
 
 
@@ -502,25 +467,6 @@ class _Forward:
     weight_sums: torch.Tensor | None = None
 
 
-def _whole_rows_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, *, keep: bool
-) -> tuple[torch.Tensor, _Forward]:
-    """Softmax with each query in one block row: scores, normaliser and output a cache-sized chunk at a
-    time."""
-    out = v.new_zeros(plan.num_queries, v.shape[1])
-    kept = []
-    for blocks in plan.classes:
-        probs = empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) if keep else None
-        for a, b in _chunks(blocks):
-            scores, on = _block_scores(q, k, blocks, a, b, None if probs is None else probs[a:b])
-            [p] = _normalise([scores], 1.0, _WholeRows, None if on is None else [on])
-            values = torch.bmm(p, _rows(v, blocks.keys[a:b])).flatten(0, 1)
-            out.index_add_(0, blocks.queries[a:b].reshape(-1), values)
-        if probs is not None:
-            kept.append(probs)
-    return out, _Forward(kept)
-
-
 def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
     """Softmax with each query in one block row whose every entry is attended but padding (not causal, one
     id per query, no pattern): each class's blocks through ``scaled_dot_product_attention``, differentiable
@@ -550,70 +496,31 @@ def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Bl
     return out
 
 
-def _spread_softmax_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, *, keep: bool
-) -> tuple[torch.Tensor, _Forward]:
-    """Softmax with a query's keys in several block rows: each row is normalised on its own, a cache-sized
-    chunk at a time with its output product, and the rows are merged per query,
-
-        p_ij = p^row_ij · exp(w_r − w_i),   w_r = log Σ_{j∈r} exp(s_ij),   w_i = log Σ_r exp(w_r),
-
-    so the scores are read once (as in flash attention's online softmax, with the rows' partial outputs
-    kept instead of rescaled as they come)."""
-    dv = v.shape[1]
-    kept, log_norms, partial = [], [], []
-    for blocks in plan.classes:
-        shape = blocks.queries.shape  # (blocks, L)
-        probs = empty_large(*shape, blocks.keys.shape[1], like=q) if keep else None
-        log_norm, out = q.new_empty(shape), q.new_empty(*shape, dv)
-        for a, b in _chunks(blocks):
-            scores, on = _block_scores(q, k, blocks, a, b, None if probs is None else probs[a:b])
-            keep_on = None if on is None else [on]
-            [p] = _normalise([scores], 1.0, _WholeRows, keep_on, log_norm=log_norm[a:b])
-            torch.bmm(p, _rows(v, blocks.keys[a:b]), out=out[a:b])
-        kept.append(probs)
-        log_norms.append(log_norm)
-        partial.append(out)
-    red = _SpreadRows([c.queries for c in plan.classes], plan.num_queries)
-    top = red.max(log_norms)  # (N,) finite even for a query without keys
-    total = _query_sums([(w[..., None] - red.at(top, c)).exp_() for c, w in enumerate(log_norms)], red)
-    query_norm = top + total.masked_fill(total == 0, 1.0).log()  # w_i, or a finite stand-in
-    # (blocks, L, 1), 0 on empty rows
-    factors = [(w[..., None] - red.at(query_norm, c)).exp_() for c, w in enumerate(log_norms)]
-    out = v.new_zeros(plan.num_queries, dv)
-    for blocks, rows_out, factor in zip(plan.classes, partial, factors, strict=True):
-        out.index_add_(0, blocks.queries.reshape(-1), rows_out.mul_(factor).flatten(0, 1))
-    if not keep:
-        return out, _Forward([])
-    for probs, factor in zip(kept, factors, strict=True):
-        probs.mul_(factor)
-    return out, _Forward(kept, out, _query_sums(factors, red))
-
-
-def _entmax_forward(
+def _normalised_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
-    """α-entmax (α > 1): every block's scores first, then in their place each query's probabilities over all
-    of them (:func:`_normalise`; for α = 1.5 and 2 the C++ kernel, which reads each query's entries from
-    memory once), then a chunk at a time the output. With spread rows the forward also keeps
-    U = Σ_j g_ij v_j and Σ_j g_ij per query for the backward; whole rows need neither."""
-    general = alpha not in (1.5, 2.0)  # only the tolerance search counts keys by a mask
+    """α-entmax (softmax at α = 1): every block's scores first, then in their place each query's
+    probabilities over all of them (:func:`_normalise`: for α = 1, 1.5 and 2 the C++ kernel, which reads each
+    query's entries from memory once and applies the blocks' masks itself), then a chunk at a time the output.
+    With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per query for the backward (for
+    softmax g = p, so U is the output and Σ_j g_ij = 1); whole rows need neither."""
+    native = alpha in _NATIVE  # the others' tolerance search counts keys by a mask
     scores = [empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) for blocks in plan.classes]
     ons = []
     for blocks, s in zip(plan.classes, scores, strict=True):
-        on = q.new_empty(s.shape) if general and blocks.mask is not None else None
+        on = q.new_empty(s.shape) if not native and blocks.mask is not None else None
         for a, b in _chunks(blocks):
-            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], keep=on is not None, apply_mask=general)[1]
+            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], keep=on is not None, apply_mask=not native)[
+                1
+            ]
             if on is not None:
                 on[a:b] = chunk_on
         ons.append(on)
     red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
-    if general:
-        _normalise(scores, alpha, red, ons)  # in place: ``scores`` now hold the probabilities
-    else:
-        _exact_entmax(scores, alpha, red, plan.classes)
+    masks = [blocks.mask for blocks in plan.classes] if native else None
+    _normalise(scores, alpha, red, ons, masks)  # in place: ``scores`` now hold the probabilities
     out = v.new_zeros(plan.num_queries, v.shape[1])
-    weighted = torch.zeros_like(out) if keep and plan.spread else None
+    weighted = torch.zeros_like(out) if keep and plan.spread and alpha != 1.0 else None
     weights = []  # Σ_j g_ij per row, (blocks, L) per class
     for blocks, p_all in zip(plan.classes, scores, strict=True):
         if weighted is not None:
@@ -627,8 +534,10 @@ def _entmax_forward(
                 torch.sum(weight, -1, out=weights[-1][a:b])
     if not keep:
         return out, _Forward([])
-    if weighted is None:
+    if not plan.spread:
         return out, _Forward(scores)
+    if weighted is None:  # softmax
+        return out, _Forward(scores, out, torch.ones_like(out[:, 0]))
     return out, _Forward(scores, weighted, red.reduce([[w] for w in weights])[0])
 
 
@@ -680,10 +589,7 @@ def _blocks_forward(
     o (N, d_v) and, when ``keep``, what the backward needs."""
     if not plan.classes:
         return v.new_zeros(plan.num_queries, v.shape[1]), _Forward([])
-    if alpha != 1.0:
-        return _entmax_forward(q, k, v, plan, alpha, keep=keep)
-    forward = _spread_softmax_forward if plan.spread else _whole_rows_forward
-    return forward(q, k, v, plan, keep=keep)
+    return _normalised_forward(q, k, v, plan, alpha, keep=keep)
 
 
 def plan_attention(

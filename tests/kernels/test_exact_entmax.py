@@ -46,6 +46,43 @@ def keys_of(parts: list[torch.Tensor], owners: list[torch.Tensor], query: int) -
     return torch.cat([p[o == query].flatten() for p, o in zip(parts, owners, strict=True)])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 5, 16, 37, 64, 256])
+def test_softmax_equals_softmax_over_each_querys_keys(dtype, width):
+    """α = 1: per query, the probabilities written over its rows are torch's softmax of its keys (the
+    kernel's own exponential in float32: a relative error of a few 1e-7), τ is log Σ e^{s − m}, and a query
+    without keys gets zeros and τ = −inf."""
+    queries = 40
+    parts, owners = spread_parts(queries, width, seed=width, dtype=dtype)
+    scores = [p.clone() for p in parts]
+    shift, tau = exact_entmax(parts, owners, queries, 1.0, write=True)
+    rtol = 2e-6 if dtype == torch.float32 else 1e-14
+    for query in range(queries):
+        s, p = keys_of(scores, owners, query), keys_of(parts, owners, query)
+        on = s > 0.5 * _MASKED
+        assert torch.equal(p[~on], torch.zeros_like(p[~on]))
+        if not on.any():
+            assert tau[query] == -torch.inf
+            continue
+        assert shift[query] == s[on].max()
+        torch.testing.assert_close(p[on], torch.softmax(s[on], -1), rtol=rtol, atol=0)
+        torch.testing.assert_close(shift[query] + tau[query], torch.logsumexp(s[on], -1), rtol=rtol, atol=0)
+
+
+def test_softmax_exponential_over_float32_range():
+    """The float32 exponential over arguments from −87 to 0 (a query's scores below its maximum): each
+    probability within 3e-7 of torch's, relatively; below −87.3 (e^x under float's normal range) exactly 0."""
+    x = torch.linspace(-87.0, 0.0, 20001)
+    for row in (x, torch.cat([x, torch.tensor([-87.5, -100.0, -torch.inf])])):
+        probs = row[None].clone()
+        exact_entmax([probs], [torch.zeros(1, dtype=torch.int64)], 1, 1.0, write=True)
+        expected = torch.softmax(row.double(), -1)
+        kept = expected > 1e-38
+        relative = (probs[0].double()[kept] - expected[kept]).abs() / expected[kept]
+        assert relative.max() < 3e-7
+    assert torch.equal(probs[0, -3:], torch.zeros(3))
+
+
 @pytest.mark.parametrize("alpha", [1.5, 2.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("width", [1, 5, 16, 37, 64, 256])
@@ -148,7 +185,7 @@ def test_threads_change_nothing():
         (torch.randn(2, 4), torch.tensor([-1, 0]), 2.0, r"owners must be queries in \[0, 3\)"),
         (torch.randn(2, 4), torch.tensor([0, 1, 2]), 1.5, r"needs owners \(…\) of the same leading shape"),
         (torch.randn(4, 2).T, torch.tensor([0, 1]), 1.5, "must be contiguous"),
-        (torch.randn(2, 4), torch.tensor([0, 1]), 1.3, "takes α = 1.5 or 2; got 1.3"),
+        (torch.randn(2, 4), torch.tensor([0, 1]), 1.3, r"takes α = 1 \(softmax\), 1.5 or 2; got 1.3"),
     ],
 )
 def test_bad_arguments_are_refused(scores, owners, alpha, message):
