@@ -393,13 +393,17 @@ def _normalise(
 def entmax_gradient_weight(probs: torch.Tensor, alpha: float) -> torch.Tensor:
     """g = p^{2−α} of α-entmax probabilities p, elementwise: p itself for softmax (the same tensor, not a
     copy), the support's indicator for sparsemax, 0 off the support. The Jacobian of p = α-entmax(s) is
-    diag(g) − g gᵀ / Σ g."""
+    diag(g) − g gᵀ / Σ g.
+
+    For α = 1.5, √p is taken as p · (max(p, tiny))^{−1/2}: exactly 0 off the support, within two ulps of
+    √p on it (below the smallest normal float, where p is negligible, smaller), and several times faster
+    than ``sqrt`` on CPU over mostly-zero tensors, whose zeros take a slow path in the square root."""
     if alpha == 1.0:
         return probs
     if alpha == 2.0:
         return (probs > 0).to(probs.dtype)
     if alpha == 1.5:
-        return probs.sqrt()
+        return probs.clamp_min(torch.finfo(probs.dtype).tiny).rsqrt_().mul_(probs)
     return torch.where(probs > 0, probs, 1.0).pow(2.0 - alpha).masked_fill(probs == 0, 0)
 
 

@@ -21,7 +21,7 @@ from kernels.attended import window_radius
 from kernels.bucket_blocks import BlockPlan, attended
 from kernels.exact_entmax import exact_entmax
 from kernels.reference import attended_mask, dense_bucketed_attention, normalize
-from kernels.torch_bucketed import _normalise, _SpreadRows, plan_attention
+from kernels.torch_bucketed import _normalise, _SpreadRows, entmax_gradient_weight, plan_attention
 
 # the PyTorch path through the public entry, which turns the window size into the band radius
 torch_bucketed_attention = functools.partial(bucketed_attention, backend="torch")
@@ -385,3 +385,18 @@ def test_exact_entmax_over_many_block_shapes_equals_the_reference(monkeypatch):
     assert_close_to_truth(
         ours, dense_bucketed_attention(q, k, v, qb, kb, **opts), dense64(q, k, v, qb, kb, **opts)
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_weight_of_entmax15_is_the_square_root(dtype):
+    """g = √p for α = 1.5, taken without sqrt: within two ulps of it where p is a normal float, exactly 0
+    off the support."""
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(64, 300, generator=gen, dtype=dtype) ** 4
+    probs[torch.rand(probs.shape, generator=gen) < 0.8] = 0  # sparse, as entmax leaves it
+    probs[0, :3] = torch.tensor([torch.finfo(dtype).tiny, 1.0, 0.5], dtype=dtype)
+    weight = entmax_gradient_weight(probs, 1.5)
+    on = probs > 0
+    assert torch.equal(weight[~on], torch.zeros_like(weight[~on]))
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(weight[on], probs[on].sqrt(), rtol=2 * eps, atol=0)
