@@ -337,7 +337,7 @@ def plan_blocks(
     k_flat, k_pos = torch.cat(parts.k_flat), torch.cat(parts.k_pos)
     runs = torch.cat([torch.stack(part) for part in parts.runs], 1)  # (6, blocks), the fields of _Blocks.runs
     runs = runs[:, (runs[1] > 0) & (runs[3] > 0)]  # blocks with queries and keys
-    c_start, c_rows, b_start, b_keys, kind, bucket = runs
+    _, c_rows, _, b_keys, kind, _ = runs
     # Every id of a flat query or key, for the classes whose mask compares tags: pattern blocks, and bucket
     # blocks when both sides hold several ids ("none" as −2 and −3, never equal).
     dedupe = T > 1 and Tk > 1

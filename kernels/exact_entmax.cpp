@@ -176,10 +176,10 @@ struct Row {
 
 template <typename Real>
 struct Query {
-    Row<Real>* rows;  // the query's rows
-    int64_t count;          // how many
-    Real shift;             // m
-    Real scale;             // α − 1
+    Row<Real>* rows;  // the query's rows (its own: apply_masks rewrites their rules)
+    int64_t count;    // how many
+    Real shift;       // m
+    Real scale;       // α − 1
 
     // Σ (x − τ)₊, Σ (x − τ)₊², |{x > τ}| and |{x > τ + gap}| (the check of a candidate τ′ = τ + gap).
     void sums(Real tau, Real gap, Real& s1, Real& s2, Real& k, Real& k_gap) const {

@@ -509,14 +509,13 @@ def _normalised_forward(
     With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per query for the backward (for
     softmax g = p, so U is the output and Σ_j g_ij = 1); whole rows need neither."""
     native = alpha in _NATIVE  # the others' tolerance search counts keys by a mask
+    in_scores = not native  # the C++ kernel applies the blocks' masks itself
     scores = [empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) for blocks in plan.classes]
     ons = []
     for blocks, s in zip(plan.classes, scores, strict=True):
-        on = q.new_empty(s.shape) if not native and blocks.mask is not None else None
+        on = q.new_empty(s.shape) if in_scores and blocks.mask is not None else None
         for a, b in _chunks(blocks):
-            chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], keep=on is not None, apply_mask=not native)[
-                1
-            ]
+            _, chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], keep=on is not None, apply_mask=in_scores)
             if on is not None:
                 on[a:b] = chunk_on
         ons.append(on)
