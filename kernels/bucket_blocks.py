@@ -76,19 +76,25 @@ class BlockMask:
     q_tags: torch.Tensor | None = None  # (S, blocks, L) int32
     k_tags: torch.Tensor | None = None  # (S′, blocks, M) int32
 
-    def excluded(self, a: int, b: int) -> torch.Tensor:
-        """(b − a, L, M) float, 1 on the entries of blocks a..b that are not attended, else 0. Positions
-        are whole numbers, so a difference clamped to [0, 1] is the indicator of key_pos > limit (float
-        arithmetic, cheaper than boolean masks on CPU); low ≤ limit on every row, so the two indicators
-        never both hold."""
-        off = torch.sub(self.key_pos[a:b, None, :], self.limit[a:b, :, None]).clamp_(0, 1)
+    def excluded(self) -> torch.Tensor:
+        """(blocks, L, M) float, 1 on the entries that are not attended, else 0. Positions are whole
+        numbers, so a difference clamped to [0, 1] is the indicator of key_pos > limit (float arithmetic,
+        cheaper than boolean masks on CPU); low ≤ limit on every row, so the two indicators never both
+        hold."""
+        off = torch.sub(self.key_pos[:, None, :], self.limit[:, :, None]).clamp_(0, 1)
         if self.low is not None:
-            off.add_(torch.sub(self.low[a:b, :, None], self.key_pos[a:b, None, :]).clamp_(0, 1))
+            off.add_(torch.sub(self.low[:, :, None], self.key_pos[:, None, :]).clamp_(0, 1))
         if self.q_tags is not None:
             for q_tags in self.q_tags:
                 for k_tags in self.k_tags:
-                    off.masked_fill_(q_tags[a:b, :, None] == k_tags[a:b, None, :], 1.0)
+                    off.masked_fill_(q_tags[:, :, None] == k_tags[:, None, :], 1.0)
         return off
+
+    def chunk(self, a: int, b: int) -> BlockMask:
+        """The mask of blocks a..b."""
+        tags = (None, None) if self.q_tags is None else (self.q_tags[:, a:b], self.k_tags[:, a:b])
+        low = None if self.low is None else self.low[a:b]
+        return BlockMask(self.key_pos[a:b], self.limit[a:b], low, *tags)
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,11 @@ class BlockClass:
     queries: torch.Tensor  # (blocks, L) int64 flat query index
     keys: torch.Tensor  # (blocks, M) int64 flat key index
     mask: BlockMask | None
+
+    def chunk(self, a: int, b: int) -> BlockClass:
+        """Blocks a..b, a class of their own."""
+        mask = None if self.mask is None else self.mask.chunk(a, b)
+        return BlockClass(self.queries[a:b], self.keys[a:b], mask)
 
     def padding_keys(self) -> torch.Tensor:
         """(blocks, M) bool, True on the columns that pad a block's keys to its class's M."""
@@ -139,10 +150,10 @@ class BlockPlan:
 
 def attended(blocks: BlockClass) -> torch.Tensor:
     """(blocks, L, M) bool: the entries of ``blocks`` that are attended pairs."""
-    count, rows = blocks.queries.shape
     if blocks.mask is None:
+        count, rows = blocks.queries.shape
         return torch.ones(count, rows, blocks.keys.shape[1], dtype=torch.bool, device=blocks.keys.device)
-    return blocks.mask.excluded(0, count) == 0
+    return blocks.mask.excluded() == 0
 
 
 def round_up(x: torch.Tensor | int, step: torch.Tensor | int) -> torch.Tensor | int:

@@ -20,12 +20,16 @@ per-pair gather and nothing of size n × n is ever built.
   each block is a small dense attention of its own, a whole bucket's queries against its keys, and each
   class of blocks is one call of ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the
   scores never reach memory).
-* Otherwise the scores of every block are computed first, then turned into probabilities in place, each
-  query over all of its rows (up to T + 2 of them: its buckets, the window band, the global keys), then the
-  output product runs chunk by chunk. For softmax and α = 1.5 and 2 a C++ kernel (:mod:`kernels.exact_entmax`)
-  does the middle step a few queries at a time, each query's entries read from memory once, the blocks'
-  masks applied as they are read; other α take the tolerance search below, by row reductions gathered per
-  query.
+* Otherwise, where each query sits in one block row (one id per query, no pattern), a chunk of blocks holds
+  whole queries: its scores, their probabilities (in place) and its output are computed one after another
+  while the chunk is in cache.
+* Where a query's keys are spread over several rows (up to T + 2 of them: its buckets, the window band, the
+  global keys), the scores of every block are computed first, then turned into probabilities in place,
+  each query over all of its rows, then the output product runs chunk by chunk.
+
+For softmax and α = 1.5 and 2 a C++ kernel (:mod:`kernels.exact_entmax`) turns scores into probabilities a
+few queries at a time, each query's entries read from memory once, the blocks' masks applied as they are
+read; other α take the tolerance search below, by row reductions gathered per query.
 
 Apart from the blocks sent to SDPA (whose own backward serves), the forward keeps the probabilities for the
 backward, which walks the same chunks (dv = pᵀ·do, dp = do·vᵀ,
@@ -351,7 +355,7 @@ def _normalise(
         return scores
     for s, mask in zip(scores, masks or [None] * len(scores), strict=True):
         if mask is not None:
-            s.add_(mask.excluded(0, len(s)), alpha=_MASKED)
+            s.add_(mask.excluded(), alpha=_MASKED)
     if alpha in (1.5, 2.0):
         shift, tau = _exact_thresholds(scores, alpha, red)
         for c, s in enumerate(scores):
@@ -431,34 +435,32 @@ def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, index.reshape(-1)).view(*index.shape, x.shape[1])
 
 
-def _chunks(blocks: BlockClass) -> list[tuple[int, int]]:
-    """Consecutive block ranges of about ``CHUNK_ENTRIES`` score entries (cache-sized)."""
+def _chunks(blocks: BlockClass) -> list[tuple[slice, BlockClass]]:
+    """Consecutive ranges of blocks of about ``CHUNK_ENTRIES`` score entries (cache-sized), as (blocks'
+    slice, the blocks)."""
     count, rows = blocks.queries.shape
     step = max(1, CHUNK_ENTRIES // (rows * blocks.keys.shape[1]))
-    return [(a, min(a + step, count)) for a in range(0, count, step)]
+    return [(slice(a, min(a + step, count)), blocks.chunk(a, a + step)) for a in range(0, count, step)]
 
 
 def _block_scores(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    blocks: BlockClass,
-    a: int,
-    b: int,
-    out: torch.Tensor | None,
-    *,
-    keep: bool = True,
-    apply_mask: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores s = q_i·k_j of blocks a..b, ``_MASKED`` added off the attended set, and with ``keep`` the
-    attended set as floats (1 on it, 0 off it; None when the class has no entry off it). Without
-    ``apply_mask`` every entry keeps its score: the C++ normaliser applies the class's mask itself. q (N, d),
-    k (M, d) flat over groups; s (c, L, M)."""
-    scores = torch.bmm(_rows(q, blocks.queries[a:b]), _rows(k, blocks.keys[a:b]).transpose(1, 2), out=out)
+    q: torch.Tensor, k: torch.Tensor, blocks: BlockClass, out: torch.Tensor, *, apply_mask: bool
+) -> torch.Tensor | None:
+    """Scores s = q_i·k_j of the blocks into ``out`` (blocks, L, M); with ``apply_mask``, ``_MASKED`` added
+    off the attended set, and the attended set returned as floats (1 on it, 0 off it; None when the class
+    has no entry off it). Without, every entry keeps its score: the C++ normaliser applies the class's mask
+    itself. q (N, d), k (M, d) flat over groups."""
+    torch.bmm(_rows(q, blocks.queries), _rows(k, blocks.keys).transpose(1, 2), out=out)
     if blocks.mask is None or not apply_mask:
-        return scores, None
-    off = blocks.mask.excluded(a, b)  # (c, L, M)
-    scores.add_(off, alpha=_MASKED)
-    return scores, off.neg_().add_(1.0) if keep else None
+        return None
+    off = blocks.mask.excluded()  # (blocks, L, M)
+    out.add_(off, alpha=_MASKED)
+    return off.neg_().add_(1.0)
+
+
+def _add_output(out: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, blocks: BlockClass) -> None:
+    """o_i += Σ_j p_ij v_j over the blocks' rows; probs (blocks, L, M), out (N, d_v), v (M, d_v)."""
+    out.index_add_(0, blocks.queries.reshape(-1), torch.bmm(probs, _rows(v, blocks.keys)).flatten(0, 1))
 
 
 @dataclass
@@ -500,45 +502,65 @@ def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Bl
     return out
 
 
-def _normalised_forward(
+def _whole_query_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
-    """α-entmax (softmax at α = 1): every block's scores first, then in their place each query's
-    probabilities over all of them (:func:`_normalise`: for α = 1, 1.5 and 2 the C++ kernel, which reads each
-    query's entries from memory once and applies the blocks' masks itself), then a chunk at a time the output.
-    With spread rows the forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per query for the backward (for
-    softmax g = p, so U is the output and Σ_j g_ij = 1); whole rows need neither."""
+    """α-entmax (softmax at α = 1) where each query sits in one block row (``plan.spread`` False): a chunk's
+    rows are whole queries, so its scores, their probabilities (:func:`_normalise`, in place) and its
+    output are computed one after another while the chunk is in cache. With ``keep`` the probabilities
+    stay, one tensor per class; without, every chunk reuses one buffer."""
+    native = alpha in _NATIVE  # the C++ kernel applies the blocks' masks itself
+    chunks = [_chunks(blocks) for blocks in plan.classes]
+    shapes = [(len(blocks.queries), blocks.queries.shape[1], blocks.keys.shape[1]) for blocks in plan.classes]
+    kept = [empty_large(*shape, like=q) for shape in shapes] if keep else []
+    largest = max(len(part[0][1].queries) * L * M for part, (_, L, M) in zip(chunks, shapes, strict=True))
+    buffer = None if keep else q.new_empty(largest)
+    out = v.new_zeros(plan.num_queries, v.shape[1])
+    for c, (_, L, M) in enumerate(shapes):
+        for at, blocks in chunks[c]:
+            count = len(blocks.queries)
+            s = kept[c][at] if keep else buffer[: count * L * M].view(count, L, M)
+            on = _block_scores(q, k, blocks, s, apply_mask=not native)
+            rows = torch.arange(count * L, device=q.device).view(count, L)  # the chunk's queries, numbered
+            _normalise([s], alpha, _SpreadRows([rows], count * L), [on], [blocks.mask] if native else None)
+            _add_output(out, s, v, blocks)
+    return out, _Forward(kept)
+
+
+def _spread_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
+) -> tuple[torch.Tensor, _Forward]:
+    """α-entmax (softmax at α = 1) where a query's keys may be spread over rows of several blocks: every
+    block's scores first, then in their place each query's probabilities over all of them
+    (:func:`_normalise`), then a chunk at a time the output. The forward also keeps U = Σ_j g_ij v_j and
+    Σ_j g_ij per query for the backward (for softmax g = p, so U is the output and Σ_j g_ij = 1)."""
     native = alpha in _NATIVE  # the others' tolerance search counts keys by a mask
-    in_scores = not native  # the C++ kernel applies the blocks' masks itself
     scores = [empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) for blocks in plan.classes]
     ons = []
     for blocks, s in zip(plan.classes, scores, strict=True):
-        on = q.new_empty(s.shape) if in_scores and blocks.mask is not None else None
-        for a, b in _chunks(blocks):
-            _, chunk_on = _block_scores(q, k, blocks, a, b, s[a:b], keep=on is not None, apply_mask=in_scores)
+        on = q.new_empty(s.shape) if not native and blocks.mask is not None else None
+        for at, chunk in _chunks(blocks):
+            chunk_on = _block_scores(q, k, chunk, s[at], apply_mask=not native)
             if on is not None:
-                on[a:b] = chunk_on
+                on[at] = chunk_on
         ons.append(on)
     red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
     masks = [blocks.mask for blocks in plan.classes] if native else None
     _normalise(scores, alpha, red, ons, masks)  # in place: ``scores`` now hold the probabilities
     out = v.new_zeros(plan.num_queries, v.shape[1])
-    weighted = torch.zeros_like(out) if keep and plan.spread and alpha != 1.0 else None
+    weighted = torch.zeros_like(out) if keep and alpha != 1.0 else None
     weights = []  # Σ_j g_ij per row, (blocks, L) per class
     for blocks, p_all in zip(plan.classes, scores, strict=True):
         if weighted is not None:
             weights.append(q.new_empty(blocks.queries.shape))
-        for a, b in _chunks(blocks):
-            at, vb = blocks.queries[a:b].reshape(-1), _rows(v, blocks.keys[a:b])
-            out.index_add_(0, at, torch.bmm(p_all[a:b], vb).flatten(0, 1))
+        for at, chunk in _chunks(blocks):
+            _add_output(out, p_all[at], v, chunk)
             if weighted is not None:
-                weight = entmax_gradient_weight(p_all[a:b], alpha)
-                weighted.index_add_(0, at, torch.bmm(weight, vb).flatten(0, 1))
-                torch.sum(weight, -1, out=weights[-1][a:b])
+                weight = entmax_gradient_weight(p_all[at], alpha)
+                _add_output(weighted, weight, v, chunk)
+                torch.sum(weight, -1, out=weights[-1][at])
     if not keep:
         return out, _Forward([])
-    if not plan.spread:
-        return out, _Forward(scores)
     if weighted is None:  # softmax
         return out, _Forward(scores, out, torch.ones_like(out[:, 0]))
     return out, _Forward(scores, weighted, red.reduce([[w] for w in weights])[0])
@@ -574,8 +596,8 @@ class BucketBlockAttention(torch.autograd.Function):
             ratio = (grad * weighted).sum(-1) / weight_sums.masked_fill(weight_sums == 0, 1.0)  # (N,)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for blocks, p_all in zip(ctx.plan.classes, probs, strict=True):
-            for a, b in _chunks(blocks):
-                p, rows, cols = p_all[a:b], blocks.queries[a:b], blocks.keys[a:b]
+            for at, chunk in _chunks(blocks):
+                p, rows, cols = p_all[at], chunk.queries, chunk.keys
                 qb, kb, vb, gb = _rows(q, rows), _rows(k, cols), _rows(v, cols), _rows(grad, rows)
                 dv.index_add_(0, cols.reshape(-1), torch.bmm(p.transpose(1, 2), gb).flatten(0, 1))
                 row_ratio = None if ratio is None else ratio[rows][..., None]
@@ -592,7 +614,8 @@ def _blocks_forward(
     o (N, d_v) and, when ``keep``, what the backward needs."""
     if not plan.classes:
         return v.new_zeros(plan.num_queries, v.shape[1]), _Forward([])
-    return _normalised_forward(q, k, v, plan, alpha, keep=keep)
+    forward = _spread_forward if plan.spread else _whole_query_forward
+    return forward(q, k, v, plan, alpha, keep=keep)
 
 
 def plan_attention(

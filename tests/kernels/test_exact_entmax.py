@@ -141,7 +141,7 @@ def test_masks_equal_masked_scores_bit_for_bit(dtype, width, rule):
     scores = torch.randn(blocks, rows, width, generator=gen, dtype=dtype)
     owners = torch.randint(0, queries, (blocks, rows), generator=gen)
     mask = random_mask(blocks, rows, width, seed=width, low=rule != "limits", tags=rule == "tags")
-    off = mask.excluded(0, blocks)
+    off = mask.excluded()
     assert off.max() == 1 and off.min() == 0  # an indicator, even where two rules hold
     if rule == "tags":
         assert (mask.q_tags[0, :, :, None] == mask.k_tags[0, :, None, :]).any()
