@@ -156,6 +156,12 @@ def attended(blocks: BlockClass) -> torch.Tensor:
     return blocks.mask.excluded() == 0
 
 
+def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[index] along x's first dimension, (*index.shape, *x.shape[1:]): ``index_select``, 2-4× faster on
+    CPU than indexing with a tensor."""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
+
+
 def round_up(x: torch.Tensor | int, step: torch.Tensor | int) -> torch.Tensor | int:
     """x rounded up to a whole multiple of ``step`` (integers or integer tensors)."""
     return -(-x // step) * step
@@ -184,8 +190,8 @@ def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Ten
     # since the sort's cost grows with their bytes (int16 sorts about 4x faster than int64 on CPU).
     narrow = next(t for t in (torch.int16, torch.int32, torch.int64) if G * nid <= torch.iinfo(t).max)
     order = torch.sort(keys.to(narrow), stable=True).indices
-    flat = flat[order]
-    return keys[order], flat, flat % L
+    flat = take(flat, order)
+    return take(keys, order), flat, flat % L
 
 
 def _runs(start: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,7 +210,7 @@ def _padded(
     c = torch.arange(width, device=start.device)
     inside = c < count[:, None]
     at = (start[:, None] + c).masked_fill(~inside, 0)
-    return inside, *(x[at] for x in values)
+    return inside, *(take(x, at) for x in values)
 
 
 @dataclass
@@ -377,9 +383,10 @@ def plan_blocks(
         queries, keys = queries * real_q, keys * real_k
         low, tags = None, (None, None)
         if block_kind != _BUCKET:
-            tags = q_all[queries].permute(2, 0, 1).contiguous(), k_all[keys].permute(2, 0, 1).contiguous()
+            q_tags, k_tags = take(q_all, queries), take(k_all, keys)
+            tags = q_tags.permute(2, 0, 1).contiguous(), k_tags.permute(2, 0, 1).contiguous()
         elif dedupe:
-            tags = _lower_ids(bucket[sel], q_all[queries], k_all[keys])
+            tags = _lower_ids(bucket[sel], take(q_all, queries), take(k_all, keys))
         band = block_kind == _BAND
         if causal:
             limit = q_at.float()

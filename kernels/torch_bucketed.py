@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kernels.bucket_blocks import BlockClass, BlockMask, BlockPlan, plan_blocks
+from kernels.bucket_blocks import BlockClass, BlockMask, BlockPlan, plan_blocks, take
 from kernels.exact_entmax import exact_entmax
 from kernels.huge_pages import empty_large
 from kernels.support_sums import support_sums
@@ -430,11 +430,6 @@ def _normalise_backward(
 # ------------------------------------------------------------------------------------------- blocks
 
 
-def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows of x (N, d) at index (c, L): (c, L, d)."""
-    return x.index_select(0, index.reshape(-1)).view(*index.shape, x.shape[1])
-
-
 def _chunks(blocks: BlockClass) -> list[tuple[slice, BlockClass]]:
     """Consecutive ranges of blocks of about ``CHUNK_ENTRIES`` score entries (cache-sized), as (blocks'
     slice, the blocks)."""
@@ -450,7 +445,7 @@ def _block_scores(
     off the attended set, and the attended set returned as floats (1 on it, 0 off it; None when the class
     has no entry off it). Without, every entry keeps its score: the C++ normaliser applies the class's mask
     itself. q (N, d), k (M, d) flat over groups."""
-    torch.bmm(_rows(q, blocks.queries), _rows(k, blocks.keys).transpose(1, 2), out=out)
+    torch.bmm(take(q, blocks.queries), take(k, blocks.keys).transpose(1, 2), out=out)
     if blocks.mask is None or not apply_mask:
         return None
     off = blocks.mask.excluded()  # (blocks, L, M)
@@ -460,7 +455,7 @@ def _block_scores(
 
 def _add_output(out: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, blocks: BlockClass) -> None:
     """o_i += Σ_j p_ij v_j over the blocks' rows; probs (blocks, L, M), out (N, d_v), v (M, d_v)."""
-    out.index_add_(0, blocks.queries.reshape(-1), torch.bmm(probs, _rows(v, blocks.keys)).flatten(0, 1))
+    out.index_add_(0, blocks.queries.reshape(-1), torch.bmm(probs, take(v, blocks.keys)).flatten(0, 1))
 
 
 @dataclass
@@ -494,7 +489,7 @@ def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Bl
     for blocks in plan.classes:
         keys = blocks.keys.masked_fill(blocks.padding_keys(), sentinel) if padded else blocks.keys
         rows = F.scaled_dot_product_attention(
-            _rows(q, blocks.queries)[:, None], _rows(k, keys)[:, None], _rows(v, keys)[:, None], scale=1.0
+            take(q, blocks.queries)[:, None], take(k, keys)[:, None], take(v, keys)[:, None], scale=1.0
         )[:, 0, :, :dv]  # (blocks, L, d)
         if blocks.mask is not None:
             rows = rows * blocks.real_queries()[..., None]
@@ -598,7 +593,7 @@ class BucketBlockAttention(torch.autograd.Function):
         for blocks, p_all in zip(ctx.plan.classes, probs, strict=True):
             for at, chunk in _chunks(blocks):
                 p, rows, cols = p_all[at], chunk.queries, chunk.keys
-                qb, kb, vb, gb = _rows(q, rows), _rows(k, cols), _rows(v, cols), _rows(grad, rows)
+                qb, kb, vb, gb = take(q, rows), take(k, cols), take(v, cols), take(grad, rows)
                 dv.index_add_(0, cols.reshape(-1), torch.bmm(p.transpose(1, 2), gb).flatten(0, 1))
                 row_ratio = None if ratio is None else ratio[rows][..., None]
                 ds = _normalise_backward(p, torch.bmm(gb, vb.transpose(1, 2)), ctx.alpha, row_ratio)
