@@ -33,6 +33,13 @@ from pipeline.tensor_file import read_tensor_file, write_tensor_file
 METADATA_KEY = "projections"
 
 
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) = 2σ(2x) − 1 (within 2e-7 of tanh in float32), overwriting ``x``. This torch's CPU ``tanh``
+    runs lane by lane, about 2 ns per float, 4× this form and 40 % of a projector's time at n = 4096. Safe
+    under autograd: σ's output, which its backward reads, is never written in place."""
+    return torch.sigmoid(x.mul_(2)).mul(2).sub_(1)
+
+
 class HeadProjections(nn.Module):
     """Query and key projections d → r for the H heads of one layer, linear or through a tanh hidden layer.
 
@@ -91,7 +98,7 @@ class HeadProjections(nn.Module):
             weight, bias = getattr(self, f"{side}_hidden_weight"), getattr(self, f"{side}_hidden_bias")
             # matmul, not einsum: einsum's batched product of the same is 2.5-4.5× slower on CPU; in place on
             # the fresh product, which would cost page faults anew
-            x = torch.matmul(x, weight.mT).add_(bias[:, None, :]).tanh_()  # (b, H, n, e)
+            x = _tanh(torch.matmul(x, weight.mT).add_(bias[:, None, :]))  # (b, H, n, e)
         weight, bias = getattr(self, f"{side}_weight"), getattr(self, f"{side}_bias")
         return torch.einsum("bhnd,hrd->bhnr", x, weight).add_(bias[:, None, :])
 

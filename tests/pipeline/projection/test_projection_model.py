@@ -93,6 +93,21 @@ def test_mlp_forward_is_one_tanh_mlp_per_head(shared):
             assert torch.allclose(out[:, h], expected, atol=1e-6)
 
 
+def test_mlp_gradients_are_those_of_tanh():
+    """The hidden layer's tanh, computed as 2σ(2x) − 1 partly in place, backpropagates as tanh does."""
+    module = HeadProjections(2, 8, 3, hidden=6, generator=torch.Generator().manual_seed(4)).double()
+    x = torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    x.requires_grad_()
+    weight = torch.randn(1, 2, 7, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    (module.project_queries(x) * weight).sum().backward()
+    hidden = torch.tanh(x @ module.q_hidden_weight.mT.unsqueeze(0) + module.q_hidden_bias[:, None, :])
+    expected = hidden @ module.q_weight.mT.unsqueeze(0) + module.q_bias[:, None, :]
+    params = [x, module.q_hidden_weight, module.q_hidden_bias, module.q_weight, module.q_bias]
+    grads = torch.autograd.grad((expected * weight).sum(), params)
+    for param, grad in zip(params, grads, strict=True):
+        torch.testing.assert_close(param.grad, grad, rtol=1e-12, atol=1e-12)
+
+
 def test_shared_mlp_maps_queries_and_keys_alike():
     module = HeadProjections(2, 8, 3, shared=True, hidden=6, generator=torch.Generator().manual_seed(2))
     x = torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(3))
