@@ -29,6 +29,15 @@ def skewed_ids(heads: int, n: int, *, seed: int) -> torch.Tensor:
     return ids
 
 
+@pytest.mark.parametrize("count", [0, 1, 4095, 4096, 20000, 2**15])
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int64])
+def test_stable_order_is_the_stable_sort(count, dtype):
+    """Padded to the radix sort's length or not, the order is the stable sort's: equal keys keep theirs."""
+    keys = torch.randint(0, 7, (count,), generator=torch.Generator().manual_seed(count), dtype=dtype)
+    order = bucket_blocks._stable_order(keys)
+    assert torch.equal(order, torch.sort(keys, stable=True).indices)
+
+
 def test_a_causal_buckets_short_chunk_comes_first_with_full_rows():
     """Every causal bucket block facing few keys has the full rows, its bucket's short chunk the first (so
     the padding rows face the fewest keys), and key counts are whole KEY_STEPs."""
