@@ -357,6 +357,15 @@ void solve(const Query<Real>* group, int size, int beta, Real* threshold) {
     std::copy(tau, tau + size, threshold);
 }
 
+// Asks for the entries of rows [from, to) (the next group's) to be brought into the cache: a query's rows
+// lie anywhere in memory, so without it each row's first read waits on memory, where this overlaps the wait
+// with the current group's work.
+template <typename Real>
+void prefetch(const Row<Real>* from, const Row<Real>* to) {
+    for (const Row<Real>* row = from; row < to; ++row)
+        for (int64_t j = 0; j < row->width; j += 64 / sizeof(Real)) __builtin_prefetch(row->data + j, 1);
+}
+
 template <typename Real>
 void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, const int64_t* part_width,
                   const int64_t* const* owners, const PartMask* masks, int64_t num_queries, int beta, bool write,
@@ -379,6 +388,8 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
     for (int64_t first = 0; first < num_queries; first += kGroup) {
         Query<Real> group[kGroup];
         int size = static_cast<int>(std::min<int64_t>(kGroup, num_queries - first));
+        prefetch(rows.data() + start[std::min(first + kGroup, num_queries)],
+                 rows.data() + start[std::min(first + 2 * kGroup, num_queries)]);
         for (int g = 0; g < size; ++g) {
             int64_t i = first + g;
             group[g] = {rows.data() + start[i], start[i + 1] - start[i], 0, scale};
