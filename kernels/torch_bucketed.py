@@ -508,6 +508,7 @@ def _whole_query_forward(
     chunks = [_chunks(blocks) for blocks in plan.classes]
     shapes = [(len(blocks.queries), blocks.queries.shape[1], blocks.keys.shape[1]) for blocks in plan.classes]
     kept = [empty_large(*shape, like=q) for shape in shapes] if keep else []
+    # a class's first chunk is its largest (only the last may be short)
     largest = max(len(part[0][1].queries) * L * M for part, (_, L, M) in zip(chunks, shapes, strict=True))
     buffer = None if keep else q.new_empty(largest)
     out = v.new_zeros(plan.num_queries, v.shape[1])
