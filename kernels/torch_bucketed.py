@@ -453,9 +453,10 @@ def _block_scores(
     return off.neg_().add_(1.0)
 
 
-def _add_output(out: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, blocks: BlockClass) -> None:
-    """o_i += Σ_j p_ij v_j over the blocks' rows; probs (blocks, L, M), out (N, d_v), v (M, d_v)."""
-    out.index_add_(0, blocks.queries.reshape(-1), torch.bmm(probs, take(v, blocks.keys)).flatten(0, 1))
+def _add_output(out: torch.Tensor, probs: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> None:
+    """o_i += Σ_j p_ij v_j over the blocks' rows; probs (blocks, L, M), the blocks' values (blocks, M, d_v),
+    their queries (blocks, L), out (N, d_v)."""
+    out.index_add_(0, queries.reshape(-1), torch.bmm(probs, values).flatten(0, 1))
 
 
 @dataclass
@@ -519,7 +520,7 @@ def _whole_query_forward(
             on = _block_scores(q, k, blocks, s, apply_mask=not native)
             rows = torch.arange(count * L, device=q.device).view(count, L)  # the chunk's queries, numbered
             _normalise([s], alpha, _SpreadRows([rows], count * L), [on], [blocks.mask] if native else None)
-            _add_output(out, s, v, blocks)
+            _add_output(out, s, take(v, blocks.keys), blocks.queries)
     return out, _Forward(kept)
 
 
@@ -550,10 +551,11 @@ def _spread_forward(
         if weighted is not None:
             weights.append(q.new_empty(blocks.queries.shape))
         for at, chunk in _chunks(blocks):
-            _add_output(out, p_all[at], v, chunk)
+            values = take(v, chunk.keys)  # (blocks, M, d_v), for the output and U alike
+            _add_output(out, p_all[at], values, chunk.queries)
             if weighted is not None:
                 weight = entmax_gradient_weight(p_all[at], alpha)
-                _add_output(weighted, weight, v, chunk)
+                _add_output(weighted, weight, values, chunk.queries)
                 torch.sum(weight, -1, out=weights[-1][at])
     if not keep:
         return out, _Forward([])
@@ -596,7 +598,7 @@ class BucketBlockAttention(torch.autograd.Function):
                 p, rows, cols = p_all[at], chunk.queries, chunk.keys
                 qb, kb, vb, gb = take(q, rows), take(k, cols), take(v, cols), take(grad, rows)
                 dv.index_add_(0, cols.reshape(-1), torch.bmm(p.transpose(1, 2), gb).flatten(0, 1))
-                row_ratio = None if ratio is None else ratio[rows][..., None]
+                row_ratio = None if ratio is None else take(ratio, rows)[..., None]
                 ds = _normalise_backward(p, torch.bmm(gb, vb.transpose(1, 2)), ctx.alpha, row_ratio)
                 dq.index_add_(0, rows.reshape(-1), torch.bmm(ds, kb).flatten(0, 1))
                 dk.index_add_(0, cols.reshape(-1), torch.bmm(ds.transpose(1, 2), qb).flatten(0, 1))
