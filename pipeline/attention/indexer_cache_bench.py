@@ -4,8 +4,9 @@
                                                      [--repeats 3] [--out PATH.json]
 
 A random α = 1.5 Llama (2 layers, 8 heads, head dim 64) with τ-indexer heads of random rank-r maps, margin
-0.1, decodes ``new`` tokens greedily after a prompt of each context length. A decoding step's time is
-(T(new + 1 tokens) − T(1 token)) / new, which leaves the prompt's forward out; the median of ``repeats``.
+0.1, decodes ``new`` tokens greedily after a prompt of each context length. A decoding step's time is the
+time between the logits of consecutive tokens (which leaves the prompt's forward out), the median over the
+``new`` steps of ``repeats`` runs.
 Rows: the indexer with its projections cached (:func:`~pipeline.attention.interface.generation_cache`),
 the same model with generate's own cache (every step re-projects all keys), the dense α-entmax teacher and
 softmax SDPA, all with the same weights. Prints a table; ``--out`` also writes the rows as JSON.
@@ -14,12 +15,13 @@ softmax SDPA, all with the same weights. Prints a table; ``--out`` also writes t
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
 import torch
 from torch import Tensor
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
 
 from pipeline.allocator import keep_freed_memory
 from pipeline.atomic import write_json
@@ -66,15 +68,28 @@ def indexer_model(rank: int, context: int) -> LlamaForCausalLM:
 def step_seconds(model: LlamaForCausalLM, prompt: Tensor, new: int, repeats: int, cached: bool) -> float:
     """Median seconds of one decoding step after ``prompt`` (b, n) (see the module docstring)."""
 
-    def generate(tokens: int) -> float:
+    def generate(tokens: int) -> list[float]:
+        """Seconds between the logits of consecutive tokens, one per step after the prompt's."""
+        stamps: list[float] = []
+
+        def stamp(input_ids: Tensor, scores: Tensor) -> Tensor:
+            stamps.append(time.perf_counter())
+            return scores
+
         cache = generation_cache(model) if cached else None
         options = {} if cache is None else {"cache": cache}
-        start = time.perf_counter()
-        model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **options)
-        return time.perf_counter() - start
+        model.generate(
+            prompt,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([stamp]),
+            **options,
+        )
+        return [after - before for before, after in itertools.pairwise(stamps)]
 
     generate(1)  # warm-up: first-call costs stay out of the timings
-    return statistics.median((generate(new + 1) - generate(1)) / new for _ in range(repeats))
+    return statistics.median(step for _ in range(repeats) for step in generate(new + 1))
 
 
 def bench(context: int, ranks: list[int], new: int, repeats: int) -> list[dict]:
