@@ -94,7 +94,8 @@ def test_mlp_forward_is_one_tanh_mlp_per_head(shared):
 
 
 def test_mlp_gradients_are_those_of_tanh():
-    """The hidden layer's tanh, computed as 2σ(2x) − 1 partly in place, backpropagates as tanh does."""
+    """The hidden layer's tanh, computed as 2σ(2u) − 1 with its constants folded into the maps,
+    backpropagates as tanh does."""
     module = HeadProjections(2, 8, 3, hidden=6, generator=torch.Generator().manual_seed(4)).double()
     x = torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     x.requires_grad_()
