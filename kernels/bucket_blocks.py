@@ -6,9 +6,9 @@ in exactly one dense block, and every block is a contiguous run of queries facin
 of a sorted token sequence, so attention needs no per-pair gather:
 
 * **Bucket blocks.** Key copies (one per id a key holds) are sorted by (group, id, position), so each bucket
-  is a contiguous run of keys, positions ascending. For each query slot t, the queries holding an id in slot
-  t are sorted the same way; each bucket's queries are cut into chunks of at most ``rows`` and a chunk faces
-  its bucket's keys, when causal only the prefix of keys up to the chunk's last query position.
+  is a contiguous run of keys, positions ascending; query copies are sorted the same way. Each bucket's
+  queries are cut into chunks of at most ``rows`` and a chunk faces its bucket's keys, when causal only the
+  prefix of keys up to the chunk's last query position.
 * **Pattern blocks**, in position order: the first g queries (global rows) face every key; the other queries,
   in chunks, face the g global keys and, separately, the window band's keys beyond them.
 
@@ -273,26 +273,24 @@ def _chunks(
 
 
 def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool, rows: int) -> None:
-    """Each query slot's buckets, in chunks, against every key copy of the same bucket."""
+    """Each bucket's query copies, in chunks, against every key copy of the same bucket."""
     m = k_ids.shape[1]
     nid = int(torch.cat([q_ids.flatten(), k_ids.flatten(), q_ids.new_zeros(1)]).max()) + 1
     k_key, k_flat, k_pos = _sorted_tokens(k_ids, nid)
-    k_offset = out.keys(k_flat, k_pos)
-    for t in range(q_ids.shape[2]):
-        q_key, q_flat, q_pos = _sorted_tokens(q_ids[:, :, t : t + 1], nid)
-        bucket, q_count = torch.unique_consecutive(q_key, return_counts=True)  # (buckets,)
-        k_start = torch.searchsorted(k_key, bucket, side="left")
-        k_count = torch.searchsorted(k_key, bucket, side="right") - k_start
-        q_start, q_count = torch.cumsum(q_count, 0) - q_count, q_count * (k_count > 0)
-        owner, c_start, c_rows = _chunks(q_start, q_count, rows, short_first=causal)
-        b_start, b_keys = k_start[owner], k_count[owner]
-        if causal:
-            # Keys of the bucket at positions ≤ the chunk's last query: a prefix of the bucket's sorted keys.
-            last = bucket[owner] * m + q_pos[c_start + c_rows - 1]
-            b_keys = torch.searchsorted(k_key * m + k_pos, last, side="right") - b_start
-        q_offset = out.queries(q_flat, q_pos)
-        kind = torch.full_like(c_start, _BUCKET)
-        out.runs.append((c_start + q_offset, c_rows, b_start + k_offset, b_keys, kind, bucket[owner] % nid))
+    q_key, q_flat, q_pos = _sorted_tokens(q_ids, nid)
+    bucket, q_count = torch.unique_consecutive(q_key, return_counts=True)  # (buckets,)
+    k_start = torch.searchsorted(k_key, bucket, side="left")
+    k_count = torch.searchsorted(k_key, bucket, side="right") - k_start
+    q_start, q_count = torch.cumsum(q_count, 0) - q_count, q_count * (k_count > 0)
+    owner, c_start, c_rows = _chunks(q_start, q_count, rows, short_first=causal)
+    b_start, b_keys = k_start[owner], k_count[owner]
+    if causal:
+        # Keys of the bucket at positions ≤ the chunk's last query: a prefix of the bucket's sorted keys.
+        last = bucket[owner] * m + q_pos[c_start + c_rows - 1]
+        b_keys = torch.searchsorted(k_key * m + k_pos, last, side="right") - b_start
+    q_offset, k_offset = out.queries(q_flat, q_pos), out.keys(k_flat, k_pos)
+    kind = torch.full_like(c_start, _BUCKET)
+    out.runs.append((c_start + q_offset, c_rows, b_start + k_offset, b_keys, kind, bucket[owner] % nid))
 
 
 def _pattern_blocks(
