@@ -176,7 +176,7 @@ struct Row {
 
 template <typename Real>
 struct Query {
-    Row<Real>* rows;  // the query's rows (its own: apply_masks rewrites their rules)
+    Row<Real>* rows;  // the query's rows (its own: largest(true) rewrites their rules)
     int64_t count;    // how many
     Real shift;       // m
     Real scale;       // α − 1
@@ -194,37 +194,34 @@ struct Query {
         s1 = total(a), s2 = total(b), k = total(c), k_gap = total(e);
     }
 
-    // max_j s_j, through the same lanes: x − τ with m = 0, scale −1, τ = 0 is −s; its minimum is −max s.
-    Real largest() const {
-        const Real inf = std::numeric_limits<Real>::infinity();
-        Vec<Real> low[2] = {Vec<Real>{} + inf, Vec<Real>{} + inf};
-        Query flipped = *this;
-        flipped.shift = 0, flipped.scale = -1;
-        flipped.each(0, [&](int half, Vec<Real> d) { low[half] = d < low[half] ? d : low[half]; });
-        Real m = inf;
-        for (const Vec<Real>& v : low)
-            for (int lane = 0; lane < kWidth<Real>; ++lane) m = std::min(m, v[lane]);
-        return -m;
-    }
-
-    // −∞ written over the entries the rows' masks leave out, and the masks dropped: the search's passes then
-    // test nothing (one pass of tests, where every pass of the search would repeat them).
-    void apply_masks() const {
+    // max_j s_j over the keys. With `drop`, −∞ is also written over the entries the rows' masks leave out
+    // and the masks dropped, in the same pass: the later passes then test nothing (one pass of tests, where
+    // every pass of the search would repeat them).
+    Real largest(bool drop) const {
         constexpr int64_t n = kWidth<Real>;
         const Real inf = std::numeric_limits<Real>::infinity();
+        Vec<Real> high[2] = {Vec<Real>{} - inf, Vec<Real>{} - inf};
         for (int64_t r = 0; r < count; ++r) {
             by_rule(rows[r], [&](const Row<Real>& row, auto rule) {
-                if constexpr (rule != kEvery) {
-                    for (int64_t j = 0; j < row.width; j += n) {
-                        const int64_t valid = std::min(n, row.width - j);
-                        Vec<Real> x = lanes(row.data + j, valid, Vec<Real>{});
+                auto step = [&](int half, int64_t j, int64_t valid) {
+                    Vec<Real> x = lanes(row.data + j, valid, Vec<Real>{} - inf);
+                    if constexpr (rule != kEvery) {
                         x = row.template excluded<rule>(j, valid) ? -inf : x;
-                        std::memcpy(row.data + j, &x, valid * sizeof(Real));
+                        if (drop) std::memcpy(row.data + j, &x, valid * sizeof(Real));
                     }
-                }
+                    high[half] = x > high[half] ? x : high[half];
+                };
+                int64_t j = 0;
+                for (; j + 2 * n <= row.width; j += 2 * n) step(0, j, n), step(1, j + n, n);  // as in `each`
+                if (j + n <= row.width) step(0, j, n), j += n;
+                if (j < row.width) step(1, j, row.width - j);
             });
-            rows[r].rule = kEvery;
+            if (drop) rows[r].rule = kEvery;
         }
+        Real m = -inf;
+        for (const Vec<Real>& v : high)
+            for (int lane = 0; lane < kWidth<Real>; ++lane) m = std::max(m, v[lane]);
+        return m;
     }
 
     // Softmax: log Σ_j e^{s_j − m} (−∞ without keys); with `write`, p_j = e^{s_j − m} / Σ_k e^{s_k − m} over
@@ -393,8 +390,7 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
         for (int g = 0; g < size; ++g) {
             int64_t i = first + g;
             group[g] = {rows.data() + start[i], start[i + 1] - start[i], 0, scale};
-            if (write) group[g].apply_masks();  // the scores are overwritten anyway
-            Real m = group[g].largest();
+            Real m = group[g].largest(write);  // with `write` the scores are overwritten anyway
             shift[i] = group[g].shift = m > kNoKey ? m : 0;  // a query without keys: any finite shift does
         }
         if (beta == 0) {
