@@ -53,6 +53,29 @@ def test_a_causal_buckets_short_chunk_comes_first_with_full_rows():
     assert torch.equal(pair_counts(plan, n), attended_mask(ids[None], ids[None], causal=True)[0, 0].long())
 
 
+def test_a_causal_buckets_copies_of_every_slot_are_one_run():
+    """A bucket's query copies from every id slot are one run sorted by position, cut into chunks that each
+    face the bucket's keys up to their last query: an early chunk faces a short prefix (one run per slot
+    would make every chunk span the sequence and face nearly all of the bucket's keys)."""
+    n = 256
+    i = torch.arange(n)
+    ids = torch.stack([i % 4, (i + 1) % 4], -1)[None]  # bucket b: slot 0 of i ≡ b, slot 1 of i ≡ b − 1, mod 4
+    plan = plan_blocks(ids, ids, causal=True)
+    held = [set(token.tolist()) for token in ids[0]]
+    chunks: dict[int, list[list[int]]] = {}
+    for blocks in plan.classes:
+        real_q, real_k = blocks.real_queries(), ~blocks.padding_keys()
+        for b in range(len(blocks.queries)):
+            queries, keys = blocks.queries[b][real_q[b]].tolist(), blocks.keys[b][real_k[b]].tolist()
+            (bucket,) = set.intersection(*(held[t] for t in queries + keys))
+            assert keys == [j for j in range(n) if bucket in held[j] and j <= queries[-1]]
+            chunks.setdefault(bucket, []).append(queries)
+    for bucket, runs in chunks.items():
+        copies = [t for t in range(n) if bucket in held[t]]  # 128 of them, from both slots
+        assert [t for run in sorted(runs) for t in run] == copies
+        assert len(runs) == len(copies) // bucket_blocks.CAUSAL_ROWS
+
+
 def test_ladder_rounds_up_by_at_most_a_quarter():
     x = torch.arange(1, 5000)
     up = ladder(x)
