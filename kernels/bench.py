@@ -673,37 +673,57 @@ def _n_axis(ax, ns: list[int]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def cpu_plot(report: dict[str, Any], ax_time, ax_eff) -> None:
-    """Forward time against n of SDPA, ours and FlexAttention (top-1, no pattern), and every forward
-    efficiency (FlexAttention has no backward on CPU tensors)."""
-    if not report["results"]:  # --only indexed: nothing to draw
-        for ax in (ax_time, ax_eff):
+def cpu_plot(report: dict[str, Any], axes) -> None:
+    """A row of panels for full attention and one for causal, on a (2, 1 + tops) grid: forward time against
+    n of SDPA, dense α-entmax, ours and FlexAttention (top-1, no pattern); then for each top the forward
+    speed-up over SDPA of ours and FlexAttention, with window and global tokens dashed, beside the ideal
+    1/density (dotted): the speed-up if each attended pair cost what SDPA's pairs cost."""
+    rows = [r for r in report["results"] if r["status"] == "ok"]
+    if not rows:  # --only indexed: nothing to draw
+        for ax in axes.flat:
             ax.set_title("no bucketed rows (--only indexed)")
         return
-    rows = [r for r in report["results"] if r["status"] == "ok"]
-    series: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        label = "causal " if r["causal"] else ""
-        if r["method"] in ("ours", FLEX):
-            name = "ours" if r["method"] == "ours" else "flex"
-            tail = f"{name} top-{r['top']}{' +pattern' if r['pattern'] else ''} α={r['alpha']:g}"
-            if "efficiency_forward" in r:
-                series.setdefault(f"{label}{tail}", []).append((r["n"], r["efficiency_forward"]))
-            if r["top"] != 1 or r["pattern"]:
-                continue
-            label += f"{name} α={r['alpha']:g}"
-        else:
-            label += r["method"]
-        series.setdefault(f"time {label}", []).append((r["n"], r["forward_ms"]))
+    tops = sorted({r["top"] for r in rows if r["top"] is not None})
+    for line, causal in enumerate((False, True)):
+        here = [r for r in rows if r["causal"] == causal]
+        kind = "causal" if causal else "full"
+        times: dict[str, list[tuple[int, float]]] = {}
+        for r in here:
+            if r["method"] not in ("ours", FLEX):
+                times.setdefault(r["method"], []).append((r["n"], r["forward_ms"]))
+            elif r["top"] == 1 and not r["pattern"]:
+                times.setdefault(f"{_short(r)} α={r['alpha']:g}", []).append((r["n"], r["forward_ms"]))
+        _plot_series(axes[line][0], times)
+        axes[line][0].set(yscale="log", ylabel="forward ms", title=f"{kind}: forward time, top-1")
+        for col, top in enumerate(tops, start=1):
+            speedups: dict[str, list[tuple[int, float]]] = {}
+            for r in here:
+                if r["top"] == top and "speedup_forward" in r:
+                    pattern = " +pattern" if r["pattern"] else ""
+                    label = f"{_short(r)} α={r['alpha']:g}{pattern}"
+                    speedups.setdefault(label, []).append((r["n"], r["speedup_forward"]))
+                    if r["method"] == "ours" and r["alpha"] == 1:
+                        speedups.setdefault(f"ideal{pattern}", []).append((r["n"], 1 / r["density"]))
+            ax = axes[line][col]
+            ax.axhline(1.0, color="black", lw=0.6)  # SDPA
+            _plot_series(ax, speedups)
+            ax.set(yscale="log", ylabel="speed-up over SDPA", title=f"{kind}: forward speed-up, top-{top}")
+
+
+def _short(row: dict[str, Any]) -> str:
+    """A row's method as the figure names it."""
+    return "flex" if row["method"] == FLEX else row["method"]
+
+
+def _plot_series(ax, series: dict[str, list[tuple[int, float]]]) -> None:
+    """Each series against n (window and global tokens dashed, ideals dotted), on the measured n."""
     for label, points in sorted(series.items()):
         xs, ys = zip(*sorted(points), strict=True)
-        ax = ax_time if label.startswith("time ") else ax_eff
-        ax.plot(xs, ys, "-o", ms=3, label=label.removeprefix("time "))
-    ns = [r["n"] for r in report["results"]]
-    for ax in (ax_time, ax_eff):
-        _n_axis(ax, ns)
-    ax_time.set(yscale="log", xlabel="n", ylabel="forward ms", title="CPU forward time (one thread)")
-    ax_eff.set(xlabel="n", ylabel="efficiency", title="forward efficiency (speed-up over SDPA × density)")
+        style = ":" if label.startswith("ideal") else "--" if "+pattern" in label else "-"
+        ax.plot(xs, ys, style, marker="o", ms=3, label=label)
+    _n_axis(ax, [n for points in series.values() for n, _ in points])
+    ax.set_xlabel("n")
+    ax.legend(fontsize=6)
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -999,10 +1019,9 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
     from pipeline.atomic import atomic_path, write_json
 
     if report["suite"] == "cpu":
-        fig, (ax_time, ax_eff) = plt.subplots(1, 2, figsize=(12, 5))
-        cpu_plot(report, ax_time, ax_eff)
-        ax_time.legend(fontsize=6)
-        ax_eff.legend(fontsize=5)
+        cols = 1 + len({r["top"] for r in report["results"] if r["top"] is not None})
+        fig, axes = plt.subplots(2, cols, figsize=(5 * cols, 9), squeeze=False)
+        cpu_plot(report, axes)
     else:
         cols = max(1, len({r["top"] for r in report["results"] if r["top"] is not None}))
         fig, axes = plt.subplots(2, cols, figsize=(6 * cols, 9), squeeze=False)

@@ -194,7 +194,37 @@ def test_the_cpu_worker_measures_flex_beside_ours():
     report = {"results": [sdpa, row]}
     bench.add_ratios(report["results"])
     assert row["efficiency_forward"] == pytest.approx(sdpa["forward_ms"] / row["forward_ms"] * row["density"])
-    figure, (ax_time, ax_eff) = plt.subplots(1, 2)
-    bench.cpu_plot(report, ax_time, ax_eff)  # the figure draws a row without a backward
-    assert [line.get_label() for line in ax_time.lines] == ["causal flex α=1", "causal sdpa"]
+    figure, axes = plt.subplots(2, 2, squeeze=False)
+    bench.cpu_plot(report, axes)  # the figure draws a row without a backward
+    assert [line.get_label() for line in axes[1][0].lines] == ["flex α=1", "sdpa"]  # causal: second row
+    speedup = {line.get_label(): line.get_ydata() for line in axes[1][1].lines if line.get_label()[0] != "_"}
+    assert speedup["flex α=1"] == pytest.approx([row["speedup_forward"]])
+    assert not axes[0][0].lines  # no full-attention rows
+    plt.close(figure)
+
+
+def test_the_cpu_figure_sets_each_speed_up_beside_its_ideal():
+    """Per top, ours' forward speed-up over SDPA against n, beside 1/density (window and global apart)."""
+
+    def row(n: int, method: str, ms: float, **spec) -> dict:
+        base = {"n": n, "causal": False, "status": "ok", "forward_ms": ms, "top": None, "pattern": None}
+        return {**base, "method": method, "alpha": 1.0, "density": 1.0, **spec}
+
+    rows = []
+    for n, sdpa_ms in [(1024, 20.0), (2048, 80.0)]:
+        rows += [
+            row(n, "sdpa", sdpa_ms),
+            row(n, "ours", 4.0, top=1, pattern=False, density=1 / 16),
+            row(n, "ours", 8.0, top=1, pattern=True, density=1 / 8),
+        ]
+    bench.add_ratios(rows)
+    figure, axes = plt.subplots(2, 2, squeeze=False)
+    bench.cpu_plot({"results": rows}, axes)
+    lines = {
+        line.get_label(): list(line.get_ydata()) for line in axes[0][1].lines if line.get_label()[0] != "_"
+    }
+    assert lines["ours α=1"] == pytest.approx([5.0, 20.0])
+    assert lines["ours α=1 +pattern"] == pytest.approx([2.5, 10.0])
+    assert lines["ideal"] == pytest.approx([16.0, 16.0])
+    assert lines["ideal +pattern"] == pytest.approx([8.0, 8.0])
     plt.close(figure)
