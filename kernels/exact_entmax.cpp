@@ -198,23 +198,18 @@ struct Query {
     // and the masks dropped, in the same pass: the later passes then test nothing (one pass of tests, where
     // every pass of the search would repeat them).
     Real largest(bool drop) const {
-        constexpr int64_t n = kWidth<Real>;
         const Real inf = std::numeric_limits<Real>::infinity();
         Vec<Real> high[2] = {Vec<Real>{} - inf, Vec<Real>{} - inf};
         for (int64_t r = 0; r < count; ++r) {
             by_rule(rows[r], [&](const Row<Real>& row, auto rule) {
-                auto step = [&](int half, int64_t j, int64_t valid) {
+                vectors(row.width, [&](int half, int64_t j, int64_t valid) {
                     Vec<Real> x = lanes(row.data + j, valid, Vec<Real>{} - inf);
                     if constexpr (rule != kEvery) {
                         x = row.template excluded<rule>(j, valid) ? -inf : x;
                         if (drop) std::memcpy(row.data + j, &x, valid * sizeof(Real));
                     }
                     high[half] = x > high[half] ? x : high[half];
-                };
-                int64_t j = 0;
-                for (; j + 2 * n <= row.width; j += 2 * n) step(0, j, n), step(1, j + n, n);  // as in `each`
-                if (j + n <= row.width) step(0, j, n), j += n;
-                if (j < row.width) step(1, j, row.width - j);
+                });
             });
             if (drop) rows[r].rule = kEvery;
         }
@@ -270,18 +265,24 @@ struct Query {
     // (fewer than a vector) come padded with s = −∞, which every f ignores.
     template <typename F>
     void each(Real tau, F&& f) const {
-        constexpr int64_t n = kWidth<Real>;
         for (int64_t r = 0; r < count; ++r) {
             by_rule(rows[r], [&](const Row<Real>& row, auto rule) {
-                int64_t j = 0;
-                for (; j + 2 * n <= row.width; j += 2 * n) {  // constant halves: the sums stay in registers
-                    f(0, load<rule>(row, j, n, tau));
-                    f(1, load<rule>(row, j + n, n, tau));
-                }
-                if (j + n <= row.width) f(0, load<rule>(row, j, n, tau)), j += n;
-                if (j < row.width) f(1, load<rule>(row, j, row.width - j, tau));
+                vectors(row.width,
+                        [&](int half, int64_t j, int64_t valid) { f(half, load<rule>(row, j, valid, tau)); });
             });
         }
+    }
+
+    // step(half, j, valid) over a row of `width` entries, a vector from entry j on (`valid` ≤ kWidth of them),
+    // half alternating 0, 1: unrolled by two, so the halves are constants and the running sums of each stay
+    // in registers.
+    template <typename F>
+    static void vectors(int64_t width, F&& step) {
+        constexpr int64_t n = kWidth<Real>;
+        int64_t j = 0;
+        for (; j + 2 * n <= width; j += 2 * n) step(0, j, n), step(1, j + n, n);
+        if (j + n <= width) step(0, j, n), j += n;
+        if (j < width) step(1, j, width - j);
     }
 
     // body(row, rule) with the row's rule as a compile-time constant.
