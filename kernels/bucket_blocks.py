@@ -140,6 +140,7 @@ class BlockPlan:
     num_queries: int  # groups · n
     num_keys: int  # groups · m
     spread: bool  # True when a query may have rows in several blocks
+    groups: int  # batch · heads; in a class, a group's blocks are consecutive, groups ascending
 
     @property
     def num_entries(self) -> int:
@@ -382,9 +383,11 @@ def plan_blocks(
     if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
         L = torch.where(bucket_block & (2 * rows >= M), rows, L)
     height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size
-    # Blocks sorted by class (stable: in their order within one), so that a class is a slice of them.
-    shape, order = torch.sort((kind * height + L) * width + M, stable=True)
-    shapes, counts = torch.unique_consecutive(shape, return_counts=True)
+    # Blocks sorted by class, then by group (stable: in their order within one), so that a class is a slice
+    # of them and a run of groups a slice of each class.
+    group = take(q_flat, runs[0]) // n  # (blocks,) whose queries each block holds
+    shape, order = torch.sort(((kind * height + L) * width + M) * G + group, stable=True)
+    shapes, counts = torch.unique_consecutive(shape // G, return_counts=True)
     c_start, c_rows, b_start, b_keys, bucket = runs[[0, 1, 2, 3, 5]][:, order]
     classes, end = [], 0
     for shape, count in zip(shapes.tolist(), counts.tolist(), strict=True):
@@ -415,7 +418,7 @@ def plan_blocks(
         mask = None if whole else BlockMask(key_pos, limit, low, *tags)
         classes.append(BlockClass(queries, keys, mask))
     spread = pattern or bool((q_ids >= 0).sum(-1).gt(1).any())
-    return BlockPlan(classes, G * n, G * m, spread)
+    return BlockPlan(classes, G * n, G * m, spread, G)
 
 
 def _lower_ids(

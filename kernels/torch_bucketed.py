@@ -25,7 +25,9 @@ per-pair gather and nothing of size n × n is ever built.
   while the chunk is in cache.
 * Where a query's keys are spread over several rows (up to T + 2 of them: its buckets, the window band, the
   global keys), the scores of every block are computed first, then turned into probabilities in place,
-  each query over all of its rows, then the output product runs chunk by chunk.
+  each query over all of its rows, then the output product runs chunk by chunk; a slab of (batch, head)
+  groups at a time (a query's rows all lie in its own group's blocks), so without gradients the scores
+  take one slab's memory, not all of them.
 
 For softmax and α = 1.5 and 2 a C++ kernel (:mod:`kernels.exact_entmax`) turns scores into probabilities a
 few queries at a time, each query's entries read from memory once, the blocks' masks applied as they are
@@ -48,7 +50,9 @@ g = p^{2−α}, ds = g·(dp − Σ g·dp / Σ g) per query.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +64,10 @@ from kernels.support_sums import support_sums
 
 CHUNK_ENTRIES = 2**18
 """Score entries per chunk: scores, probabilities and gradients of a chunk stay in L2."""
+
+SLAB_ENTRIES = 2**22
+"""Score entries of a slab of groups where a query's keys are spread over several blocks (16 MiB of float32:
+the last-level cache's share)."""
 
 _MASKED = -torch.finfo(torch.float32).max
 """Added to scores off the mask: far below any real score, yet finite (see _normalise)."""
@@ -524,44 +532,114 @@ def _whole_query_forward(
     return out, _Forward(kept)
 
 
-def _spread_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
-) -> tuple[torch.Tensor, _Forward]:
-    """α-entmax (softmax at α = 1) where a query's keys may be spread over rows of several blocks: every
-    block's scores first, then in their place each query's probabilities over all of them
-    (:func:`_normalise`), then a chunk at a time the output. The forward also keeps U = Σ_j g_ij v_j and
-    Σ_j g_ij per query for the backward (for softmax g = p, so U is the output and Σ_j g_ij = 1)."""
+class _Slab(NamedTuple):
+    """Consecutive groups, the slice of each class's blocks that hold them, and those blocks' entries."""
+
+    groups: range
+    blocks: list[slice]
+    entries: int
+
+
+def _slabs(plan: BlockPlan) -> list[_Slab]:
+    """Consecutive groups in slabs of about ``SLAB_ENTRIES`` score entries, at least one group each."""
+    n = plan.num_queries // plan.groups
+    groups = torch.arange(plan.groups + 1, device=plan.classes[0].queries.device)
+    bounds, entries = [], 0
+    for blocks in plan.classes:
+        # row 0 of a block always holds a query; a group's blocks are consecutive (BlockPlan)
+        bound = torch.searchsorted(blocks.queries[:, 0] // n, groups)  # (groups + 1,) first block of each
+        bounds.append(bound.tolist())
+        entries = entries + bound.diff() * math.prod(_score_shape(blocks)[1:])
+    sizes, slabs, first = entries.tolist(), [], 0
+    while first < plan.groups:
+        last, total = first + 1, sizes[first]
+        while last < plan.groups and total + sizes[last] <= SLAB_ENTRIES:
+            last, total = last + 1, total + sizes[last]
+        slabs.append(_Slab(range(first, last), [slice(b[first], b[last]) for b in bounds], total))
+        first = last
+    return slabs
+
+
+def _score_shape(blocks: BlockClass) -> tuple[int, int, int]:
+    """(blocks, L, M): the scores of a class."""
+    return (*blocks.queries.shape, blocks.keys.shape[1])
+
+
+def _carved(buffer: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """Consecutive views of ``buffer`` of the given shapes, from its start."""
+    views, used = [], 0
+    for shape in shapes:
+        views.append(buffer[used : used + math.prod(shape)].view(shape))
+        used += views[-1].numel()
+    return views
+
+
+def _spread_probabilities(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    classes: list[BlockClass],
+    scores: list[torch.Tensor],
+    alpha: float,
+    queries: range,
+) -> None:
+    """The scores of the blocks of ``classes`` into ``scores`` (one (blocks, L, M) per class), then in their
+    place each query's probabilities over all of its rows (:func:`_normalise`); the blocks' rows hold
+    ``queries`` (flat indices) and padding."""
     native = alpha in _NATIVE  # the others' tolerance search counts keys by a mask
-    scores = [empty_large(*blocks.queries.shape, blocks.keys.shape[1], like=q) for blocks in plan.classes]
     ons = []
-    for blocks, s in zip(plan.classes, scores, strict=True):
+    for blocks, s in zip(classes, scores, strict=True):
         on = q.new_empty(s.shape) if not native and blocks.mask is not None else None
         for at, chunk in _chunks(blocks):
             chunk_on = _block_scores(q, k, chunk, s[at], apply_mask=not native)
             if on is not None:
                 on[at] = chunk_on
         ons.append(on)
-    red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
-    masks = [blocks.mask for blocks in plan.classes] if native else None
-    _normalise(scores, alpha, red, ons, masks)  # in place: ``scores`` now hold the probabilities
+    # numbered from 0; padding rows hold query 0, which before a later slab's queries is one more of its own
+    first, count = queries.start, len(queries)
+    owners = [(blocks.queries - first).masked_fill_(blocks.queries < first, count) for blocks in classes]
+    masks = [blocks.mask for blocks in classes] if native else None
+    _normalise(scores, alpha, _SpreadRows(owners, count + 1), ons, masks)
+
+
+def _spread_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
+) -> tuple[torch.Tensor, _Forward]:
+    """α-entmax (softmax at α = 1) where a query's keys may be spread over rows of several blocks, a slab of
+    groups at a time (:func:`_slabs`; a query's rows all lie in blocks of its own group): the probabilities
+    of the slab's blocks (:func:`_spread_probabilities`), then a chunk at a time the output. A slab's scores
+    stay in the last-level cache, and without ``keep`` one buffer of a slab's size serves every slab. The
+    forward also keeps U = Σ_j g_ij v_j and Σ_j g_ij per query for the backward (for softmax g = p, so U is
+    the output and Σ_j g_ij = 1)."""
+    n = plan.num_queries // plan.groups
+    slabs = _slabs(plan)
+    if keep:
+        kept = [empty_large(*_score_shape(blocks), like=q) for blocks in plan.classes]
+    else:
+        buffer = empty_large(max(slab.entries for slab in slabs), like=q)
     out = v.new_zeros(plan.num_queries, v.shape[1])
     weighted = torch.zeros_like(out) if keep and alpha != 1.0 else None
-    weights = []  # Σ_j g_ij per row, (blocks, L) per class
-    for blocks, p_all in zip(plan.classes, scores, strict=True):
-        if weighted is not None:
-            weights.append(q.new_empty(blocks.queries.shape))
-        for at, chunk in _chunks(blocks):
-            values = take(v, chunk.keys)  # (blocks, M, d_v), for the output and U alike
-            _add_output(out, p_all[at], values, chunk.queries)
-            if weighted is not None:
-                weight = entmax_gradient_weight(p_all[at], alpha)
-                _add_output(weighted, weight, values, chunk.queries)
-                torch.sum(weight, -1, out=weights[-1][at])
+    weights = [q.new_empty(c.queries.shape) for c in plan.classes] if weighted is not None else []  # Σ_j g_ij
+    for groups, parts, _ in slabs:
+        classes = [blocks.chunk(at.start, at.stop) for blocks, at in zip(plan.classes, parts, strict=True)]
+        if keep:
+            scores = [p_all[at] for p_all, at in zip(kept, parts, strict=True)]
+        else:
+            scores = _carved(buffer, [_score_shape(blocks) for blocks in classes])
+        _spread_probabilities(q, k, classes, scores, alpha, range(groups.start * n, groups.stop * n))
+        for c, (blocks, p_all) in enumerate(zip(classes, scores, strict=True)):
+            for at, chunk in _chunks(blocks):
+                values = take(v, chunk.keys)  # (blocks, M, d_v), for the output and U alike
+                _add_output(out, p_all[at], values, chunk.queries)
+                if weighted is not None:
+                    weight = entmax_gradient_weight(p_all[at], alpha)
+                    _add_output(weighted, weight, values, chunk.queries)
+                    torch.sum(weight, -1, out=weights[c][parts[c]][at])
     if not keep:
         return out, _Forward([])
     if weighted is None:  # softmax
-        return out, _Forward(scores, out, torch.ones_like(out[:, 0]))
-    return out, _Forward(scores, weighted, red.reduce([[w] for w in weights])[0])
+        return out, _Forward(kept, out, torch.ones_like(out[:, 0]))
+    red = _SpreadRows([blocks.queries for blocks in plan.classes], plan.num_queries)
+    return out, _Forward(kept, weighted, red.reduce([[w] for w in weights])[0])
 
 
 class BucketBlockAttention(torch.autograd.Function):

@@ -400,3 +400,51 @@ def test_gradient_weight_of_entmax15_is_the_square_root(dtype):
     assert torch.equal(weight[~on], torch.zeros_like(weight[~on]))
     eps = torch.finfo(dtype).eps
     torch.testing.assert_close(weight[on], probs[on].sqrt(), rtol=2 * eps, atol=0)
+
+
+def _slab_run(q, k, v, qb, kb, opts):
+    """Outputs and input gradients of one forward and backward, the output of a forward without gradients,
+    and the largest tensor that forward makes."""
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = torch_bucketed_attention(*leaves, qb, kb, **opts)
+    out.backward(torch.cos(torch.arange(out.numel(), dtype=out.dtype)).view_as(out))
+    with torch.no_grad(), LargestTensor() as probe:
+        again = torch_bucketed_attention(q, k, v, qb, kb, **opts)
+    return [out.detach(), *(x.grad for x in leaves), again], probe.largest
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_spread_forward_by_slabs_of_groups_is_the_same_in_less_memory(monkeypatch, alpha):
+    """Where a query's keys are spread over several blocks, the forward takes (batch, head) groups a slab at
+    a time, each query's rows all lying in its own group: with a slab per group, outputs and gradients are
+    those of one slab for all, bit for bit, and without gradients the scores take one group's memory."""
+    q, k, v, qb, kb = make_inputs(257, 8, 2, seed=11, dtype=torch.float64)
+    opts = dict(alpha=alpha, causal=True, window=9, global_tokens=64)
+    whole, largest_whole = _slab_run(q, k, v, qb, kb, opts)
+    plan = plan_attention(qb, kb, causal=True, radius=4, global_tokens=64)
+    monkeypatch.setattr(torch_bucketed, "SLAB_ENTRIES", 1)
+    assert [len(groups) for groups, _, _ in torch_bucketed._slabs(plan)] == [1] * plan.groups
+    sliced, largest_sliced = _slab_run(q, k, v, qb, kb, opts)
+    for a, b in zip(whole, sliced, strict=True):
+        assert torch.equal(a, b)
+    assert largest_whole == plan.num_entries  # the scores of every block, at once
+    assert largest_sliced <= 0.4 * largest_whole
+
+
+def test_slabs_cut_each_class_by_group(monkeypatch):
+    """Slabs hold consecutive groups, about ``SLAB_ENTRIES`` entries each, and every block once: each slab's
+    slice of a class holds exactly the blocks of that class whose queries are in the slab's groups."""
+    _, _, _, qb, kb = make_inputs(300, 4, 2, seed=2)
+    # causal with 64 global tokens: the global rows' blocks (64 × 64) share a class with the global columns'
+    plan = plan_attention(qb, kb, causal=True, radius=3, global_tokens=64)
+    n = plan.num_queries // plan.groups
+    for entries, count in ((1, plan.groups), (plan.num_entries // 3, None), (10 * plan.num_entries, 1)):
+        monkeypatch.setattr(torch_bucketed, "SLAB_ENTRIES", entries)
+        slabs = torch_bucketed._slabs(plan)
+        assert [g for groups, _, _ in slabs for g in groups] == list(range(plan.groups))
+        assert count is None or len(slabs) == count
+        for c, blocks in enumerate(plan.classes):
+            group = blocks.queries[:, 0] // n
+            for groups, parts, _ in slabs:
+                inside = (group >= groups.start) & (group < groups.stop)
+                assert torch.equal(inside.nonzero().flatten(), torch.arange(parts[c].start, parts[c].stop))
