@@ -10,7 +10,8 @@ of a sorted token sequence, so attention needs no per-pair gather:
   queries are cut into chunks of at most ``rows`` and a chunk faces its bucket's keys, when causal only the
   prefix of keys up to the chunk's last query position.
 * **Pattern blocks**, in position order: the first g queries (global rows) face every key; the other queries,
-  in chunks, face the g global keys and, separately, the window band's keys beyond them.
+  in chunks, face the window band's keys beyond the g global keys, and the global keys, which lead the band
+  blocks' columns (or, with a band too narrow for it or none, have blocks of their own).
 
 A pair met more than once is kept in one place: in the bucket block of the smallest id the two tokens share,
 and in a pattern block only when they share none (pattern blocks are the fewer entries to check). Entries of
@@ -21,13 +22,14 @@ With one id per token and no pattern, each query sits in one block row, so a nor
 operation (``spread`` is False); otherwise a query's keys are spread over up to T + 2 rows.
 
 Blocks are grouped into classes by their kind and their (rows, keys) rounded up on a ladder of four steps
-per octave, so a class is one (blocks, L, M) tensor and padding costs at most 25 % per side. Every class
-costs a few dozen small operations whatever its size, so two roundings keep the classes few: a bucket
-block's keys are a whole number of ``KEY_STEP`` (whole vectors for the normalisers' row passes), and when
-causal a bucket block facing at most 2 · ``rows`` keys has the full ``rows``: a bucket's short chunk comes
-first, where it faces the fewest keys, so its padding rows cost at most 2 · rows² entries per bucket. Block
-entries: the attended pairs plus that rounding, the causal diagonal blocks and the band's corners, so
-memory stays linear in the attended pairs.
+per octave, so a class is one (blocks, L, M) tensor and padding costs at most 25 % per side; a pattern
+block's keys only to a whole number of ``PATTERN_KEY_STEP``, since the band's blocks, nearly all of one
+width, take few widths anyway. Every class costs a few dozen small operations whatever its size, so two
+roundings keep the classes few: a bucket block's keys are a whole number of ``KEY_STEP`` (whole vectors for
+the normalisers' row passes), and when causal a bucket block facing at most 2 · ``rows`` keys has the full
+``rows``: a bucket's short chunk comes first, where it faces the fewest keys, so its padding rows cost at
+most 2 · rows² entries per bucket. Block entries: the attended pairs plus that rounding, the causal
+diagonal blocks and the band's corners, so memory stays linear in the attended pairs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ BAND_ROWS = 16
 
 KEY_STEP = 32
 """Bucket blocks face a whole multiple of this many keys."""
+
+PATTERN_KEY_STEP = 8
+"""Pattern blocks (window band, global rows or columns) face a whole multiple of this many keys."""
 
 _NO_LIMIT = 2.0**40
 """Position limit of a query that may attend every key of its block (positions are exact in float32 below
@@ -68,11 +73,12 @@ class BlockMask:
         low[b, r] ≤ key_pos[b, c] ≤ limit[b, r]   and   q_tags[s, b, r] ≠ k_tags[s′, b, c] for every s, s′.
 
     The limits cut the causal keys, the window band's corners and padding (padding keys sit above every
-    limit; padding rows have the limit −1 and no lower one). Tags leave a pair to another block: a bucket
-    block's rows and columns carry the ids below the block's own that their tokens hold (a pair stays in the
-    smallest bucket its tokens share), a pattern block's every id (a pair sharing one is in a bucket block).
-    Tags are int32 ids, −2 and −3 where none (never equal). Kernels evaluate the rule where they read
-    the scores, a chunk or a vector at a time."""
+    limit; padding rows have the limit −1 and no lower one); the global keys that lead a band block's
+    columns carry the position of its first query, which each of its rows admits. Tags leave a pair to
+    another block: a bucket block's rows and columns carry the ids below the block's own that their tokens
+    hold (a pair stays in the smallest bucket its tokens share), a pattern block's every id (a pair sharing
+    one is in a bucket block). Tags are int32 ids, −2 and −3 where none (never equal). Kernels evaluate the
+    rule where they read the scores, a chunk or a vector at a time."""
 
     key_pos: torch.Tensor  # (blocks, M) float32 key position (or 0 when positions cut nothing)
     limit: torch.Tensor  # (blocks, L) float32 largest key position the row may attend
@@ -297,24 +303,31 @@ def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causa
 def _pattern_blocks(
     out: _Blocks, G: int, n: int, m: int, causal: bool, radius: int, global_tokens: int, rows: int
 ) -> None:
-    """Global rows against every key; the other queries against the global keys and the band beyond them."""
+    """Global rows against every key; the other queries against the band and the global keys before it.
+
+    Where a band block has at most radius + 1 rows, the global keys lead its columns, at the position of the
+    block's first query, which every row of the block admits (the band's limits are the rows' positions ±
+    radius): one block for both, where a block of the global keys alone, a few columns wide, costs a class
+    and a product of its own."""
     device = out.k_flat[0].device
     group = torch.arange(G, device=device)
     i, j = torch.arange(n, device=device), torch.arange(m, device=device)
     q_offset = out.queries((group[:, None] * n + i).flatten(), i.repeat(G))
     k_offset = out.keys((group[:, None] * m + j).flatten(), j.repeat(G))
     g = min(global_tokens, n)
+    # A band chunk of R rows faces R + 2·radius keys for 2·radius + 1 attended per row: R ≈ radius keeps its
+    # entries within 1.5× its pairs.
+    band_rows = min(rows, max(BAND_ROWS, radius))
+    lead = min(global_tokens, m) if radius >= 0 and band_rows <= radius + 1 else 0  # global keys of the band
     spans = []  # (first query, queries, first key, keys, kind) of one group
     if g > 0:
         spans.append((0, g, 0, m, _GLOBAL))
-    if global_tokens > 0 and n > g:
+    if global_tokens > 0 and n > g and not lead:
         spans.append((g, n - g, 0, min(global_tokens, m), _GLOBAL))
     if radius >= 0 and n > g:
         spans.append((g, n - g, None, None, _BAND))
     for first, count, k_first, k_count, kind in spans:
-        # A band chunk of R rows faces R + 2·radius keys for 2·radius + 1 attended per row: R ≈ radius keeps
-        # its entries within 1.5× its pairs.
-        size = min(rows, max(BAND_ROWS, radius)) if kind == _BAND else rows
+        size = band_rows if kind == _BAND else rows
         _, c_start, c_rows = _chunks(i.new_tensor([first]), i.new_tensor([count]), size)
         last = c_start + c_rows - 1  # (chunks,) last query position
         if kind == _BAND:
@@ -324,16 +337,26 @@ def _pattern_blocks(
             lo, hi = torch.full_like(c_start, k_first), torch.full_like(c_start, k_first + k_count)
         if causal:
             hi = torch.minimum(hi, last + 1)
-        keep = hi > lo
-        c_start, c_rows, lo, hi = c_start[keep], c_rows[keep], lo[keep], hi[keep]
+        width = (hi - lo).clamp_min(0) + (lead if kind == _BAND else 0)  # (chunks,) keys of each block
+        keep = width > 0
+        c_start, c_rows, lo, width = c_start[keep], c_rows[keep], lo[keep], width[keep]
         chunks = c_start.numel()
         at = group.repeat_interleave(chunks)  # (G·chunks,) group of each block
+        if kind == _BAND and lead:  # each block's columns: the global keys, then its band's
+            owner, column = _runs(torch.zeros_like(width), width)
+            band = column >= lead
+            key = torch.where(band, take(lo, owner) + column - lead, column)  # (Σ width,) key positions
+            pos = torch.where(band, key, take(c_start, owner))
+            offset = out.keys((group[:, None] * m + key).flatten(), pos.repeat(G))
+            k_start = offset + at * key.numel() + (torch.cumsum(width, 0) - width).repeat(G)
+        else:
+            k_start = k_offset + at * m + lo.repeat(G)
         out.runs.append(
             (
                 q_offset + at * n + c_start.repeat(G),
                 c_rows.repeat(G),
-                k_offset + at * m + lo.repeat(G),
-                (hi - lo).repeat(G),
+                k_start,
+                width.repeat(G),
                 torch.full_like(at, kind),
                 torch.full_like(at, -1),
             )
@@ -377,9 +400,9 @@ def plan_blocks(
         q_all = q_all.masked_fill(q_all < 0, -2).int()
         k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)]).int()
 
-    L, M = ladder(c_rows), ladder(b_keys)
     bucket_block = kind == _BUCKET
-    M = torch.where(bucket_block, round_up(M, key_step), M)
+    L = ladder(c_rows)
+    M = torch.where(bucket_block, round_up(ladder(b_keys), key_step), round_up(b_keys, PATTERN_KEY_STEP))
     if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
         L = torch.where(bucket_block & (2 * rows >= M), rows, L)
     height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size

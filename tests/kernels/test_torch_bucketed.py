@@ -34,7 +34,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 ALPHAS = (1.0, 1.5, 2.0)
-PATTERNS = {"none": {}, "window+global": {"window": 7, "global_tokens": 2}}
+PATTERNS = {
+    "none": {},
+    "window+global": {"window": 7, "global_tokens": 2},
+    # a band wide enough that the global keys lead its blocks' columns
+    "wide-window+global": {"window": 33, "global_tokens": 3},
+}
 
 
 def make_inputs(
@@ -274,8 +279,21 @@ def test_future_tokens_never_change_past_outputs():
         (130, 130, 3, {"causal": True, "window": 141, "global_tokens": 65}),
         (97, 200, 2, {}),
         (97, 200, 2, {"window": 9, "global_tokens": 3}),
+        (130, 130, 3, {"window": 41, "global_tokens": 3}),
+        (130, 130, 3, {"causal": True, "window": 33, "global_tokens": 2}),
+        (200, 97, 2, {"window": 41, "global_tokens": 3}),
     ],
-    ids=["plain", "causal", "pattern", "causal-wide-pattern", "cross", "cross-pattern"],
+    ids=[
+        "plain",
+        "causal",
+        "pattern",
+        "causal-wide-pattern",
+        "cross",
+        "cross-pattern",
+        "global-keys-in-band",
+        "causal-global-keys-in-band",
+        "cross-queries-past-the-keys",
+    ],
 )
 def test_pairs_are_exactly_the_attended_set(n, m, t, opts):
     _, _, _, qb, kb = make_inputs(n, 4, t, seed=n + t, m=m, buckets=9)
@@ -283,6 +301,25 @@ def test_pairs_are_exactly_the_attended_set(n, m, t, opts):
     plan = plan_attention(qb, kb, **backend_options(opts))
     assert plan.num_pairs == int(mask.sum())
     assert torch.equal(pair_counts(plan, m).view(2, 2, n, m), mask.long())  # each attended pair once
+
+
+@pytest.mark.parametrize(("window", "apart"), [(7, True), (33, False), (141, False)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_global_keys_lead_the_band_blocks_where_it_is_wide_enough(window, apart, causal):
+    """With a band of at least BAND_ROWS − 1 keys each side, its blocks (rows ≤ radius + 1) begin with the
+    global keys, so no block of non-global queries faces the global keys alone; a narrower band leaves them
+    blocks of their own. The pairs are the attended set either way."""
+    g, n = 3, 300
+    _, _, _, qb, kb = make_inputs(n, 4, 1, seed=4, buckets=5)
+    opts = dict(causal=causal, window=window, global_tokens=g)
+    plan = plan_attention(qb, kb, **backend_options(opts))
+    alone = 0  # blocks of queries past the global rows whose real keys are all global
+    for blocks in plan.classes:
+        real = ~blocks.padding_keys()
+        only_global = ((blocks.keys % n < g) | ~real).all(1) & real.any(1)
+        alone += int((only_global & (blocks.queries[:, 0] % n >= g)).sum())
+    assert (alone > 0) == apart
+    assert torch.equal(pair_counts(plan, n).view(2, 2, n, n), attended_mask(qb, kb, **opts).long())
 
 
 def pair_counts(plan: BlockPlan, m: int) -> torch.Tensor:
