@@ -506,6 +506,20 @@ def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Bl
     return out
 
 
+def _score_shape(blocks: BlockClass) -> tuple[int, int, int]:
+    """(blocks, L, M): the scores of a class."""
+    return (*blocks.queries.shape, blocks.keys.shape[1])
+
+
+def _carved(buffer: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """Consecutive views of ``buffer`` of the given shapes, from its start."""
+    views, used = [], 0
+    for shape in shapes:
+        views.append(buffer[used : used + math.prod(shape)].view(shape))
+        used += views[-1].numel()
+    return views
+
+
 def _whole_query_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, *, keep: bool
 ) -> tuple[torch.Tensor, _Forward]:
@@ -515,16 +529,15 @@ def _whole_query_forward(
     stay, one tensor per class; without, every chunk reuses one buffer."""
     native = alpha in _NATIVE  # the C++ kernel applies the blocks' masks itself
     chunks = [_chunks(blocks) for blocks in plan.classes]
-    shapes = [(len(blocks.queries), blocks.queries.shape[1], blocks.keys.shape[1]) for blocks in plan.classes]
-    kept = [empty_large(*shape, like=q) for shape in shapes] if keep else []
+    kept = [empty_large(*_score_shape(blocks), like=q) for blocks in plan.classes] if keep else []
     # a class's first chunk is its largest (only the last may be short)
-    largest = max(len(part[0][1].queries) * L * M for part, (_, L, M) in zip(chunks, shapes, strict=True))
+    largest = max(math.prod(_score_shape(class_chunks[0][1])) for class_chunks in chunks)
     buffer = None if keep else q.new_empty(largest)
     out = v.new_zeros(plan.num_queries, v.shape[1])
-    for c, (_, L, M) in enumerate(shapes):
-        for at, blocks in chunks[c]:
-            count = len(blocks.queries)
-            s = kept[c][at] if keep else buffer[: count * L * M].view(count, L, M)
+    for c, class_chunks in enumerate(chunks):
+        for at, blocks in class_chunks:
+            count, L = blocks.queries.shape
+            s = kept[c][at] if keep else _carved(buffer, [_score_shape(blocks)])[0]
             on = _block_scores(q, k, blocks, s, apply_mask=not native)
             rows = torch.arange(count * L, device=q.device).view(count, L)  # the chunk's queries, numbered
             _normalise([s], alpha, _SpreadRows([rows], count * L), [on], [blocks.mask] if native else None)
@@ -558,20 +571,6 @@ def _slabs(plan: BlockPlan) -> list[_Slab]:
         slabs.append(_Slab(range(first, last), [slice(b[first], b[last]) for b in bounds], total))
         first = last
     return slabs
-
-
-def _score_shape(blocks: BlockClass) -> tuple[int, int, int]:
-    """(blocks, L, M): the scores of a class."""
-    return (*blocks.queries.shape, blocks.keys.shape[1])
-
-
-def _carved(buffer: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """Consecutive views of ``buffer`` of the given shapes, from its start."""
-    views, used = [], 0
-    for shape in shapes:
-        views.append(buffer[used : used + math.prod(shape)].view(shape))
-        used += views[-1].numel()
-    return views
 
 
 def _spread_probabilities(
