@@ -13,8 +13,10 @@ p_i = α-entmax(s_i) restricted to A_i, s_ij = scale · q_i·k_j:
 A query with A_i = ∅ outputs zeros. Each pair counts once however many buckets it shares.
 
 Layout. :mod:`kernels.bucket_blocks` places every attended pair in exactly one dense block, a contiguous run
-of sorted queries against a contiguous run of sorted keys, so scores and outputs are batched matmuls with no
-per-pair gather and nothing of size n × n is ever built.
+of sorted queries against a contiguous run of sorted keys, so scores and outputs are products of dense
+blocks with no per-pair gather (:mod:`kernels.block_products`: each block's keys or values packed once, then
+multiplied on the widest vectors, in C++ where it can run, else batched matmuls of the gathered rows) and
+nothing of size n × n is ever built.
 
 * Softmax over whole buckets (not causal, one id per query, no pattern: the common learned-bucket case):
   each block is a small dense attention of its own, a whole bucket's queries against its keys, and each
@@ -57,6 +59,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from kernels.block_products import block_outputs, block_scores
 from kernels.bucket_blocks import BlockClass, BlockMask, BlockPlan, plan_blocks, take
 from kernels.exact_entmax import exact_entmax
 from kernels.huge_pages import empty_large
@@ -453,7 +456,7 @@ def _block_scores(
     off the attended set, and the attended set returned as floats (1 on it, 0 off it; None when the class
     has no entry off it). Without, every entry keeps its score: the C++ normaliser applies the class's mask
     itself. q (N, d), k (M, d) flat over groups."""
-    torch.bmm(take(q, blocks.queries), take(k, blocks.keys).transpose(1, 2), out=out)
+    block_scores(q, k, blocks.queries, blocks.keys, out)
     if blocks.mask is None or not apply_mask:
         return None
     off = blocks.mask.excluded()  # (blocks, L, M)
@@ -461,10 +464,9 @@ def _block_scores(
     return off.neg_().add_(1.0)
 
 
-def _add_output(out: torch.Tensor, probs: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> None:
-    """o_i += Σ_j p_ij v_j over the blocks' rows; probs (blocks, L, M), the blocks' values (blocks, M, d_v),
-    their queries (blocks, L), out (N, d_v)."""
-    out.index_add_(0, queries.reshape(-1), torch.bmm(probs, values).flatten(0, 1))
+def _add_output(out: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, blocks: BlockClass) -> None:
+    """o_i += Σ_j p_ij v_j over the blocks' rows; probs (blocks, L, M), v (M_all, d_v), out (N, d_v)."""
+    out.index_add_(0, blocks.queries.reshape(-1), block_outputs(probs, v, blocks.keys).flatten(0, 1))
 
 
 @dataclass
@@ -541,7 +543,7 @@ def _whole_query_forward(
             on = _block_scores(q, k, blocks, s, apply_mask=not native)
             rows = torch.arange(count * L, device=q.device).view(count, L)  # the chunk's queries, numbered
             _normalise([s], alpha, _SpreadRows([rows], count * L), [on], [blocks.mask] if native else None)
-            _add_output(out, s, take(v, blocks.keys), blocks.queries)
+            _add_output(out, s, v, blocks)
     return out, _Forward(kept)
 
 
@@ -628,11 +630,10 @@ def _spread_forward(
         _spread_probabilities(q, k, classes, scores, alpha, range(groups.start * n, groups.stop * n))
         for c, (blocks, p_all) in enumerate(zip(classes, scores, strict=True)):
             for at, chunk in _chunks(blocks):
-                values = take(v, chunk.keys)  # (blocks, M, d_v), for the output and U alike
-                _add_output(out, p_all[at], values, chunk.queries)
+                _add_output(out, p_all[at], v, chunk)
                 if weighted is not None:
                     weight = entmax_gradient_weight(p_all[at], alpha)
-                    _add_output(weighted, weight, values, chunk.queries)
+                    _add_output(weighted, weight, v, chunk)
                     torch.sum(weight, -1, out=weights[c][parts[c]][at])
     if not keep:
         return out, _Forward([])
@@ -646,7 +647,7 @@ class BucketBlockAttention(torch.autograd.Function):
     """Attention over a :class:`~kernels.bucket_blocks.BlockPlan`.
 
     q (N, d) already scaled, k (M, d), v (M, d_v) flat over groups; returns o (N, d_v). Saves p (the
-    attended pairs plus padding); the backward recomputes nothing but the gathers:
+    attended pairs plus padding); the backward recomputes no score:
     dv = pᵀ·do, dp = do·vᵀ, ds = entmax′(dp), dq = ds·k, dk = dsᵀ·q.
     """
 
@@ -674,12 +675,12 @@ class BucketBlockAttention(torch.autograd.Function):
         for blocks, p_all in zip(ctx.plan.classes, probs, strict=True):
             for at, chunk in _chunks(blocks):
                 p, rows, cols = p_all[at], chunk.queries, chunk.keys
-                qb, kb, vb, gb = take(q, rows), take(k, cols), take(v, cols), take(grad, rows)
-                dv.index_add_(0, cols.reshape(-1), torch.bmm(p.transpose(1, 2), gb).flatten(0, 1))
+                dv.index_add_(0, cols.reshape(-1), block_outputs(p, grad, rows, transpose=True).flatten(0, 1))
                 row_ratio = None if ratio is None else take(ratio, rows)[..., None]
-                ds = _normalise_backward(p, torch.bmm(gb, vb.transpose(1, 2)), ctx.alpha, row_ratio)
-                dq.index_add_(0, rows.reshape(-1), torch.bmm(ds, kb).flatten(0, 1))
-                dk.index_add_(0, cols.reshape(-1), torch.bmm(ds.transpose(1, 2), qb).flatten(0, 1))
+                dp = block_scores(grad, v, rows, cols, torch.empty_like(p))
+                ds = _normalise_backward(p, dp, ctx.alpha, row_ratio)
+                dq.index_add_(0, rows.reshape(-1), block_outputs(ds, k, cols).flatten(0, 1))
+                dk.index_add_(0, cols.reshape(-1), block_outputs(ds, q, rows, transpose=True).flatten(0, 1))
         return dq, dk, dv, None, None
 
 

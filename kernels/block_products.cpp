@@ -1,0 +1,202 @@
+// The two products of a block of attention, its rows and columns read through index lists (the blocks of
+// kernels/bucket_blocks.py: L sorted queries against M sorted keys):
+//
+//     scores   S_rc = q_{queries_r} · k_{keys_c}                    (L × M, over d)
+//     outputs  O_r  = Σ_c P_rc v_{keys_c}                           (L × d_v, over M)
+//
+// Both are C = A·B with A's rows given by pointers and B packed per block into a panel (kᵀ, d × M; or the
+// block's values, M × d_v) that the cache keeps while every row of A passes over it. The panel replaces the
+// gathers a batched matmul would need, and the product runs on the processor's widest vectors: on machines
+// whose BLAS takes a narrower path (a vendor check), about twice the matmul's rate.
+//
+// The reference is the batched matmul of the gathered rows (kernels/block_products.py); the sums run over
+// the inner dimension in order, so the results differ from it by round-off only.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#pragma GCC optimize("fp-contract=fast")  // a·b + c as one fused multiply-add (Clang contracts by default)
+
+namespace {
+
+// Vectors of 64 bytes of float or double (GCC's and Clang's vector extensions: the compiler picks the
+// instructions).
+template <typename Real>
+using Vec __attribute__((vector_size(64))) = Real;
+template <typename Real>
+constexpr int64_t kWidth = 64 / sizeof(Real);
+
+// A tile of C: kRows rows × kVectors vectors of columns, 24 running sums of the 32 vector registers, with
+// the kVectors of B and one broadcast of A beside them. Each step of the inner dimension loads 4 vectors and
+// 6 scalars for 24 fused multiply-adds.
+constexpr int kRows = 6;
+constexpr int kVectors = 4;
+
+// C[r][..] = Σ_t A[r][t] · B[t][..] for the R rows `a` (A[r][t] at a[r][t · step]) and NV vectors of
+// columns of the panel `b` (rows of `stride` Reals) from column `col` on; the first `cols` columns of each
+// row are written to c[r] + col.
+template <typename Real, int R, int NV>
+void tile(const Real* const* a, int64_t step, const Real* b, int64_t stride, int64_t depth, int64_t col,
+          int64_t cols, Real* const* c) {
+    Vec<Real> sum[R][NV] = {};
+    for (int64_t t = 0; t < depth; ++t) {
+        Vec<Real> row[NV];
+        for (int v = 0; v < NV; ++v) std::memcpy(&row[v], b + t * stride + col + v * kWidth<Real>, sizeof row[v]);
+        for (int r = 0; r < R; ++r) {
+            const Real x = a[r][t * step];
+            for (int v = 0; v < NV; ++v) sum[r][v] += x * row[v];
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < NV; ++v) {
+            const int64_t first = col + v * kWidth<Real>, valid = std::min<int64_t>(cols - v * kWidth<Real>, kWidth<Real>);
+            const Vec<Real> out = sum[r][v];
+            if (valid == kWidth<Real>) {
+                std::memcpy(c[r] + first, &out, sizeof out);
+            } else if (valid > 0) {
+                std::memcpy(c[r] + first, &out, valid * sizeof(Real));
+            }
+        }
+    }
+}
+
+template <typename Real, int R>
+void strip(const Real* const* a, int64_t step, const Real* b, int64_t stride, int64_t depth, int64_t col,
+           int64_t cols, Real* const* c) {
+    switch (std::min<int64_t>((cols + kWidth<Real> - 1) / kWidth<Real>, kVectors)) {
+        case 1: return tile<Real, R, 1>(a, step, b, stride, depth, col, cols, c);
+        case 2: return tile<Real, R, 2>(a, step, b, stride, depth, col, cols, c);
+        case 3: return tile<Real, R, 3>(a, step, b, stride, depth, col, cols, c);
+        default: return tile<Real, R, kVectors>(a, step, b, stride, depth, col, cols, c);
+    }
+}
+
+// C = A·B for `rows` rows of A (pointers, A[r][t] at a[r][t · step], t < depth) and the panel B (depth ×
+// `stride`, `cols` ≤ stride of its columns used; stride a whole number of vectors), into the rows c
+// (pointers).
+template <typename Real>
+void product(const Real* const* a, int64_t step, int64_t rows, const Real* b, int64_t stride, int64_t depth,
+             int64_t cols, Real* const* c) {
+    // column strips outside, so a strip of the panel (depth × 64 floats: 16 KiB at depth 64) stays in the
+    // first-level cache while every tile of rows passes over it
+    for (int64_t col = 0; col < cols; col += kVectors * kWidth<Real>) {
+        const int64_t left = cols - col;
+        int64_t r = 0;
+        for (; r + kRows <= rows; r += kRows) strip<Real, kRows>(a + r, step, b, stride, depth, col, left, c + r);
+        switch (rows - r) {
+            case 1: strip<Real, 1>(a + r, step, b, stride, depth, col, left, c + r); break;
+            case 2: strip<Real, 2>(a + r, step, b, stride, depth, col, left, c + r); break;
+            case 3: strip<Real, 3>(a + r, step, b, stride, depth, col, left, c + r); break;
+            case 4: strip<Real, 4>(a + r, step, b, stride, depth, col, left, c + r); break;
+            case 5: strip<Real, 5>(a + r, step, b, stride, depth, col, left, c + r); break;
+            default: break;
+        }
+    }
+}
+
+template <typename Real>
+int64_t whole_vectors(int64_t n) {
+    return (n + kWidth<Real> - 1) / kWidth<Real> * kWidth<Real>;
+}
+
+// panel[t][c] = x[rows[c]][t] for c < count, t < depth (panel rows of `stride`): a vector of columns at a time,
+// its rows read side by side, so every write fills whole cache lines.
+template <typename Real>
+void pack_transposed(const Real* x, const int64_t* rows, int64_t count, int64_t depth, Real* panel,
+                     int64_t stride) {
+    constexpr int64_t n = kWidth<Real>;
+    for (int64_t c = 0; c < count; c += n) {
+        const int64_t valid = std::min(n, count - c);
+        const Real* from[n];
+        for (int64_t j = 0; j < n; ++j) from[j] = x + rows[c + std::min(j, valid - 1)] * depth;
+        for (int64_t t = 0; t < depth; ++t) {
+            Vec<Real> column;
+            for (int64_t j = 0; j < n; ++j) column[j] = from[j][t];
+            std::memcpy(panel + t * stride + c, &column, valid * sizeof(Real));
+        }
+    }
+}
+
+// scores (blocks, L, M): scores[b][r][c] = q[queries[b][r]] · k[keys[b][c]], q and k rows of d.
+template <typename Real>
+void block_scores(const Real* q, const Real* k, const int64_t* queries, const int64_t* keys, int64_t blocks,
+                  int64_t L, int64_t M, int64_t d, Real* scores, int threads) {
+    const int64_t stride = whole_vectors<Real>(M);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        std::vector<Real> panel(d * stride, Real(0));  // kᵀ of the block: d × stride, the columns past M 0
+        std::vector<const Real*> a(L);
+        std::vector<Real*> c(L);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < blocks; ++b) {
+            pack_transposed(k, keys + b * M, M, d, panel.data(), stride);
+            for (int64_t r = 0; r < L; ++r) a[r] = q + queries[b * L + r] * d, c[r] = scores + (b * L + r) * M;
+            product(a.data(), 1, L, panel.data(), stride, d, M, c.data());
+        }
+    }
+}
+
+// outputs[b][r] = Σ_c probs[b][r][c] · y[index[b][c]] (blocks, L, dy), or with `transpose`
+// outputs[b][c] = Σ_r probs[b][r][c] · y[index[b][r]] (blocks, M, dy); probs (blocks, L, M), y rows of dy.
+template <typename Real>
+void block_outputs(const Real* probs, const Real* y, const int64_t* index, int64_t blocks, int64_t L, int64_t M,
+                   int64_t dy, bool transpose, Real* outputs, int threads) {
+    const int64_t stride = whole_vectors<Real>(dy);
+    // without transpose A = P (rows r, contiguous over c); with, A = Pᵀ (rows c, a step of M over r)
+    const int64_t rows = transpose ? M : L, depth = transpose ? L : M, step = transpose ? M : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        std::vector<Real> panel(depth * stride, Real(0));  // the rows y[index[b]]: depth × stride, 0 past dy
+        std::vector<const Real*> a(rows);
+        std::vector<Real*> c(rows);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < blocks; ++b) {
+            for (int64_t t = 0; t < depth; ++t)
+                std::memcpy(&panel[t * stride], y + index[b * depth + t] * dy, dy * sizeof(Real));
+            for (int64_t r = 0; r < rows; ++r)
+                a[r] = probs + b * L * M + (transpose ? r : r * M), c[r] = outputs + (b * rows + r) * dy;
+            product(a.data(), step, rows, panel.data(), stride, depth, dy, c.data());
+        }
+    }
+}
+
+// Runs `body`: 0 once done, −1 when memory ran out (no exception may cross into C).
+template <typename F>
+int guarded(F&& body) {
+    try {
+        body();
+        return 0;
+    } catch (const std::bad_alloc&) {
+        return -1;
+    }
+}
+
+}  // namespace
+
+// 1 where the products run on 512-bit vectors (AVX-512), whose 32 registers hold a tile's 24 running sums;
+// elsewhere (fewer or narrower registers) the tile would spill, and the batched matmul is as fast.
+extern "C" int block_products_wide() {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#define EXPORT(SUFFIX, REAL)                                                                                   \
+    extern "C" int block_scores_##SUFFIX(const REAL* q, const REAL* k, const int64_t* queries, const int64_t* keys, \
+                                         int64_t blocks, int64_t L, int64_t M, int64_t d, REAL* scores,           \
+                                         int threads) {                                                           \
+        return guarded([&] { block_scores(q, k, queries, keys, blocks, L, M, d, scores, threads); });            \
+    }                                                                                                             \
+    extern "C" int block_outputs_##SUFFIX(const REAL* probs, const REAL* y, const int64_t* index, int64_t blocks, \
+                                          int64_t L, int64_t M, int64_t dy, int64_t transpose, REAL* outputs,     \
+                                          int threads) {                                                          \
+        return guarded([&] { block_outputs(probs, y, index, blocks, L, M, dy, transpose != 0, outputs, threads); }); \
+    }
+
+EXPORT(float, float)
+EXPORT(double, double)

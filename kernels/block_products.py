@@ -1,0 +1,104 @@
+"""The two products of attention blocks whose rows and columns are read through index lists, in C++.
+
+For blocks of L rows against M columns (:class:`~kernels.bucket_blocks.BlockClass`: ``rows`` (blocks, L) and
+``cols`` (blocks, M) index the flat tensors):
+
+    scores   S[b, r, c] = x[rows[b, r]] · y[cols[b, c]]         (blocks, L, M)
+    outputs  O[b, r]    = Σ_c P[b, r, c] · y[cols[b, c]]         (blocks, L, d_y)
+             and Pᵀ's:    Σ_r P[b, r, c] · y[rows[b, r]]         (blocks, M, d_y)
+
+(the forward's s = q·kᵀ and o = p·v, the backward's dp = do·vᵀ, dq = ds·k, dv = pᵀ·do and dk = dsᵀ·q).
+
+The reference is a batched matmul of the gathered rows (``take`` then ``bmm``), which runs where the C++
+kernel cannot (no compiler, see :mod:`kernels.native`; no AVX-512; GPU tensors; other dtypes). ``kernels/
+block_products.cpp`` packs each block's columns once into a panel the cache holds and multiplies on the
+processor's widest vectors; on processors where the BLAS behind ``bmm`` takes a narrower path than the
+hardware has, it runs about 1.4× (scores) and 2× (outputs) the batched matmul's rate. The two differ by
+round-off only (the sums' order).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels.bucket_blocks import take
+from kernels.native import library
+
+_SUFFIX = {torch.float32: "float", torch.float64: "double"}
+
+
+def wide_kernel() -> ctypes.CDLL | None:
+    """The C++ library, where it was built for 512-bit vectors (elsewhere its tiles would not fit in the
+    registers, and the batched matmul is as fast); None otherwise."""
+    kernel = library("block_products")
+    return kernel if kernel is not None and kernel.block_products_wide() else None
+
+
+def _runs_native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The C++ library where it can take these tensors (CPU, contiguous, float32 or float64, one dtype)."""
+    dtype = tensors[0].dtype
+    if dtype not in _SUFFIX or any(t.device.type != "cpu" or t.dtype != dtype for t in tensors):
+        return None
+    return wide_kernel()
+
+
+def _check_index(index: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+    """``index`` as contiguous int64, every entry a row of a tensor of ``rows`` rows."""
+    index = index.to(torch.int64).contiguous()
+    low, high = (int(x) for x in index.aminmax()) if index.numel() else (0, 0)
+    if low < 0 or high >= rows:
+        raise ValueError(f"{name} must index rows in [0, {rows}); got [{low}, {high}]")
+    return index
+
+
+def _call(kernel: ctypes.CDLL, name: str, dtype: torch.dtype, *args: object) -> None:
+    ptr = ctypes.c_void_p
+    converted = [ptr(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int64(a) for a in args]
+    status = getattr(kernel, f"{name}_{_SUFFIX[dtype]}")(*converted, ctypes.c_int(torch.get_num_threads()))
+    if status != 0:
+        raise MemoryError(f"{name} ran out of memory")
+
+
+def block_scores(
+    x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """out[b, r, c] = x[rows[b, r]] · y[cols[b, c]]; x (N, d), y (M_all, d), rows (blocks, L), cols
+    (blocks, M), out (blocks, L, M) contiguous. Returns ``out``."""
+    blocks, length = rows.shape
+    width, depth = cols.shape[1], x.shape[1]
+    if out.shape != (blocks, length, width) or not out.is_contiguous() or y.shape[1] != depth:
+        raise ValueError(
+            f"block_scores takes x (N, d), y (M, d), out (blocks, L, M) contiguous; got x {tuple(x.shape)}, "
+            f"y {tuple(y.shape)}, rows {tuple(rows.shape)}, cols {tuple(cols.shape)}, out {tuple(out.shape)}"
+        )
+    kernel = _runs_native(x, y, out)
+    if kernel is None or not (x.is_contiguous() and y.is_contiguous()):
+        return torch.bmm(take(x, rows), take(y, cols).transpose(1, 2), out=out)
+    rows, cols = _check_index(rows, len(x), "rows"), _check_index(cols, len(y), "cols")
+    _call(kernel, "block_scores", x.dtype, x, y, rows, cols, blocks, length, width, depth, out)
+    return out
+
+
+def block_outputs(
+    probs: torch.Tensor, y: torch.Tensor, index: torch.Tensor, *, transpose: bool = False
+) -> torch.Tensor:
+    """Σ_c probs[b, r, c] · y[index[b, c]] (blocks, L, d_y); with ``transpose``, Σ_r probs[b, r, c] ·
+    y[index[b, r]] (blocks, M, d_y). probs (blocks, L, M), y (rows, d_y), index (blocks, M), or (blocks, L)
+    with ``transpose``."""
+    blocks, length, width = probs.shape
+    if index.shape != (blocks, length if transpose else width) or y.dim() != 2:
+        side = "L" if transpose else "M"
+        raise ValueError(
+            f"block_outputs takes probs (blocks, L, M), y (rows, d), index (blocks, {side}); got probs "
+            f"{tuple(probs.shape)}, y {tuple(y.shape)}, index {tuple(index.shape)}"
+        )
+    kernel = _runs_native(probs, y)
+    if kernel is None or not (probs.is_contiguous() and y.is_contiguous()):
+        return torch.bmm(probs.transpose(1, 2) if transpose else probs, take(y, index))
+    out = probs.new_empty(blocks, width if transpose else length, y.shape[1])
+    index = _check_index(index, len(y), "index")
+    args = (blocks, length, width, y.shape[1], int(transpose), out)
+    _call(kernel, "block_outputs", probs.dtype, probs, y, index, *args)
+    return out

@@ -1,0 +1,107 @@
+"""The C++ block products (kernels.block_products) against the batched matmul of gathered rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import block_products
+from kernels.block_products import block_outputs, block_scores, wide_kernel
+from kernels.bucket_blocks import take
+
+pytestmark = pytest.mark.skipif(wide_kernel() is None, reason="no C++ compiler, or no AVX-512")
+
+
+def _inputs(blocks: int, rows: int, cols: int, depth: int, dtype: torch.dtype, seed: int):
+    """x (40, depth), y (50, depth), row and column indices with repeats, probabilities (blocks, rows, cols)
+    with zeros, as the forward leaves them."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(40, depth, generator=gen, dtype=dtype)
+    y = torch.randn(50, depth, generator=gen, dtype=dtype)
+    row_index = torch.randint(0, 40, (blocks, rows), generator=gen)
+    col_index = torch.randint(0, 50, (blocks, cols), generator=gen)
+    probs = torch.rand(blocks, rows, cols, generator=gen, dtype=dtype)
+    probs[probs < 0.4] = 0
+    return x, y, row_index, col_index, probs
+
+
+def _products(x, y, row_index, col_index, probs) -> list[torch.Tensor]:
+    """Scores x·yᵀ, outputs p·y and pᵀ·x of the blocks."""
+    scores = torch.full((*row_index.shape, col_index.shape[1]), torch.nan, dtype=x.dtype)
+    return [
+        block_scores(x, y, row_index, col_index, scores),
+        block_outputs(probs, y, col_index),
+        block_outputs(probs, x, row_index, transpose=True),
+    ]
+
+
+def _reference(x, y, row_index, col_index, probs) -> list[torch.Tensor]:
+    """The same by batched matmuls of the gathered rows."""
+    return [
+        torch.bmm(take(x, row_index), take(y, col_index).mT),
+        torch.bmm(probs, take(y, col_index)),
+        torch.bmm(probs.mT, take(x, row_index)),
+    ]
+
+
+# around the kernel's tiles: rows in tiles of 6, columns in strips of 4 vectors of 16 floats (8 doubles)
+SHAPES = [(1, 1, 1, 1), (3, 5, 3, 7), (2, 6, 16, 16), (2, 7, 17, 33), (4, 13, 40, 64), (2, 64, 72, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("blocks, rows, cols, depth", SHAPES)
+def test_scores_and_outputs_equal_the_batched_matmul(dtype, blocks, rows, cols, depth):
+    x, y, row_index, col_index, probs = _inputs(blocks, rows, cols, depth, dtype, seed=rows * cols + depth)
+    tol = dict(rtol=0, atol=64 * torch.finfo(dtype).eps * max(depth, cols, rows) ** 0.5)
+    found = _products(x, y, row_index, col_index, probs)
+    assert [t.shape for t in found] == [(blocks, rows, cols), (blocks, rows, depth), (blocks, cols, depth)]
+    for got, want in zip(found, _reference(x, y, row_index, col_index, probs), strict=True):
+        torch.testing.assert_close(got, want, **tol)
+
+
+def test_results_do_not_depend_on_the_number_of_threads():
+    inputs = _inputs(9, 20, 70, 64, torch.float32, seed=1)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            results.append(_products(*inputs))
+    finally:
+        torch.set_num_threads(threads)
+    for one, three in zip(*results, strict=True):
+        assert torch.equal(one, three)
+
+
+def test_without_the_kernel_the_batched_matmul_runs(monkeypatch):
+    """No compiler (or tensors the kernel does not take: here non-contiguous ones): the reference, bit for
+    bit."""
+    x, y, row_index, col_index, probs = _inputs(3, 7, 17, 33, torch.float32, seed=2)
+    expected = _reference(x, y, row_index, col_index, probs)
+    strided = [t.mT.contiguous().mT for t in (x, y, probs)]
+    assert not any(t.is_contiguous() for t in strided)
+    for got, want in zip(_products(*strided[:2], row_index, col_index, strided[2]), expected, strict=True):
+        assert torch.equal(got, want)
+    monkeypatch.setattr(block_products, "library", lambda name: None)
+    for got, want in zip(_products(x, y, row_index, col_index, probs), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_indices_outside_their_tensor_are_refused():
+    x, y, row_index, col_index, probs = _inputs(2, 3, 4, 8, torch.float32, seed=3)
+    col_index[1, 2] = 50
+    with pytest.raises(ValueError, match=r"cols must index rows in \[0, 50\); got \[\d+, 50\]"):
+        block_scores(x, y, row_index, col_index, torch.empty(2, 3, 4))
+    with pytest.raises(ValueError, match=r"index must index rows in \[0, 50\)"):
+        block_outputs(probs, y, col_index)
+    row_index[0, 0] = -1
+    with pytest.raises(ValueError, match=r"index must index rows in \[0, 40\); got \[-1, "):
+        block_outputs(probs, x, row_index, transpose=True)
+
+
+def test_shapes_that_do_not_fit_are_refused():
+    x, y, row_index, col_index, probs = _inputs(2, 3, 4, 8, torch.float32, seed=4)
+    with pytest.raises(ValueError, match=r"out \(blocks, L, M\) contiguous.*out \(2, 4, 3\)"):
+        block_scores(x, y, row_index, col_index, torch.empty(2, 4, 3))
+    with pytest.raises(ValueError, match=r"index \(blocks, L\); got .*index \(2, 4\)"):
+        block_outputs(probs, x, col_index, transpose=True)
