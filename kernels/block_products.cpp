@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <utility>
 #include <vector>
 
 #pragma GCC optimize("fp-contract=fast")  // a·b + c as one fused multiply-add (Clang contracts by default)
@@ -28,6 +29,16 @@ template <typename Real>
 using Vec __attribute__((vector_size(64))) = Real;
 template <typename Real>
 constexpr int64_t kWidth = 64 / sizeof(Real);
+
+// The first `valid` (≤ kWidth) lanes of v, written from `to` on: a whole vector in one store.
+template <typename Real>
+void store(Real* to, const Vec<Real>& v, int64_t valid) {
+    if (valid == kWidth<Real>) {
+        std::memcpy(to, &v, sizeof v);
+    } else {
+        std::memcpy(to, &v, valid * sizeof(Real));
+    }
+}
 
 // A tile of C: kRows rows × kVectors vectors of columns, 24 running sums of the 32 vector registers, with
 // the kVectors of B and one broadcast of A beside them. Each step of the inner dimension loads 4 vectors and
@@ -52,13 +63,8 @@ void tile(const Real* const* a, int64_t step, const Real* b, int64_t stride, int
     }
     for (int r = 0; r < R; ++r) {
         for (int v = 0; v < NV; ++v) {
-            const int64_t first = col + v * kWidth<Real>, valid = std::min<int64_t>(cols - v * kWidth<Real>, kWidth<Real>);
-            const Vec<Real> out = sum[r][v];
-            if (valid == kWidth<Real>) {
-                std::memcpy(c[r] + first, &out, sizeof out);
-            } else if (valid > 0) {
-                std::memcpy(c[r] + first, &out, valid * sizeof(Real));
-            }
+            const int64_t valid = std::min<int64_t>(cols - v * kWidth<Real>, kWidth<Real>);
+            if (valid > 0) store<Real>(c[r] + col + v * kWidth<Real>, sum[r][v], valid);
         }
     }
 }
@@ -102,20 +108,54 @@ int64_t whole_vectors(int64_t n) {
     return (n + kWidth<Real> - 1) / kWidth<Real> * kWidth<Real>;
 }
 
-// panel[t][c] = x[rows[c]][t] for c < count, t < depth (panel rows of `stride`): a vector of columns at a time,
-// its rows read side by side, so every write fills whole cache lines.
+// Asks for the rows x[rows[0..count)] (of `width` Reals) to be brought into the cache: the next block's, whose
+// rows lie anywhere in memory, while this block's product runs.
+template <typename Real>
+void prefetch_rows(const Real* x, const int64_t* rows, int64_t count, int64_t width) {
+    for (int64_t i = 0; i < count; ++i)
+        for (int64_t j = 0; j < width; j += 64 / sizeof(Real)) __builtin_prefetch(x + rows[i] * width + j);
+}
+
+// One stage of a transpose of a square of vectors (rows a, b = a + bit of it): the lanes of a with `bit`
+// set trade places with the lanes of b without it, a[i + bit] ↔ b[i]; over bit = 1, 2, 4, ... lane i of row
+// r ends where lane r of row i was.
+template <int bit, typename V, size_t... lane>
+void exchange(V& a, V& b, std::index_sequence<lane...>) {
+    constexpr int n = sizeof...(lane);
+    const V low = __builtin_shufflevector(a, b, (lane & bit ? int(lane) - bit + n : int(lane))...);
+    const V high = __builtin_shufflevector(a, b, (lane & bit ? int(lane) + n : int(lane) + bit)...);
+    a = low, b = high;
+}
+
+template <int bit, typename V, int n>
+void stage(V (&rows)[n]) {
+    for (int r = 0; r < n; ++r)
+        if (!(r & bit)) exchange<bit>(rows[r], rows[r + bit], std::make_index_sequence<n>{});
+}
+
+// panel[t][c] = x[rows[c]][t] for c < count, t < depth (panel rows of `stride`): squares of a vector's width
+// of lanes at a time, read as whole rows and transposed in registers, so every write fills a cache line
+// (the depth's last partial square lane by lane).
 template <typename Real>
 void pack_transposed(const Real* x, const int64_t* rows, int64_t count, int64_t depth, Real* panel,
                      int64_t stride) {
-    constexpr int64_t n = kWidth<Real>;
+    constexpr int n = kWidth<Real>;
     for (int64_t c = 0; c < count; c += n) {
-        const int64_t valid = std::min(n, count - c);
+        const int64_t valid = std::min<int64_t>(n, count - c);
         const Real* from[n];
-        for (int64_t j = 0; j < n; ++j) from[j] = x + rows[c + std::min(j, valid - 1)] * depth;
-        for (int64_t t = 0; t < depth; ++t) {
+        for (int j = 0; j < n; ++j) from[j] = x + rows[c + std::min<int64_t>(j, valid - 1)] * depth;
+        int64_t t = 0;
+        for (; t + n <= depth; t += n) {
+            Vec<Real> square[n];
+            for (int j = 0; j < n; ++j) std::memcpy(&square[j], from[j] + t, sizeof square[j]);
+            stage<1>(square), stage<2>(square), stage<4>(square);
+            if constexpr (n == 16) stage<8>(square);
+            for (int j = 0; j < n; ++j) store<Real>(panel + (t + j) * stride + c, square[j], valid);
+        }
+        for (; t < depth; ++t) {
             Vec<Real> column;
-            for (int64_t j = 0; j < n; ++j) column[j] = from[j][t];
-            std::memcpy(panel + t * stride + c, &column, valid * sizeof(Real));
+            for (int j = 0; j < n; ++j) column[j] = from[j][t];
+            store<Real>(panel + t * stride + c, column, valid);
         }
     }
 }
@@ -132,6 +172,10 @@ void block_scores(const Real* q, const Real* k, const int64_t* queries, const in
         std::vector<Real*> c(L);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < blocks; ++b) {
+            if (b + 1 < blocks) {
+                prefetch_rows(k, keys + (b + 1) * M, M, d);
+                prefetch_rows(q, queries + (b + 1) * L, L, d);
+            }
             pack_transposed(k, keys + b * M, M, d, panel.data(), stride);
             for (int64_t r = 0; r < L; ++r) a[r] = q + queries[b * L + r] * d, c[r] = scores + (b * L + r) * M;
             product(a.data(), 1, L, panel.data(), stride, d, M, c.data());
@@ -154,6 +198,7 @@ void block_outputs(const Real* probs, const Real* y, const int64_t* index, int64
         std::vector<Real*> c(rows);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < blocks; ++b) {
+            if (b + 1 < blocks) prefetch_rows(y, index + (b + 1) * depth, depth, dy);
             for (int64_t t = 0; t < depth; ++t)
                 std::memcpy(&panel[t * stride], y + index[b * depth + t] * dy, dy * sizeof(Real));
             for (int64_t r = 0; r < rows; ++r)
