@@ -1,6 +1,6 @@
-"""Whole-row softmax (not causal, one id per query, no pattern) runs as blocks of SDPA: the same values and
-gradients as the dense reference, padding keys weighted exactly 0, and the other cases left to the block
-path."""
+"""Whole-row softmax (not causal, one id per query, no pattern) runs as blocks of SDPA where the block
+products have no wide kernel: the same values and gradients as the dense reference, padding keys weighted
+exactly 0, and the other cases left to the block path; with the wide kernel, the block path."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture
 def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """The query shapes of every SDPA call the PyTorch path makes while the test runs."""
+    """The query shapes of every SDPA call the PyTorch path makes while the test runs, on a machine where
+    the block products have no wide kernel (where they have, they beat SDPA)."""
+    monkeypatch.setattr(torch_bucketed, "wide_kernel", lambda: None)
     calls = []
     sdpa = torch_bucketed.F.scaled_dot_product_attention
 
@@ -94,3 +96,18 @@ def test_values_of_another_size_take_the_block_path(sdpa_calls):
     out = torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, alpha=1.0)
     assert not sdpa_calls
     torch.testing.assert_close(out.double(), dense64(q, k, v, qb, kb, alpha=1.0), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(torch_bucketed.wide_kernel() is None, reason="no wide block products here")
+def test_with_the_wide_block_products_whole_buckets_take_the_block_path(monkeypatch):
+    """They beat SDPA's flash kernel on such blocks; the values and gradients are the reference's."""
+    calls = []
+    monkeypatch.setattr(torch_bucketed.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1))
+    q, k, v, qb, kb = make_inputs(130, 32, 1, seed=7)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
+    ours = _grads(torch_bucketed_attention, q, k, v, qb, kb, {"alpha": 1.0}, grad_out)
+    assert not calls
+    ref = _grads(dense_bucketed_attention, q, k, v, qb, kb, {"alpha": 1.0}, grad_out)
+    truth = _grads(dense64, q.double(), k.double(), v.double(), qb, kb, {"alpha": 1.0}, grad_out)
+    for g_ours, g_ref, g_truth in zip(ours, ref, truth, strict=True):
+        assert_close_to_truth(g_ours, g_ref, g_truth)
