@@ -102,3 +102,20 @@ def block_outputs(
     args = (blocks, length, width, y.shape[1], int(transpose), out)
     _call(kernel, "block_outputs", probs.dtype, probs, y, index, *args)
     return out
+
+
+def head_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w head by head: x (b, H, n, d), w (H, d, e) → (b, H, n, e). Where the wide kernel takes them and
+    no gradient is asked for, :func:`block_outputs` with one block per (batch, head), its panel the head's
+    w; else ``torch.matmul``."""
+    b, heads, n, d = x.shape
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    if wants_grad or _runs_native(x, w) is None:
+        return torch.matmul(x, w)
+    panel_rows = torch.arange(heads * d, device=x.device).view(1, heads, d).expand(b, heads, d)
+    out = block_outputs(
+        x.reshape(b * heads, n, d).contiguous(),
+        w.reshape(heads * d, -1).contiguous(),
+        panel_rows.reshape(b * heads, d),
+    )
+    return out.view(b, heads, n, -1)

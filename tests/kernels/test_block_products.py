@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels import block_products
-from kernels.block_products import block_outputs, block_scores, wide_kernel
+from kernels.block_products import block_outputs, block_scores, head_product, wide_kernel
 from kernels.bucket_blocks import take
 
 
@@ -122,3 +122,24 @@ def test_shapes_that_do_not_fit_are_refused():
         block_scores(x, y, row_index, col_index, torch.empty(2, 4, 3))
     with pytest.raises(ValueError, match=r"index \(blocks, L\); got .*index \(2, 4\)"):
         block_outputs(probs, x, col_index, transpose=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_head_product_is_the_matmul_per_head(dtype, monkeypatch):
+    """Batch 2, 3 heads, 37 tokens, 64 → 32 (the projector's hidden layer) through the kernel; with
+    gradients asked for, the matmul itself, whose backward serves."""
+    calls = []
+    outputs = block_products.block_outputs
+    monkeypatch.setattr(block_products, "block_outputs", lambda *a, **k: calls.append(1) or outputs(*a, **k))
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 37, 64, generator=gen, dtype=dtype)
+    w = torch.randn(3, 64, 32, generator=gen, dtype=dtype)
+    with torch.no_grad():
+        found = head_product(x, w)
+    assert calls == [1]
+    torch.testing.assert_close(found, torch.matmul(x, w), rtol=0, atol=256 * torch.finfo(dtype).eps)
+    x.requires_grad_()
+    out = head_product(x, w)
+    assert calls == [1] and torch.equal(out, torch.matmul(x, w))
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(-1)[None, :, None, :].expand_as(x))
