@@ -117,6 +117,17 @@ V lanes(const T* from, int64_t valid, V rest) {
     return rest;
 }
 
+// The first `valid` (≤ its lanes) lanes of v, written from `to` on: a whole vector in one store (a copy of a
+// size known only at run time is a string move, several times slower).
+template <typename V, typename T>
+void store(T* to, const V& v, int64_t valid) {
+    if (valid * sizeof(T) == sizeof(V)) {
+        std::memcpy(to, &v, sizeof v);
+    } else {
+        std::memcpy(to, &v, valid * sizeof(T));
+    }
+}
+
 // Which entries of a part of blocks (blocks × block_rows rows of `width`) are keys: entry c of row r is one
 // when low[r] ≤ key_pos[c] ≤ limit[r] (the positions of the row's block) and no tag of the row equals one of
 // the column.
@@ -208,7 +219,7 @@ struct Query {
                     Vec<Real> x = lanes(row.data + j, valid, Vec<Real>{} - inf);
                     if constexpr (rule != kEvery) {
                         x = row.template excluded<rule>(j, valid) ? -inf : x;
-                        if (drop) std::memcpy(row.data + j, &x, valid * sizeof(Real));
+                        if (drop) store(row.data + j, x, valid);
                     }
                     high[half] = x > high[half] ? x : high[half];
                 });
@@ -233,7 +244,7 @@ struct Query {
                     const int64_t valid = std::min(n, row.width - j);
                     const Vec<Real> p = exp_lanes(load<rule>(row, j, valid, 0));  // e^{−∞} = 0 in the padding
                     sums[half] += p;
-                    if (write) std::memcpy(row.data + j, &p, valid * sizeof(Real));
+                    if (write) store(row.data + j, p, valid);
                 }
             });
         }
@@ -277,7 +288,7 @@ struct Query {
                     Vec<Real> p = load<rule>(row, j, valid, tau);
                     p = p > 0 ? p : 0;
                     if (beta == 2) p *= p;
-                    std::memcpy(row.data + j, &p, valid * sizeof(Real));
+                    store(row.data + j, p, valid);
                 }
             });
         }
