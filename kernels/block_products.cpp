@@ -47,15 +47,15 @@ constexpr int kRows = 6;
 constexpr int kVectors = 4;
 
 // C[r][..] = Σ_t A[r][t] · B[t][..] for the R rows `a` (A[r][t] at a[r][t · step]) and NV vectors of
-// columns of the panel `b` (rows of `stride` Reals) from column `col` on; the first `cols` columns of each
-// row are written to c[r] + col.
+// columns of the rows `b` (B[t] from b[t] on, whole vectors readable) from column `col` on; the first `cols`
+// columns of each row are written to c[r] + col.
 template <typename Real, int R, int NV>
-void tile(const Real* const* a, int64_t step, const Real* b, int64_t stride, int64_t depth, int64_t col,
+void tile(const Real* const* a, int64_t step, const Real* const* b, int64_t depth, int64_t col,
           int64_t cols, Real* const* c) {
     Vec<Real> sum[R][NV] = {};
     for (int64_t t = 0; t < depth; ++t) {
         Vec<Real> row[NV];
-        for (int v = 0; v < NV; ++v) std::memcpy(&row[v], b + t * stride + col + v * kWidth<Real>, sizeof row[v]);
+        for (int v = 0; v < NV; ++v) std::memcpy(&row[v], b[t] + col + v * kWidth<Real>, sizeof row[v]);
         for (int r = 0; r < R; ++r) {
             const Real x = a[r][t * step];
             for (int v = 0; v < NV; ++v) sum[r][v] += x * row[v];
@@ -70,34 +70,33 @@ void tile(const Real* const* a, int64_t step, const Real* b, int64_t stride, int
 }
 
 template <typename Real, int R>
-void strip(const Real* const* a, int64_t step, const Real* b, int64_t stride, int64_t depth, int64_t col,
+void strip(const Real* const* a, int64_t step, const Real* const* b, int64_t depth, int64_t col,
            int64_t cols, Real* const* c) {
     switch (std::min<int64_t>((cols + kWidth<Real> - 1) / kWidth<Real>, kVectors)) {
-        case 1: return tile<Real, R, 1>(a, step, b, stride, depth, col, cols, c);
-        case 2: return tile<Real, R, 2>(a, step, b, stride, depth, col, cols, c);
-        case 3: return tile<Real, R, 3>(a, step, b, stride, depth, col, cols, c);
-        default: return tile<Real, R, kVectors>(a, step, b, stride, depth, col, cols, c);
+        case 1: return tile<Real, R, 1>(a, step, b, depth, col, cols, c);
+        case 2: return tile<Real, R, 2>(a, step, b, depth, col, cols, c);
+        case 3: return tile<Real, R, 3>(a, step, b, depth, col, cols, c);
+        default: return tile<Real, R, kVectors>(a, step, b, depth, col, cols, c);
     }
 }
 
-// C = A·B for `rows` rows of A (pointers, A[r][t] at a[r][t · step], t < depth) and the panel B (depth ×
-// `stride`, `cols` ≤ stride of its columns used; stride a whole number of vectors), into the rows c
-// (pointers).
+// C = A·B for `rows` rows of A (pointers, A[r][t] at a[r][t · step], t < depth) and the `depth` rows of B
+// (pointers, each readable for `cols` rounded up to whole vectors), into the rows c (pointers).
 template <typename Real>
-void product(const Real* const* a, int64_t step, int64_t rows, const Real* b, int64_t stride, int64_t depth,
+void product(const Real* const* a, int64_t step, int64_t rows, const Real* const* b, int64_t depth,
              int64_t cols, Real* const* c) {
-    // column strips outside, so a strip of the panel (depth × 64 floats: 16 KiB at depth 64) stays in the
+    // column strips outside, so a strip of B (depth × 64 floats: 16 KiB at depth 64) stays in the
     // first-level cache while every tile of rows passes over it
     for (int64_t col = 0; col < cols; col += kVectors * kWidth<Real>) {
         const int64_t left = cols - col;
         int64_t r = 0;
-        for (; r + kRows <= rows; r += kRows) strip<Real, kRows>(a + r, step, b, stride, depth, col, left, c + r);
+        for (; r + kRows <= rows; r += kRows) strip<Real, kRows>(a + r, step, b, depth, col, left, c + r);
         switch (rows - r) {
-            case 1: strip<Real, 1>(a + r, step, b, stride, depth, col, left, c + r); break;
-            case 2: strip<Real, 2>(a + r, step, b, stride, depth, col, left, c + r); break;
-            case 3: strip<Real, 3>(a + r, step, b, stride, depth, col, left, c + r); break;
-            case 4: strip<Real, 4>(a + r, step, b, stride, depth, col, left, c + r); break;
-            case 5: strip<Real, 5>(a + r, step, b, stride, depth, col, left, c + r); break;
+            case 1: strip<Real, 1>(a + r, step, b, depth, col, left, c + r); break;
+            case 2: strip<Real, 2>(a + r, step, b, depth, col, left, c + r); break;
+            case 3: strip<Real, 3>(a + r, step, b, depth, col, left, c + r); break;
+            case 4: strip<Real, 4>(a + r, step, b, depth, col, left, c + r); break;
+            case 5: strip<Real, 5>(a + r, step, b, depth, col, left, c + r); break;
             default: break;
         }
     }
@@ -168,8 +167,9 @@ void block_scores(const Real* q, const Real* k, const int64_t* queries, const in
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         std::vector<Real> panel(d * stride, Real(0));  // kᵀ of the block: d × stride, the columns past M 0
-        std::vector<const Real*> a(L);
+        std::vector<const Real*> a(L), b_rows(d);
         std::vector<Real*> c(L);
+        for (int64_t t = 0; t < d; ++t) b_rows[t] = panel.data() + t * stride;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < blocks; ++b) {
             if (b + 1 < blocks) {
@@ -178,7 +178,7 @@ void block_scores(const Real* q, const Real* k, const int64_t* queries, const in
             }
             pack_transposed(k, keys + b * M, M, d, panel.data(), stride);
             for (int64_t r = 0; r < L; ++r) a[r] = q + queries[b * L + r] * d, c[r] = scores + (b * L + r) * M;
-            product(a.data(), 1, L, panel.data(), stride, d, M, c.data());
+            product(a.data(), 1, L, b_rows.data(), d, M, c.data());
         }
     }
 }
@@ -193,17 +193,22 @@ void block_outputs(const Real* probs, const Real* y, const int64_t* index, int64
     const int64_t rows = transpose ? M : L, depth = transpose ? L : M, step = transpose ? M : 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        std::vector<Real> panel(depth * stride, Real(0));  // the rows y[index[b]]: depth × stride, 0 past dy
-        std::vector<const Real*> a(rows);
+        // B's rows are y's own where they hold whole vectors; else copies padded with 0 (a panel)
+        const bool whole = dy == stride;
+        std::vector<Real> panel(whole ? 0 : depth * stride, Real(0));
+        std::vector<const Real*> a(rows), b_rows(depth);
         std::vector<Real*> c(rows);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < blocks; ++b) {
             if (b + 1 < blocks) prefetch_rows(y, index + (b + 1) * depth, depth, dy);
-            for (int64_t t = 0; t < depth; ++t)
-                std::memcpy(&panel[t * stride], y + index[b * depth + t] * dy, dy * sizeof(Real));
+            for (int64_t t = 0; t < depth; ++t) {
+                const Real* row = y + index[b * depth + t] * dy;
+                if (!whole) std::memcpy(&panel[t * stride], row, dy * sizeof(Real));
+                b_rows[t] = whole ? row : panel.data() + t * stride;
+            }
             for (int64_t r = 0; r < rows; ++r)
                 a[r] = probs + b * L * M + (transpose ? r : r * M), c[r] = outputs + (b * rows + r) * dy;
-            product(a.data(), step, rows, panel.data(), stride, depth, dy, c.data());
+            product(a.data(), step, rows, b_rows.data(), depth, dy, c.data());
         }
     }
 }
