@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import block_products
+from kernels import block_products, torch_bucketed
 from kernels.block_products import block_outputs, block_scores, head_product, wide_kernel
 from kernels.bucket_blocks import take
 
@@ -143,3 +143,34 @@ def test_head_product_is_the_matmul_per_head(dtype, monkeypatch):
     assert calls == [1] and torch.equal(out, torch.matmul(x, w))
     out.sum().backward()
     torch.testing.assert_close(x.grad, w.sum(-1)[None, :, None, :].expand_as(x))
+
+
+@pytest.mark.parametrize(
+    ("alpha", "pattern"), [(1.0, {}), (1.5, {"causal": True, "radius": 2, "global_tokens": 1})]
+)
+def test_attention_through_the_batched_matmul_is_the_same(alpha, pattern, monkeypatch):
+    """Where the wide kernel cannot run (no compiler, no AVX-512), attention forward and backward through the
+    batched matmul agree with attention through the kernel, and with float64."""
+    from tests.kernels.test_torch_bucketed import _grads, dense64, make_inputs
+
+    q, k, v, qb, kb = make_inputs(70, 32, 2, seed=11)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(12))
+
+    def attend(q, k, v, qb, kb):
+        return torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, alpha=alpha, **pattern)
+
+    def run() -> list[torch.Tensor]:
+        with torch.no_grad():
+            out = attend(q, k, v, qb, kb)
+        return [out, *_grads(attend, q, k, v, qb, kb, {}, grad_out)]
+
+    wide = run()
+    monkeypatch.setattr(block_products, "library", lambda name: None)
+    narrow = run()
+    for got, want in zip(narrow, wide, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    window = 2 * pattern["radius"] + 1 if pattern else 0
+    opts = dict(causal=bool(pattern), window=window, global_tokens=pattern.get("global_tokens", 0))
+    torch.testing.assert_close(
+        narrow[0].double(), dense64(q, k, v, qb, kb, alpha=alpha, **opts), rtol=1e-4, atol=1e-5
+    )
