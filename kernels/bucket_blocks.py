@@ -34,6 +34,7 @@ diagonal blocks and the band's corners, so memory stays linear in the attended p
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -266,6 +267,15 @@ class _Blocks:
         self.k_pos.append(pos)
         return offset
 
+    def extend(self, other: _Blocks) -> None:
+        """Append the sequences and blocks of ``other``, its blocks' starts moved past ours."""
+        q_offset, k_offset = (sum(x.numel() for x in seqs) for seqs in (self.q_flat, self.k_flat))
+        self.q_flat += other.q_flat
+        self.q_pos += other.q_pos
+        self.k_flat += other.k_flat
+        self.k_pos += other.k_pos
+        self.runs += [(q + q_offset, rows, k + k_offset, *rest) for q, rows, k, *rest in other.runs]
+
 
 def _chunks(
     start: torch.Tensor, count: torch.Tensor, rows: int, *, short_first: bool = False
@@ -304,16 +314,19 @@ def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causa
     out.runs.append((c_start + q_offset, c_rows, b_start + k_offset, b_keys, kind, bucket[owner] % nid))
 
 
+@functools.lru_cache(maxsize=16)
 def _pattern_blocks(
-    out: _Blocks, G: int, n: int, m: int, causal: bool, radius: int, global_tokens: int, rows: int
-) -> None:
+    G: int, n: int, m: int, causal: bool, radius: int, global_tokens: int, rows: int, device: torch.device
+) -> _Blocks:
     """Global rows against every key; the other queries against the band and the global keys before it.
+    They depend on the shapes alone, not on the ids, so a model's layers of one length share them (kept for
+    the last 16 shapes; never written to).
 
     Where a band block has at most radius + 1 rows, the global keys lead its columns, at the position of the
     block's first query, which every row of the block admits (the band's limits are the rows' positions ±
     radius): one block for both, where a block of the global keys alone, a few columns wide, costs a class
     and a product of its own."""
-    device = out.k_flat[0].device
+    out = _Blocks([], [], [], [], [])
     group = torch.arange(G, device=device)
     i, j = torch.arange(n, device=device), torch.arange(m, device=device)
     q_offset = out.queries((group[:, None] * n + i).flatten(), i.repeat(G))
@@ -365,6 +378,7 @@ def _pattern_blocks(
                 torch.full_like(at, -1),
             )
         )
+    return out
 
 
 def plan_blocks(
@@ -390,7 +404,7 @@ def plan_blocks(
     parts = _Blocks([], [], [], [], [])
     _bucket_blocks(parts, q_ids, k_ids, causal, rows)
     if pattern:
-        _pattern_blocks(parts, G, n, m, causal, radius, global_tokens, rows)
+        parts.extend(_pattern_blocks(G, n, m, causal, radius, global_tokens, rows, q_ids.device))
     q_flat, q_pos = torch.cat(parts.q_flat), torch.cat(parts.q_pos)
     k_flat, k_pos = torch.cat(parts.k_flat), torch.cat(parts.k_pos)
     runs = torch.cat([torch.stack(part) for part in parts.runs], 1)  # (6, blocks), the fields of _Blocks.runs

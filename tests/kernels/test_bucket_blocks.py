@@ -190,3 +190,26 @@ def test_row_normaliser_equals_sort_based_entmax(alpha, spread):
     rows = torch_bucketed._SpreadRows([torch.arange(6 * 64).view(6, 64)], 6 * 64)
     [probs] = torch_bucketed._normalise([scores.clone()], alpha, rows)
     torch.testing.assert_close(probs, expected, rtol=0, atol=1e-12)
+
+
+def test_pattern_blocks_are_shared_between_plans_of_one_shape_and_left_as_they_were():
+    """The window and global blocks depend on the shapes alone: a plan made after others of the same shape
+    (other ids, other patterns) is the very plan made afresh, and the kept blocks are never written to."""
+    pattern = dict(causal=True, radius=4, global_tokens=2)
+
+    def plan(seed: int, **opts):
+        ids = skewed_ids(2, 60, seed=seed).long()[0]
+        return plan_blocks(ids, ids, **opts)
+
+    def fields(p):
+        return [x for c in p.classes for x in (c.queries, c.keys, *vars(c.mask).values()) if x is not None]
+
+    bucket_blocks._pattern_blocks.cache_clear()
+    first = fields(plan(0, **pattern))
+    plan(1, **pattern), plan(2, causal=True, radius=1), plan(3, causal=False, radius=4, global_tokens=2)
+    assert bucket_blocks._pattern_blocks.cache_info().hits == 1
+    again = fields(plan(0, **pattern))
+    assert len(again) == len(first) and all(torch.equal(a, b) for a, b in zip(again, first, strict=True))
+    bucket_blocks._pattern_blocks.cache_clear()
+    fresh = fields(plan(0, **pattern))
+    assert all(torch.equal(a, b) for a, b in zip(fresh, first, strict=True))
