@@ -37,15 +37,23 @@ def wide_kernel() -> ctypes.CDLL | None:
 
 
 def _runs_native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
-    """The C++ library where it can take these tensors (CPU, contiguous, float32 or float64, one dtype)."""
+    """The wide C++ library where it can take these tensors (on the CPU, contiguous, float32 or float64, one
+    dtype); None where the batched matmul must run."""
     dtype = tensors[0].dtype
-    if dtype not in _SUFFIX or any(t.device.type != "cpu" or t.dtype != dtype for t in tensors):
+    if dtype not in _SUFFIX:
+        return None
+    if any(t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous() for t in tensors):
         return None
     return wide_kernel()
 
 
 def _check_index(index: torch.Tensor, rows: int, name: str) -> torch.Tensor:
-    """``index`` as contiguous int64, every entry a row of a tensor of ``rows`` rows."""
+    """``index`` (integers, on the CPU) as contiguous int64, every entry a row of a tensor of ``rows`` rows;
+    a one-line ValueError otherwise (the kernel reads through it unchecked)."""
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer row numbers; got {index.dtype}")
+    if index.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, as the tensors it indexes; got {index.device}")
     index = index.to(torch.int64).contiguous()
     low, high = (int(x) for x in index.aminmax()) if index.numel() else (0, 0)
     if low < 0 or high >= rows:
@@ -53,7 +61,9 @@ def _check_index(index: torch.Tensor, rows: int, name: str) -> torch.Tensor:
     return index
 
 
-def _call(kernel: ctypes.CDLL, name: str, dtype: torch.dtype, *args: object) -> None:
+def _call(kernel: ctypes.CDLL, name: str, dtype: torch.dtype, *args: torch.Tensor | int) -> None:
+    """The kernel's ``name`` for ``dtype`` on ``args`` (tensors by address, ints as int64) and torch's thread
+    count; a MemoryError where it ran out of memory."""
     ptr = ctypes.c_void_p
     converted = [ptr(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int64(a) for a in args]
     status = getattr(kernel, f"{name}_{_SUFFIX[dtype]}")(*converted, ctypes.c_int(torch.get_num_threads()))
@@ -67,14 +77,16 @@ def block_scores(
     """out[b, r, c] = x[rows[b, r]] · y[cols[b, c]]; x (N, d), y (M_all, d), rows (blocks, L), cols
     (blocks, M), out (blocks, L, M) contiguous. Returns ``out``."""
     blocks, length = rows.shape
-    width, depth = cols.shape[1], x.shape[1]
-    if out.shape != (blocks, length, width) or not out.is_contiguous() or y.shape[1] != depth:
+    width, depth = cols.shape[1], x.shape[-1]
+    shapes_fit = x.dim() == y.dim() == 2 and y.shape[1] == depth and cols.shape[0] == blocks
+    if not shapes_fit or out.shape != (blocks, length, width) or not out.is_contiguous():
         raise ValueError(
-            f"block_scores takes x (N, d), y (M, d), out (blocks, L, M) contiguous; got x {tuple(x.shape)}, "
-            f"y {tuple(y.shape)}, rows {tuple(rows.shape)}, cols {tuple(cols.shape)}, out {tuple(out.shape)}"
+            f"block_scores takes x (N, d), y (M, d), rows (blocks, L), cols (blocks, M), out (blocks, L, M) "
+            f"contiguous; got x {tuple(x.shape)}, y {tuple(y.shape)}, rows {tuple(rows.shape)}, cols "
+            f"{tuple(cols.shape)}, out {tuple(out.shape)}"
         )
     kernel = _runs_native(x, y, out)
-    if kernel is None or not (x.is_contiguous() and y.is_contiguous()):
+    if kernel is None:
         return torch.bmm(take(x, rows), take(y, cols).transpose(1, 2), out=out)
     rows, cols = _check_index(rows, len(x), "rows"), _check_index(cols, len(y), "cols")
     _call(kernel, "block_scores", x.dtype, x, y, rows, cols, blocks, length, width, depth, out)
@@ -95,7 +107,7 @@ def block_outputs(
             f"{tuple(probs.shape)}, y {tuple(y.shape)}, index {tuple(index.shape)}"
         )
     kernel = _runs_native(probs, y)
-    if kernel is None or not (probs.is_contiguous() and y.is_contiguous()):
+    if kernel is None:
         return torch.bmm(probs.transpose(1, 2) if transpose else probs, take(y, index))
     out = probs.new_empty(blocks, width if transpose else length, y.shape[1])
     index = _check_index(index, len(y), "index")
@@ -110,12 +122,12 @@ def head_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     w; else ``torch.matmul``."""
     b, heads, n, d = x.shape
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
-    if wants_grad or _runs_native(x, w) is None:
+    per_head = w.dim() == 3 and w.shape[:2] == (heads, d)  # else matmul's broadcasting, or its error
+    if wants_grad or not per_head:
+        return torch.matmul(x, w)
+    x, w = x.contiguous(), w.contiguous()  # the kernel reads rows where they lie
+    if _runs_native(x, w) is None:
         return torch.matmul(x, w)
     panel_rows = torch.arange(heads * d, device=x.device).view(1, heads, d).expand(b, heads, d)
-    out = block_outputs(
-        x.reshape(b * heads, n, d).contiguous(),
-        w.reshape(heads * d, -1).contiguous(),
-        panel_rows.reshape(b * heads, d),
-    )
-    return out.view(b, heads, n, -1)
+    out = block_outputs(x.view(b * heads, n, d), w.view(heads * d, -1), panel_rows.reshape(b * heads, d))
+    return out.view(b, heads, n, w.shape[-1])

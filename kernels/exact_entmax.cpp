@@ -259,10 +259,11 @@ struct Query {
 
     // A start τ₀ ≤ τ* for the search from the lane maxima T (`high`, of `largest`): for a subset T of the
     // keys F_T(τ) = Σ_{j∈T} (x_j − τ)₊^β ≤ F(τ), so its root τ_T ≤ τ*, and Newton steps from −1 on F_T
-    // (on F_T^{1/β} − 1: convex, so from below they never pass τ_T) stay below τ*. The maxima of the lanes
-    // are among the largest entries, so τ_T lies near τ*: two steps on these few values leave the search
-    // about two passes over all the entries where from −1 it takes four or five (Gaussian scores, rows of
-    // 64 to 1024 keys; the α = 1.5 normaliser then runs in 0.83 to 0.95 of the time over cached rows).
+    // (on F_T^{1/β} − 1: convex, so from below they never pass τ_T) stay below τ*, up to rounding: where T
+    // holds every key (rows of at most 2·kWidth), τ_T = τ* and the steps may end an ulp above it, which the
+    // search's next step corrects. The maxima of the lanes are among the largest entries, so τ_T lies near
+    // τ*: two steps on these few values leave the search about two passes over all the entries where from
+    // −1 it takes four or five (Gaussian scores, rows of 64 to 1024 keys).
     Real start(const Vec<Real> (&high)[2], int beta) const {
         Real tau = -1;
         for (int step = 0; step < kStartSteps; ++step) {
@@ -351,7 +352,7 @@ struct Query {
     }
 };
 
-// τ of `size` (≤ kGroup) queries together, each from its start `from` ≤ τ*, where F ≥ 1 (Query::start).
+// τ of `size` (≤ kGroup) queries together, each from its start `from` ≤ τ* (up to rounding, Query::start).
 // Each pass over a query's entries gives the sums at its current τ and checks the candidate τ′ of the
 // pass before (whether {x > τ′} kept that pass's |S| elements). The queries' passes interleave: one
 // query's have no data dependence on another's, so the processor overlaps them, where a query alone would

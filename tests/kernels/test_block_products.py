@@ -21,9 +21,10 @@ def _can_build_wide() -> bool:
     return shutil.which(os.environ.get("CXX") or "c++") is not None and " avx512f " in flags
 
 
-pytestmark = pytest.mark.skipif(not _can_build_wide(), reason="no C++ compiler, or no AVX-512")
+needs_wide = pytest.mark.skipif(not _can_build_wide(), reason="no C++ compiler, or no AVX-512")
 
 
+@needs_wide
 def test_the_wide_kernel_is_built_where_it_can_run():
     """Else every test below would compare the batched matmul with itself."""
     assert wide_kernel() is not None
@@ -62,9 +63,18 @@ def _reference(x, y, row_index, col_index, probs) -> list[torch.Tensor]:
 
 
 # around the kernel's tiles: rows in tiles of 6, columns in strips of 4 vectors of 16 floats (8 doubles)
-SHAPES = [(1, 1, 1, 1), (3, 5, 3, 7), (2, 6, 16, 16), (2, 7, 17, 33), (4, 13, 40, 64), (2, 64, 72, 64)]
+SHAPES = [
+    (0, 3, 5, 8),
+    (1, 1, 1, 1),
+    (3, 5, 3, 7),
+    (2, 6, 16, 16),
+    (2, 7, 17, 33),
+    (4, 13, 40, 64),
+    (2, 64, 72, 64),
+]
 
 
+@needs_wide
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("blocks, rows, cols, depth", SHAPES)
 def test_scores_and_outputs_equal_the_batched_matmul(dtype, blocks, rows, cols, depth):
@@ -76,6 +86,7 @@ def test_scores_and_outputs_equal_the_batched_matmul(dtype, blocks, rows, cols, 
         torch.testing.assert_close(got, want, **tol)
 
 
+@needs_wide
 def test_results_do_not_depend_on_the_number_of_threads():
     inputs = _inputs(9, 20, 70, 64, torch.float32, seed=1)
     results = []
@@ -104,7 +115,9 @@ def test_without_the_kernel_the_batched_matmul_runs(monkeypatch):
         assert torch.equal(got, want)
 
 
-def test_indices_outside_their_tensor_are_refused():
+@needs_wide
+def test_indices_outside_their_tensor_or_not_integers_are_refused():
+    """The kernel reads through the indices unchecked: the wrapper checks them."""
     x, y, row_index, col_index, probs = _inputs(2, 3, 4, 8, torch.float32, seed=3)
     col_index[1, 2] = 50
     with pytest.raises(ValueError, match=r"cols must index rows in \[0, 50\); got \[\d+, 50\]"):
@@ -114,43 +127,77 @@ def test_indices_outside_their_tensor_are_refused():
     row_index[0, 0] = -1
     with pytest.raises(ValueError, match=r"index must index rows in \[0, 40\); got \[-1, "):
         block_outputs(probs, x, row_index, transpose=True)
+    with pytest.raises(ValueError, match=r"rows must hold integer row numbers; got torch\.float32"):
+        block_scores(x, y, row_index.float(), col_index, torch.empty(2, 3, 4))
+    with pytest.raises(ValueError, match="index must be on the CPU, as the tensors it indexes; got meta"):
+        block_outputs(probs, y, col_index.to("meta"))
 
 
 def test_shapes_that_do_not_fit_are_refused():
     x, y, row_index, col_index, probs = _inputs(2, 3, 4, 8, torch.float32, seed=4)
-    with pytest.raises(ValueError, match=r"out \(blocks, L, M\) contiguous.*out \(2, 4, 3\)"):
+    with pytest.raises(ValueError, match=r"out \(blocks, L, M\) contiguous; got .*out \(2, 4, 3\)"):
         block_scores(x, y, row_index, col_index, torch.empty(2, 4, 3))
+    with pytest.raises(ValueError, match=r"got .*rows \(2, 3\), cols \(1, 4\)"):  # fewer blocks of keys
+        block_scores(x, y, row_index, col_index[:1], torch.empty(2, 3, 4))
+    with pytest.raises(ValueError, match=r"got x \(40, 8, 1\)"):
+        block_scores(x[..., None], y, row_index, col_index, torch.empty(2, 3, 4))
     with pytest.raises(ValueError, match=r"index \(blocks, L\); got .*index \(2, 4\)"):
         block_outputs(probs, x, col_index, transpose=True)
 
 
+@needs_wide
+def test_running_out_of_memory_is_a_memory_error():
+    """Inside the kernel's threads (where an exception may not leave): a MemoryError in Python, not an abort.
+    No block, so nothing is read; a tile of 2⁴⁴ rows asks for more row pointers than any machine has."""
+    x, y, row_index, col_index, _ = _inputs(0, 1, 1, 8, torch.float32, seed=6)
+    out = torch.empty(0)
+    with pytest.raises(MemoryError, match="block_scores ran out of memory"):
+        block_products._call(
+            wide_kernel(), "block_scores", torch.float32, x, y, row_index, col_index, 0, 2**44, 1, 8, out
+        )
+
+
+@needs_wide
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_head_product_is_the_matmul_per_head(dtype, monkeypatch):
-    """Batch 2, 3 heads, 37 tokens, 64 → 32 (the projector's hidden layer) through the kernel; with
-    gradients asked for, the matmul itself, whose backward serves."""
+@pytest.mark.parametrize(("n", "e"), [(37, 32), (37, 20), (0, 32)])
+def test_head_product_is_the_matmul_per_head(dtype, n, e, monkeypatch):
+    """Batch 2, 3 heads, 64 → e (the projector's hidden layer: 32; 20, not whole vectors) through the
+    kernel."""
     calls = []
     outputs = block_products.block_outputs
     monkeypatch.setattr(block_products, "block_outputs", lambda *a, **k: calls.append(1) or outputs(*a, **k))
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 3, 37, 64, generator=gen, dtype=dtype)
-    w = torch.randn(3, 64, 32, generator=gen, dtype=dtype)
+    x = torch.randn(2, 3, n, 64, generator=gen, dtype=dtype)
+    w = torch.randn(3, e, 64, generator=gen, dtype=dtype).mT  # not contiguous, as the projector's
     with torch.no_grad():
         found = head_product(x, w)
-    assert calls == [1]
+    assert calls == [1] and found.shape == (2, 3, n, e)
     torch.testing.assert_close(found, torch.matmul(x, w), rtol=0, atol=256 * torch.finfo(dtype).eps)
-    x.requires_grad_()
+
+
+def test_head_product_with_gradients_or_other_weights_is_the_matmul():
+    """With gradients asked for, the matmul itself, whose backward serves; weights that are not one (d, e)
+    per head get the matmul's broadcasting, or its error."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 5, 8, generator=gen, requires_grad=True)
+    w = torch.randn(3, 8, 4, generator=gen)
     out = head_product(x, w)
-    assert calls == [1] and torch.equal(out, torch.matmul(x, w))
+    assert torch.equal(out, torch.matmul(x, w))
     out.sum().backward()
     torch.testing.assert_close(x.grad, w.sum(-1)[None, :, None, :].expand_as(x))
+    with torch.no_grad():
+        shared = torch.randn(8, 4, generator=gen)
+        assert torch.equal(head_product(x, shared), torch.matmul(x, shared))
+        with pytest.raises(RuntimeError):
+            head_product(x, torch.randn(3, 6, 4, generator=gen))
 
 
 @pytest.mark.parametrize(
     ("alpha", "pattern"), [(1.0, {}), (1.5, {"causal": True, "radius": 2, "global_tokens": 1})]
 )
 def test_attention_through_the_batched_matmul_is_the_same(alpha, pattern, monkeypatch):
-    """Where the wide kernel cannot run (no compiler, no AVX-512), attention forward and backward through the
-    batched matmul agree with attention through the kernel, and with float64."""
+    """Where the wide kernel cannot run (no AVX-512: the C++ normaliser still runs), attention forward and
+    backward through the batched matmul agree with attention through the kernel, and with float64."""
     from tests.kernels.test_torch_bucketed import _grads, dense64, make_inputs
 
     q, k, v, qb, kb = make_inputs(70, 32, 2, seed=11)
@@ -165,7 +212,8 @@ def test_attention_through_the_batched_matmul_is_the_same(alpha, pattern, monkey
         return [out, *_grads(attend, q, k, v, qb, kb, {}, grad_out)]
 
     wide = run()
-    monkeypatch.setattr(block_products, "library", lambda name: None)
+    for module in (block_products, torch_bucketed):
+        monkeypatch.setattr(module, "wide_kernel", lambda: None)
     narrow = run()
     for got, want in zip(narrow, wide, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
