@@ -11,10 +11,10 @@ For blocks of L rows against M columns (:class:`~kernels.bucket_blocks.BlockClas
 
 The reference is a batched matmul of the gathered rows (``take`` then ``bmm``), which runs where the C++
 kernel cannot (no compiler, see :mod:`kernels.native`; no AVX-512; GPU tensors; other dtypes). ``kernels/
-block_products.cpp`` packs each block's columns once into a panel the cache holds and multiplies on the
-processor's widest vectors; on processors where the BLAS behind ``bmm`` takes a narrower path than the
-hardware has, it runs about 1.4× (scores) and 2× (outputs) the batched matmul's rate. The two differ by
-round-off only (the sums' order).
+block_products.cpp`` transposes each block's keys once into a panel the cache holds, reads its values where
+they lie, and multiplies on 512-bit vectors; where the BLAS behind ``bmm`` takes a narrower path than the
+processor has (MKL on AMD processors: AVX2), it runs about 1.4× (scores) and 2× (outputs) the batched
+matmul's rate. The two differ by round-off only (the sums' order).
 """
 
 from __future__ import annotations
