@@ -14,7 +14,10 @@ masked α-entmax reference ``kernels.reference.dense_bucketed_attention`` (only 
 tokens: it holds n × n scores), and compiled FlexAttention (softmax; forward only, it has no backward on CPU
 tensors) on the same pairs with the tokens sorted by (first bucket id, position), sorting and block-mask
 building timed with it. Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
-turns sparsity into speed as well as SDPA uses dense FLOPs); ent/sm = our α = 1.5 time over our α = 1 time;
+turns sparsity into speed as well as SDPA uses dense FLOPs); pair GFLOP/s = 4·d·attended pairs / forward
+time (the pairs' q·k and p·v, for SDPA every valid pair): the same comparison in the machine's units, which
+shows what a BLAS's own path contributes (MKL takes its AVX2 kernels on AMD processors, for SDPA's products
+as for ``torch.bmm``, while the block products use AVX-512); ent/sm = our α = 1.5 time over our α = 1 time;
 overhead = what a learned predictor adds (projecting q and k to rank 4 through the pipeline's projector,
 assigning each its nearest centroids, planning the blocks) over our forward time.
 Forward time is measured under ``torch.no_grad`` (inference), forward+backward with gradients for q, k, v;
@@ -301,6 +304,9 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     for row in rows:
         row["pairs"] = pairs
         row["density"] = 1.0 if pairs is None else density(pairs, 1, heads, n, causal)
+        if "forward_ms" in row:  # the pairs' two products, 4·dim FLOPs each: how fast pairs become output
+            attended = row["density"] * heads * (n * (n + 1) // 2 if causal else n * n)
+            row["pair_gflops_forward"] = 4 * dim * attended / (row["forward_ms"] * 1e6)
         row.update(overhead)
         if "forward_ms" in row and overhead:
             row["overhead_forward"] = (overhead["predict_ms"] + overhead["plan_ms"]) / row["forward_ms"]
@@ -599,6 +605,7 @@ def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None
             "memory": "peak RSS of a fresh subprocess minus its baseline after inputs and warm-up",
             "speedup": "sdpa time / our time",
             "efficiency": "speedup × density",
+            "pair_gflops": "4 · dim · attended pairs / forward time (SDPA: every valid pair)",
             "overhead": "(predict + plan) / our forward time, k-means shapes: shared tanh MLP of "
             f"{PREDICTOR_HIDDEN} units to rank {PREDICTOR_RANK}, {CPU_BUCKETS} centroids",
         },
@@ -649,6 +656,7 @@ def cpu_table(report: dict[str, Any]) -> str:
             _number("x sdpa", "speedup_forward", "7.2f"),
             _number("eff fwd", "efficiency_forward", "8.2f"),
             _number("eff f+b", "efficiency_forward_backward", "8.2f"),
+            _number("GF/s fwd", "pair_gflops_forward", "8.1f"),
             _number("ent/sm", "entmax_over_softmax_forward", "7.2f"),
             _number("ent/sm f+b", "entmax_over_softmax_forward_backward", "10.2f"),
             _number("overhead", "overhead_forward", "8.2f"),

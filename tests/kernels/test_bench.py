@@ -189,6 +189,7 @@ def test_the_cpu_worker_measures_flex_beside_ours():
     [row] = bench.cpu_worker({**spec, "pattern": False})
     assert row["status"] == "ok" and row["alpha"] == 1.0
     assert row["forward_ms"] > 0 and 0 < row["density"] < 1
+    assert row["pair_gflops_forward"] == pytest.approx(4 * 16 * row["pairs"] / (row["forward_ms"] * 1e6))
     assert "forward_backward_ms" not in row  # FlexAttention has no backward on CPU tensors
     sdpa = {**row, "method": "sdpa", "top": None, "pattern": None, "density": 1.0}
     report = {"results": [sdpa, row]}
