@@ -14,9 +14,9 @@ A query with A_i = ∅ outputs zeros. Each pair counts once however many buckets
 
 Layout. :mod:`kernels.bucket_blocks` places every attended pair in exactly one dense block, a contiguous run
 of sorted queries against a contiguous run of sorted keys, so scores and outputs are products of dense
-blocks with no per-pair gather (:mod:`kernels.block_products`: each block's keys or values packed once, then
-multiplied on the widest vectors, in C++ where it can run, else batched matmuls of the gathered rows) and
-nothing of size n × n is ever built.
+blocks with no per-pair gather (:mod:`kernels.block_products`: each block's keys transposed once into a
+panel, its values read where they lie, multiplied on 512-bit vectors in C++ where it can run, else batched
+matmuls of the gathered rows) and nothing of size n × n is ever built.
 
 * Softmax over whole buckets (not causal, one id per query, no pattern: the common learned-bucket case)
   where the block products cannot run on 512-bit vectors: each block is a small dense attention of its
