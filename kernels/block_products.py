@@ -24,7 +24,7 @@ import ctypes
 import torch
 
 from kernels.bucket_blocks import take
-from kernels.native import library
+from kernels.native import call, library, wide
 
 _SUFFIX = {torch.float32: "float", torch.float64: "double"}
 
@@ -32,8 +32,7 @@ _SUFFIX = {torch.float32: "float", torch.float64: "double"}
 def wide_kernel() -> ctypes.CDLL | None:
     """The C++ library, where it was built for 512-bit vectors (elsewhere its tiles would not fit in the
     registers, and the batched matmul is as fast); None otherwise."""
-    kernel = library("block_products")
-    return kernel if kernel is not None and kernel.block_products_wide() else None
+    return wide(library("block_products"))
 
 
 def _runs_native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
@@ -61,16 +60,6 @@ def _check_index(index: torch.Tensor, rows: int, name: str) -> torch.Tensor:
     return index
 
 
-def _call(kernel: ctypes.CDLL, name: str, dtype: torch.dtype, *args: torch.Tensor | int) -> None:
-    """The kernel's ``name`` for ``dtype`` on ``args`` (tensors by address, ints as int64) and torch's thread
-    count; a MemoryError where it ran out of memory."""
-    ptr = ctypes.c_void_p
-    converted = [ptr(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int64(a) for a in args]
-    status = getattr(kernel, f"{name}_{_SUFFIX[dtype]}")(*converted, ctypes.c_int(torch.get_num_threads()))
-    if status != 0:
-        raise MemoryError(f"{name} ran out of memory")
-
-
 def block_scores(
     x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
@@ -89,7 +78,7 @@ def block_scores(
     if kernel is None:
         return torch.bmm(take(x, rows), take(y, cols).transpose(1, 2), out=out)
     rows, cols = _check_index(rows, len(x), "rows"), _check_index(cols, len(y), "cols")
-    _call(kernel, "block_scores", x.dtype, x, y, rows, cols, blocks, length, width, depth, out)
+    call(kernel, f"block_scores_{_SUFFIX[x.dtype]}", x, y, rows, cols, blocks, length, width, depth, out)
     return out
 
 
@@ -112,22 +101,5 @@ def block_outputs(
     out = probs.new_empty(blocks, width if transpose else length, y.shape[1])
     index = _check_index(index, len(y), "index")
     args = (blocks, length, width, y.shape[1], int(transpose), out)
-    _call(kernel, "block_outputs", probs.dtype, probs, y, index, *args)
+    call(kernel, f"block_outputs_{_SUFFIX[probs.dtype]}", probs, y, index, *args)
     return out
-
-
-def head_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w head by head: x (b, H, n, d), w (H, d, e) → (b, H, n, e). Where the wide kernel takes them and
-    no gradient is asked for, :func:`block_outputs` with one block per (batch, head), its panel the head's
-    w; else ``torch.matmul``."""
-    b, heads, n, d = x.shape
-    wants_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
-    per_head = w.dim() == 3 and w.shape[:2] == (heads, d)  # else matmul's broadcasting, or its error
-    if wants_grad or not per_head:
-        return torch.matmul(x, w)
-    x, w = x.contiguous(), w.contiguous()  # the kernel reads rows where they lie
-    if _runs_native(x, w) is None:
-        return torch.matmul(x, w)
-    panel_rows = torch.arange(heads * d, device=x.device).view(1, heads, d).expand(b, heads, d)
-    out = block_outputs(x.view(b * heads, n, d), w.view(heads * d, -1), panel_rows.reshape(b * heads, d))
-    return out.view(b, heads, n, w.shape[-1])

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.native import call, library
+
 ROWS = 256
 """Most queries in one block (non-causal)."""
 
@@ -191,11 +193,17 @@ def ladder(x: torch.Tensor) -> torch.Tensor:
 
 def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copies of the tokens, one per id held, sorted by (group, id, position); ids (G, L, T) int64 with −1
-    for none and no id repeated within a token.
+    for none, every other id below ``nid``, and no id repeated within a token. On the CPU the C++ counting
+    sort runs where it can be built (:mod:`kernels.native`); elsewhere a stable sort of the keys.
 
     Returns bucket keys ``g·nid + id``, flat token indices ``g·L + position`` and positions, each (copies,).
     """
-    G, L, _ = ids.shape
+    G, L, T = ids.shape
+    kernel = library("bucket_order") if ids.device.type == "cpu" else None
+    if kernel is not None:  # a counting sort (kernels/bucket_order.cpp), in two passes over the ids
+        out, copies = ids.new_empty(3, G * L * T), ids.new_zeros(1)
+        call(kernel, "sorted_tokens", ids.contiguous(), G, L, T, nid, *out, copies)
+        return tuple(out[:, : int(copies)])
     group = torch.arange(G, device=ids.device)[:, None, None]
     keys = (group * nid + ids).flatten()  # (copies,) in (group, position, slot) order
     flat = (group * L + torch.arange(L, device=ids.device)[:, None]).expand_as(ids).flatten()

@@ -33,7 +33,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "vectors.h"
+
 namespace {
+
+using vectors::exp_lanes;
 
 constexpr int kMaxSteps = 100;  // as the reference: more than float64 resolution needs
 constexpr int kGroup = 8;       // queries whose search steps interleave
@@ -76,35 +80,6 @@ constexpr int kWidth = 64 / sizeof(Real);
 
 // Scores below half the masked value (−max float / 2) belong to no key.
 constexpr double kNoKey = -0.5 * 3.4028234663852886e38;
-
-// e^x lane by lane for x ≤ 88 (−∞ included): 0 below −87.3, where e^x leaves float's normal range. Cephes'
-// expf: x = k·ln 2 + r with k = round(x·log₂e) and ln 2 in two parts (so r is exact), e^r by a polynomial on
-// |r| ≤ ln 2 / 2 (relative error about 1e-7), 2^k put in the exponent bits.
-inline Floats exp_lanes(Floats x) {
-    const Floats low = Floats{} - 87.33654f;
-    const Ints underflow = x < low;
-    x = x < low ? low : x;
-    const Floats round = Floats{} + 12582912.0f;  // 1.5 · 2^23: adding it rounds to a whole number
-    const Floats k = (x * 1.44269504088896341f + round) - round;
-    const Floats r = x - k * 0.693359375f + k * 2.12194440e-4f;
-    Floats y = Floats{} + 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * (r * r) + r + 1.0f;
-    const Ints bits = (__builtin_convertvector(k, Ints) + 127) << 23;
-    Floats two_k;
-    std::memcpy(&two_k, &bits, sizeof two_k);
-    return underflow ? 0.0f : y * two_k;
-}
-
-// In float64 (tests and gradient checks, not speed): the library's exp, lane by lane.
-inline Doubles exp_lanes(Doubles x) {
-    for (int lane = 0; lane < 8; ++lane) x[lane] = std::exp(x[lane]);
-    return x;
-}
 
 // A vector of the `valid` (≤ its lanes) values from `from` on, `rest` in the lanes after them.
 template <typename V, typename T>

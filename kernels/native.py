@@ -1,10 +1,11 @@
 """The package's C++ kernels, compiled on first use for the processor they run on and loaded with ctypes.
 
-A kernel is one C++ file beside this module with ``extern "C"`` functions on raw pointers: no Python or
-torch headers, so it compiles in about a second with the system's C++ compiler (the one TorchInductor's CPU
-backend needs already). The shared library lands in a cache folder (``$SPARSEFINDER_NATIVE_CACHE``, else
-``$XDG_CACHE_HOME/sparsefinder-native``, else ``~/.cache/sparsefinder-native``) under a name that hashes the
-source, the compiler, the flags and the processor, so an edit, another compiler or another machine sharing
+A kernel is one C++ file beside this module with ``extern "C"`` functions on raw pointers, which may include
+the headers beside it: no Python or torch headers, so it compiles in about a second with the system's C++
+compiler (the one TorchInductor's CPU backend needs already). The shared library lands in a cache folder
+(``$SPARSEFINDER_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/sparsefinder-native``, else
+``~/.cache/sparsefinder-native``) under a name that hashes the source, the headers, the compiler, the flags
+and the processor, so an edit, another compiler or another machine sharing
 the folder gets its own build; it is written under a temporary name and renamed into place, so processes
 that build at once never load half a file. Where no library can be built (no compiler, a read-only cache),
 :func:`library` warns once and returns None, and callers run their PyTorch reference instead.
@@ -22,6 +23,8 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+
+import torch
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 """-march=native: the vector width of the machine that runs it (the cache key names the processor)."""
@@ -67,9 +70,9 @@ def library(name: str) -> ctypes.CDLL | None:
     warning) where it cannot be built or loaded."""
     source = Path(__file__).with_name(f"{name}.cpp")
     compiler = os.environ.get("CXX") or "c++"
-    key = hashlib.sha256(
-        b"\0".join([source.read_bytes(), compiler.encode(), " ".join(FLAGS).encode(), _processor().encode()])
-    ).hexdigest()[:16]
+    headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]
+    described = [compiler.encode(), " ".join(FLAGS).encode(), _processor().encode()]
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), *headers, *described])).hexdigest()[:16]
     target = cache_folder() / f"{name}-{key}.so"
     try:
         if not target.exists():
@@ -85,3 +88,23 @@ def library(name: str) -> ctypes.CDLL | None:
         message = f"the C++ kernel {name} could not be built or loaded, its PyTorch reference runs instead"
         warnings.warn(f"{message}: {detail}", stacklevel=2)
         return None
+
+
+def wide(kernel: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    """``kernel`` where it was built for 512-bit vectors (``wide_vectors`` of kernels/vectors.h), else None:
+    elsewhere its tiles would not fit in the registers, and the tensor reference is as fast."""
+    return kernel if kernel is not None and kernel.wide_vectors() else None
+
+
+def call(kernel: ctypes.CDLL, name: str, *args: torch.Tensor | int) -> None:
+    """The kernel's function ``name`` on ``args`` (tensors by address, ints as int64) and torch's thread
+    count. Its status (no exception may cross into C): 0 done, −1 out of memory (a MemoryError), any other a
+    refusal of its arguments (a ValueError)."""
+    converted = [
+        ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int64(a) for a in args
+    ]
+    status = getattr(kernel, name)(*converted, ctypes.c_int(torch.get_num_threads()))
+    if status == -1:
+        raise MemoryError(f"{name} ran out of memory")
+    if status != 0:
+        raise ValueError(f"{name} refused its arguments (status {status}; see kernels/*.cpp)")

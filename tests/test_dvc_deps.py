@@ -8,6 +8,7 @@ too), following the project's own packages; a module's parent packages count, si
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,20 @@ def stage_files(script_module: str) -> set[Path]:
     return {module_file(name).relative_to(ROOT) for name in seen}
 
 
+def native_sources(files: set[Path]) -> set[Path]:
+    """The C++ kernels that ``files`` build (``library("name")`` is kernels/name.cpp), and the headers beside
+    them, which they may include."""
+    names = {
+        name
+        for path in files
+        for name in re.findall(r'(?<![\w.])library\("(\w+)"\)', (ROOT / path).read_text())
+    }
+    if not names:
+        return set()
+    headers = {path.relative_to(ROOT) for path in (ROOT / "kernels").glob("*.h")}
+    return {Path("kernels") / f"{name}.cpp" for name in names} | headers
+
+
 def stages() -> dict[str, dict]:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
@@ -74,9 +89,10 @@ def test_stage_lists_every_file_it_imports(stage: str) -> None:
     command = spec["cmd"].split()
     assert command[:2] == ["python", "-m"], f"{stage}: cmd should be `python -m stages.{stage}`"
     deps = [Path(dep) for dep in spec["deps"] if "${" not in dep]
+    files = stage_files(command[2])
     missing = sorted(
         str(path)
-        for path in stage_files(command[2])
+        for path in files | native_sources(files)
         if not any(path == dep or dep in path.parents for dep in deps)
     )
     assert not missing, f"dvc.yaml stage {stage} does not list: {', '.join(missing)}"
@@ -87,3 +103,4 @@ def test_walker_sees_function_level_and_package_imports() -> None:
     assert Path("pipeline/graphs/store.py") in files
     assert Path("pipeline/__init__.py") in files  # importing pipeline.x runs pipeline/__init__.py
     assert Path("pipeline/attention/entmax.py") in files  # extract runs the teacher's entmax attention
+    assert Path("kernels/bucket_order.cpp") in native_sources(files)  # its bucketed attention plans in C++

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.predictor_maps import nearest_centroid_ids
 from pipeline.clustering.kmeans import fit_centroids
 from pipeline.errors import UserError
 from pipeline.predictors.base import (
@@ -37,20 +38,35 @@ def nearest_centroids(
 ) -> torch.Tensor:
     """int32 (batch, heads, n, top_k) indices of the nearest centroids, nearest first; −1 on padding.
 
-    ``x`` is (batch, heads, n, r), ``centroids`` (heads, B, r), ``valid`` (batch, n) or ``None``.
+    ``x`` is (batch, heads, n, r), ``centroids`` (heads, B, r), ``valid`` (batch, n) or ``None``. A tie goes
+    to the lowest centroid index, as the stable sort gives; a NaN point takes centroids 0 … top_k − 1. On the
+    CPU without gradients the C++ kernel runs (:func:`kernels.predictor_maps.nearest_centroid_ids`), else
+    :func:`_nearest_by_tensors`.
+    """
+    n_centroids = centroids.shape[-2]
+    if not 1 <= top_k <= n_centroids:
+        raise ValueError(f"top_k must be in [1, {n_centroids}], got {top_k}")
+    ids = nearest_centroid_ids(x, centroids, top_k)
+    if ids is None:
+        ids = _nearest_by_tensors(x.detach(), centroids.detach().to(x.dtype), top_k)  # ids have no gradient
+    return ids if valid is None else padding_to_none(ids, valid)
+
+
+def _nearest_by_tensors(x: torch.Tensor, centroids: torch.Tensor, top_k: int) -> torch.Tensor:
+    """:func:`nearest_centroids` by tensor operations, without padding.
 
     ‖x − c_j‖² = ‖x‖² + (‖c_j‖² − 2 x·c_j), and the first term is the same for every centroid j, so the
     ranking is that of e_j = ‖c_j‖² − 2 x·c_j: one batched matmul laid out (heads, B, tokens), so that each of
     the top_k passes is a vectorised minimum over B rows of tokens (an argmin over a short last dimension is
-    about 30× slower on CPU). A tie goes to the lowest centroid index, as the stable sort gives.
+    about 30× slower on CPU).
     """
     b, h, n, r = x.shape
     n_centroids = centroids.shape[-2]
-    if not 1 <= top_k <= n_centroids:
-        raise ValueError(f"top_k must be in [1, {n_centroids}], got {top_k}")
-    x, centroids = x.detach(), centroids.detach().to(x.dtype)  # ids have no gradient
     points = x.permute(1, 3, 0, 2).reshape(h, r, b * n)  # (h, r, tokens)
     energy = torch.baddbmm(centroids.square().sum(-1, keepdim=True), centroids, points, alpha=-2.0)
+    # NaN (a NaN point's every e_j) as 0 and ±∞ as the largest floats: they tie, and a tie takes the lower
+    # index (the differences below would be NaN)
+    energy.nan_to_num_()
     # Everything below works in place on the (h, B, tokens) energy, or in one buffer, since fresh tensors of
     # this size cost more in page faults than the arithmetic.
     index = torch.arange(n_centroids, device=x.device, dtype=energy.dtype)[None, :, None]  # (1, B, 1)
@@ -62,11 +78,10 @@ def nearest_centroids(
         energy.sub_(energy.amin(1, keepdim=True))
         torch.sign(energy, out=above)
         first = above.mul_(n_centroids).add_(index).amin(1, keepdim=True)  # (h, 1, tokens)
-        nearest.append(first.nan_to_num_(0.0).long())  # a NaN point takes centroid 0
+        nearest.append(first.long())
         if rank + 1 < top_k:
             energy.scatter_(1, nearest[-1], torch.inf)
-    ids = torch.cat(nearest, 1).view(h, top_k, b, n).permute(2, 0, 3, 1).to(torch.int32)  # (b, h, n, top_k)
-    return ids if valid is None else padding_to_none(ids, valid)
+    return torch.cat(nearest, 1).view(h, top_k, b, n).permute(2, 0, 3, 1).to(torch.int32)  # (b, h, n, top_k)
 
 
 def head_points(batches: Iterable[HeadInputs]) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.block_products import head_product
+from kernels.predictor_maps import head_mlp
 from pipeline.errors import UserError
 from pipeline.origin import Origin
 from pipeline.tensor_file import read_tensor_file, write_tensor_file
@@ -92,19 +92,21 @@ class HeadProjections(nn.Module):
         The hidden layer's tanh is 2σ(2u) − 1 with its constants folded into the maps,
         W tanh(V x + c) + b = 2W σ(2V x + 2c) + (b − W 1) (doubling is exact), so the one pass over the
         hidden units is an in-place σ: this torch's CPU tanh runs lane by lane, about 2 ns per float, 9× its
-        σ.
+        σ. Without gradients on the CPU the C++ maps run (:func:`kernels.predictor_maps.head_mlp`).
         """
         weight, bias = getattr(self, f"{side}_weight"), getattr(self, f"{side}_bias")
+        inner_weight = inner_bias = None
         if self.hidden is not None:
-            inner_weight = getattr(self, f"{side}_hidden_weight")
-            inner_bias = getattr(self, f"{side}_hidden_bias")
-            # matmul (or the C++ block products without gradients: 0.5× its time on AVX-512 CPUs whose BLAS
-            # takes a narrower path), not einsum: einsum's batched product of the same is 2.5-4.5× slower
-            # on CPU; in place on the fresh product, which would cost page faults anew (σ's backward reads
-            # only its output)
-            x = head_product(x, 2 * inner_weight.mT).add_(2 * inner_bias[:, None, :])  # (b, H, n, e)
-            x = x.sigmoid_()
+            inner_weight = 2 * getattr(self, f"{side}_hidden_weight")
+            inner_bias = 2 * getattr(self, f"{side}_hidden_bias")
             weight, bias = 2 * weight, bias - weight.sum(-1)
+        native = head_mlp(x, weight, bias, inner_weight, inner_bias)
+        if native is not None:
+            return native
+        if inner_weight is not None:
+            # matmul, not einsum: einsum's batched product of the same is 2.5-4.5× slower on CPU; in place on
+            # the fresh product, which would cost page faults anew (σ's backward reads only its output)
+            x = torch.matmul(x, inner_weight.mT).add_(inner_bias[:, None, :]).sigmoid_()  # (b, H, n, e)
         return torch.einsum("bhnd,hrd->bhnr", x, weight).add_(bias[:, None, :])
 
     def project_queries(self, q: torch.Tensor) -> torch.Tensor:

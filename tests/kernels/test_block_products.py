@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from kernels import block_products, torch_bucketed
-from kernels.block_products import block_outputs, block_scores, head_product, wide_kernel
+from kernels.block_products import block_outputs, block_scores, wide_kernel
 from kernels.bucket_blocks import take
+from kernels.native import call
 
 
 def _can_build_wide() -> bool:
@@ -151,45 +152,8 @@ def test_running_out_of_memory_is_a_memory_error():
     No block, so nothing is read; a tile of 2⁴⁴ rows asks for more row pointers than any machine has."""
     x, y, row_index, col_index, _ = _inputs(0, 1, 1, 8, torch.float32, seed=6)
     out = torch.empty(0)
-    with pytest.raises(MemoryError, match="block_scores ran out of memory"):
-        block_products._call(
-            wide_kernel(), "block_scores", torch.float32, x, y, row_index, col_index, 0, 2**44, 1, 8, out
-        )
-
-
-@needs_wide
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(("n", "e"), [(37, 32), (37, 20), (0, 32)])
-def test_head_product_is_the_matmul_per_head(dtype, n, e, monkeypatch):
-    """Batch 2, 3 heads, 64 → e (the projector's hidden layer: 32; 20, not whole vectors) through the
-    kernel."""
-    calls = []
-    outputs = block_products.block_outputs
-    monkeypatch.setattr(block_products, "block_outputs", lambda *a, **k: calls.append(1) or outputs(*a, **k))
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 3, n, 64, generator=gen, dtype=dtype)
-    w = torch.randn(3, e, 64, generator=gen, dtype=dtype).mT  # not contiguous, as the projector's
-    with torch.no_grad():
-        found = head_product(x, w)
-    assert calls == [1] and found.shape == (2, 3, n, e)
-    torch.testing.assert_close(found, torch.matmul(x, w), rtol=0, atol=256 * torch.finfo(dtype).eps)
-
-
-def test_head_product_with_gradients_or_other_weights_is_the_matmul():
-    """With gradients asked for, the matmul itself, whose backward serves; weights that are not one (d, e)
-    per head get the matmul's broadcasting, or its error."""
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(2, 3, 5, 8, generator=gen, requires_grad=True)
-    w = torch.randn(3, 8, 4, generator=gen)
-    out = head_product(x, w)
-    assert torch.equal(out, torch.matmul(x, w))
-    out.sum().backward()
-    torch.testing.assert_close(x.grad, w.sum(-1)[None, :, None, :].expand_as(x))
-    with torch.no_grad():
-        shared = torch.randn(8, 4, generator=gen)
-        assert torch.equal(head_product(x, shared), torch.matmul(x, shared))
-        with pytest.raises(RuntimeError):
-            head_product(x, torch.randn(3, 6, 4, generator=gen))
+    with pytest.raises(MemoryError, match="block_scores_float ran out of memory"):
+        call(wide_kernel(), "block_scores_float", x, y, row_index, col_index, 0, 2**44, 1, 8, out)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from entmax import entmax15, sparsemax
 from kernels import bucket_blocks, bucketed_attention, torch_bucketed
 from kernels.attended import attended_mask
 from kernels.bucket_blocks import ladder, plan_blocks
+from kernels.native import call
 from kernels.reference import dense_bucketed_attention
 from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64, pair_counts
 
@@ -213,3 +214,29 @@ def test_pattern_blocks_are_shared_between_plans_of_one_shape_and_left_as_they_w
     bucket_blocks._pattern_blocks.cache_clear()
     fresh = fields(plan(0, **pattern))
     assert all(torch.equal(a, b) for a, b in zip(fresh, first, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("groups", "length", "slots", "nid"), [(3, 50, 1, 5), (2, 40, 2, 7), (4, 33, 3, 9), (2, 0, 2, 3)]
+)
+def test_the_counting_sort_orders_tokens_as_the_stable_sort(groups, length, slots, nid, monkeypatch):
+    """The C++ counting sort (where it is built) and the stable sort of the keys give the same copies: keys,
+    flat indices and positions, with −1 left out and no id repeated within a token."""
+    gen = torch.Generator().manual_seed(length)
+    rows = [torch.randperm(nid + 1, generator=gen)[:slots] - 1 for _ in range(groups * length)]
+    ids = torch.stack(rows).view(groups, length, slots) if rows else torch.empty(groups, 0, slots).long()
+    found = bucket_blocks._sorted_tokens(ids, nid)
+    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
+    expected = bucket_blocks._sorted_tokens(ids, nid)
+    assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))
+    assert len(found[0]) == int((ids >= 0).sum())
+
+
+def test_the_counting_sort_refuses_an_id_past_its_count():
+    """Its caller counts the ids; a miscount is an error, not a write past the counts."""
+    kernel = bucket_blocks.library("bucket_order")
+    if kernel is None:
+        pytest.skip("no C++ compiler")
+    ids, out = torch.tensor([[[0], [3]]]), torch.empty(3, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"sorted_tokens refused its arguments \(status -2"):
+        call(kernel, "sorted_tokens", ids, 1, 2, 1, 3, *out, torch.zeros(1, dtype=torch.int64))

@@ -1,0 +1,194 @@
+// The per-token maps of a learned bucket predictor, in one pass over the tokens each:
+//
+//     head MLP           y = W σ(V x + c) + b          (a head's d → e → r map; y = W x + b when linear)
+//     nearest centroids  ids = arg top-k_j (‖c_j‖² − 2 y·c_j)      (the k nearest of B centroids, nearest first)
+//
+// The references are pipeline/projection/model.py's HeadProjections (tanh folded into σ: W tanh(u) + b =
+// 2W σ(2u) + b − W 1, the caller's to fold) and pipeline/predictors/kmeans.py's nearest_centroids, both a
+// few tensor passes over the whole sequence; here a chunk of tokens goes through every step while it is in
+// the first-level cache, and the products run on the register tiles of vectors.h. Tokens are independent,
+// so the results do not depend on the thread count; they differ from the references by round-off only.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+#include "vectors.h"
+
+namespace {
+
+using vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product,
+    vectors::Vec;
+
+constexpr int64_t kChunk = 64;  // tokens a thread takes at once: a tile's 4 vectors of lanes
+
+// σ(u) = 1 / (1 + e^{−u}); e^{−u} capped at e^88 (finite), where σ is below 1e-38. With AVX-512 the
+// reciprocal is the 14-bit estimate and one Newton step, r(2 − a r) (about 1 ulp; a division takes several
+// times longer).
+inline Vec<float> sigmoid(Vec<float> u) {
+    const Vec<float> cap = Vec<float>{} + 88.0f;
+    const Vec<float> a = 1.0f + exp_lanes(-u > cap ? cap : -u);
+#ifdef __AVX512F__
+    const Vec<float> r = static_cast<Vec<float>>(_mm512_rcp14_ps(static_cast<__m512>(a)));
+    return r * (2.0f - a * r);
+#else
+    return 1.0f / a;
+#endif
+}
+
+// The `count` (≤ 16) floats from[0], from[step], …, from[(count − 1) · step] in a vector, 0 after them.
+inline Vec<float> gather(const float* from, int64_t step, int64_t count) {
+#ifdef __AVX512F__
+    const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(int32_t(step)));
+    const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+    return static_cast<Vec<float>>(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, at, from, 4));
+#else
+    Vec<float> v = {};
+    for (int64_t lane = 0; lane < count; ++lane) v[lane] = from[lane * step];
+    return v;
+#endif
+}
+
+// out[row] = W_h σ(V_h x[row] + c_h) + b_h for the rows of groups (batch · heads) of n rows, head h = group
+// mod heads; with hidden == 0, out[row] = W_h x[row] + b_h. x rows of d; hidden_weight (heads, hidden, d)
+// holds V, hidden_bias (heads, hidden) c, weight (heads, rank, f) W (f = hidden, or d when linear), out_bias
+// (heads, rank) b; out rows of `rank`.
+//
+// A chunk of kChunk tokens is transposed first, so that tokens run along the lanes: the hidden units are the
+// product V · xᵀ (hidden × kChunk), σ runs over whole vectors of them, and the outputs are the product
+// W · σ (rank × kChunk), whose rows fill a tile's lanes (a token's few outputs would fill a sixteenth).
+void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bias, const float* weight,
+              const float* out_bias, int64_t groups, int64_t heads, int64_t n, int64_t d, int64_t hidden,
+              int64_t rank, float* out, int threads) {
+    const int64_t depth = hidden > 0 ? hidden : d, chunks = (n + kChunk - 1) / kChunk;
+    bool short_of_memory = false;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        // the chunk's xᵀ (d × kChunk), hidden units (hidden × kChunk) and outputs (rank × kChunk); row
+        // pointers into them and into the weights
+        std::vector<float> inputs, units, outputs;
+        std::vector<int64_t> tokens(kChunk);
+        std::vector<const float*> input_rows(d), feature_rows(depth), maps(std::max(hidden, rank));
+        std::vector<float*> unit_rows(hidden), output_rows(rank);
+        bool ready = true;
+        try {
+            inputs.assign(d * kChunk, 0.0f), units.assign(hidden * kChunk, 0.0f);
+            outputs.assign(rank * kChunk, 0.0f);
+        } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
+            ready = false;
+#pragma omp atomic write
+            short_of_memory = true;
+        }
+        for (int64_t t = 0; ready && t < d; ++t) input_rows[t] = inputs.data() + t * kChunk;
+        for (int64_t e = 0; ready && e < hidden; ++e) unit_rows[e] = units.data() + e * kChunk;
+        for (int64_t j = 0; ready && j < rank; ++j) output_rows[j] = outputs.data() + j * kChunk;
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < groups * chunks; ++task) {
+            if (!ready) continue;
+            const int64_t group = task / chunks, head = group % heads, first = task % chunks * kChunk;
+            const int64_t count = std::min(kChunk, n - first);
+            for (int64_t i = 0; i < count; ++i) tokens[i] = group * n + first + i;
+            pack_transposed(x, tokens.data(), count, d, inputs.data(), kChunk);  // lanes past count: stale
+            if (hidden > 0) {
+                for (int64_t e = 0; e < hidden; ++e) maps[e] = hidden_weight + (head * hidden + e) * d;
+                product(maps.data(), 1, hidden, input_rows.data(), d, kChunk, unit_rows.data());
+                for (int64_t e = 0; e < hidden; ++e) {  // σ over a row of units: whole vectors
+                    for (int64_t i = 0; i < kChunk; i += kWidth<float>) {
+                        Vec<float> u;
+                        std::memcpy(&u, unit_rows[e] + i, sizeof u);
+                        u = sigmoid(u + hidden_bias[head * hidden + e]);
+                        std::memcpy(unit_rows[e] + i, &u, sizeof u);
+                    }
+                }
+                std::copy(unit_rows.begin(), unit_rows.end(), feature_rows.begin());
+            } else {
+                std::copy(input_rows.begin(), input_rows.end(), feature_rows.begin());
+            }
+            for (int64_t j = 0; j < rank; ++j) maps[j] = weight + (head * rank + j) * depth;
+            product(maps.data(), 1, rank, feature_rows.data(), depth, kChunk, output_rows.data());
+            for (int64_t i = 0; i < count; ++i)
+                for (int64_t j = 0; j < rank; ++j)
+                    out[tokens[i] * rank + j] = output_rows[j][i] + out_bias[head * rank + j];
+        }
+    }
+    if (short_of_memory) throw std::bad_alloc();
+}
+
+// ids[row] = the top_k nearest of a head's B centroids to point[row] (rows of `rank`), nearest first, ties
+// to the lower index: with e_j = ‖c_j‖² − 2 point·c_j, each pass takes the first j at the smallest e_j left
+// and leaves it out of the next (as NaN, which is never the smallest). scaled (heads, rank, B) holds −2 c,
+// norms (heads, B) ‖c‖². A point whose e_j are all NaN takes 0 … top_k − 1. Sixteen points at a time, one
+// per lane: every e_j of them first (independent products), then the passes.
+void nearest_centroids(const float* points, const float* scaled, const float* norms, int64_t groups,
+                       int64_t heads, int64_t n, int64_t rank, int64_t centroids, int64_t top_k, int32_t* ids,
+                       int threads) {
+    constexpr int64_t lanes = kWidth<float>;
+    const int64_t chunks = (n + lanes - 1) / lanes;
+    const Vec<float> inf = Vec<float>{} + std::numeric_limits<float>::infinity();
+    const Vec<float> nan = Vec<float>{} + std::numeric_limits<float>::quiet_NaN();
+    bool short_of_memory = false;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        std::vector<Vec<float>> coordinates, energy;  // rank and B vectors of 16 points
+        bool ready = true;
+        try {
+            coordinates.resize(rank), energy.resize(centroids);
+        } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
+            ready = false;
+#pragma omp atomic write
+            short_of_memory = true;
+        }
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < groups * chunks; ++task) {
+            if (!ready) continue;
+            const int64_t group = task / chunks, head = group % heads, first = task % chunks * lanes;
+            const int64_t count = std::min(lanes, n - first);
+            const float* from = points + (group * n + first) * rank;
+            for (int64_t t = 0; t < rank; ++t) coordinates[t] = gather(from + t, rank, count);
+            const float* head_scaled = scaled + head * rank * centroids;
+            for (int64_t j = 0; j < centroids; ++j) {
+                Vec<float> e = Vec<float>{} + norms[head * centroids + j];
+                for (int64_t t = 0; t < rank; ++t) e += coordinates[t] * head_scaled[t * centroids + j];
+                energy[j] = e;
+            }
+            int32_t* to = ids + (group * n + first) * top_k;
+            for (int64_t s = 0; s < top_k; ++s) {
+                Vec<float> least = inf;
+                for (int64_t j = 0; j < centroids; ++j) least = energy[j] < least ? energy[j] : least;
+                Vec<int32_t> which = Vec<int32_t>{} + int32_t(s), found = {};
+                for (int64_t j = 0; j < centroids; ++j) {
+                    const Vec<int32_t> first_at = (energy[j] == least) & ~found;
+                    which = first_at ? int32_t(j) : which;
+                    found |= first_at;
+                }
+                for (int64_t j = 0; j < centroids; ++j) energy[j] = which == int32_t(j) ? nan : energy[j];
+                for (int64_t lane = 0; lane < count; ++lane) to[lane * top_k + s] = which[lane];
+            }
+        }
+    }
+    if (short_of_memory) throw std::bad_alloc();
+}
+
+}  // namespace
+
+extern "C" int head_mlp_float(const float* x, const float* hidden_weight, const float* hidden_bias,
+                              const float* weight, const float* out_bias, int64_t groups, int64_t heads,
+                              int64_t n, int64_t d, int64_t hidden, int64_t rank, float* out, int threads) {
+    return guarded([&] {
+        head_mlp(x, hidden_weight, hidden_bias, weight, out_bias, groups, heads, n, d, hidden, rank, out,
+                 threads);
+    });
+}
+
+extern "C" int nearest_centroids_float(const float* points, const float* scaled, const float* norms,
+                                       int64_t groups, int64_t heads, int64_t n, int64_t rank, int64_t centroids,
+                                       int64_t top_k, int32_t* ids, int threads) {
+    return guarded([&] {
+        nearest_centroids(points, scaled, norms, groups, heads, n, rank, centroids, top_k, ids, threads);
+    });
+}

@@ -1,0 +1,98 @@
+"""A learned bucket predictor's per-token maps in C++ (``kernels/predictor_maps.cpp``), for inference on CPU.
+
+    head MLP           y = W σ(V x + c) + b   per head (or y = W x + b)
+    nearest centroids  the top-k of −‖y − c_j‖², nearest first, ties to the lower index
+
+The tensor references are :class:`pipeline.projection.model.HeadProjections` and
+:func:`pipeline.predictors.kmeans.nearest_centroids`, which call these first and run their own code where
+these return None: where gradients are asked for, off the CPU, in another dtype than float32, or where no
+wide kernel was built (no compiler, or no AVX-512; see :mod:`kernels.native`). A chunk of tokens goes
+through every step of a map while it sits in the cache, where the references pass over the whole sequence
+once per step: at 4k tokens and 8 heads (64 → 32 → 4, 16 centroids), about 0.3× their time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels.native import call, library, wide
+
+
+def wide_kernel() -> ctypes.CDLL | None:
+    """The C++ library where it was built for 512-bit vectors, else None."""
+    return wide(library("predictor_maps"))
+
+
+def _runs_native(*tensors: torch.Tensor | None) -> ctypes.CDLL | None:
+    """The wide library where it takes these tensors: float32 on the CPU, no gradient asked for."""
+    given = [t for t in tensors if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in given):
+        return None
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in given):
+        return None
+    return wide_kernel()
+
+
+def head_mlp(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    hidden_weight: torch.Tensor | None = None,
+    hidden_bias: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """(b, H, n, r) W_h σ(V_h x + c_h) + b_h for x (b, H, n, d), V = ``hidden_weight`` (H, e, d), c =
+    ``hidden_bias`` (H, e), W = ``weight`` (H, r, e) and b = ``bias`` (H, r); W_h x + b_h with W (H, r, d)
+    when ``hidden_weight`` is None. None where the C++ kernel cannot take them (see the module)."""
+    kernel = _runs_native(x, weight, bias, hidden_weight, hidden_bias)
+    if kernel is None:
+        return None
+    batch, heads, n, d = x.shape
+    hidden = 0 if hidden_weight is None else hidden_weight.shape[1]
+    rank = weight.shape[1]
+    fits = weight.shape == (heads, rank, hidden or d) and bias.shape == (heads, rank)
+    if hidden:
+        fits = fits and hidden_weight.shape == (heads, hidden, d) and hidden_bias.shape == (heads, hidden)
+    if not fits:
+        return None  # the reference's own error says what is wrong
+    x = x.detach().contiguous()
+    maps = [weight, bias] if not hidden else [hidden_weight, hidden_bias, weight, bias]
+    maps = [m.detach().contiguous() for m in maps]
+    if not hidden:
+        maps = [x, x, *maps]  # no hidden layer to read
+    out = x.new_empty(batch, heads, n, rank)
+    call(kernel, "head_mlp_float", x, *maps, batch * heads, heads, n, d, hidden, rank, out)
+    return out
+
+
+def nearest_centroid_ids(points: torch.Tensor, centroids: torch.Tensor, top_k: int) -> torch.Tensor | None:
+    """int32 (b, H, n, top_k): the top_k nearest of a head's centroids (H, B, r) to each of ``points``
+    (b, H, n, r), nearest first, ties to the lower index, 0 … top_k − 1 for a point that is NaN. None where
+    the C++ kernel cannot take them (see the module)."""
+    kernel = _runs_native(points, centroids)
+    if kernel is None:
+        return None
+    batch, heads, n, rank = points.shape
+    count = centroids.shape[1]
+    if centroids.shape != (heads, count, rank):
+        return None  # the reference's own error says what is wrong
+    points, centroids = points.detach().contiguous(), centroids.detach()
+    scaled = (-2 * centroids).mT.contiguous()  # (H, r, B)
+    norms = centroids.square().sum(-1).contiguous()  # (H, B)
+    ids = torch.empty(batch, heads, n, top_k, dtype=torch.int32)
+    call(
+        kernel,
+        "nearest_centroids_float",
+        points,
+        scaled,
+        norms,
+        batch * heads,
+        heads,
+        n,
+        rank,
+        count,
+        top_k,
+        ids,
+    )
+    return ids

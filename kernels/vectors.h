@@ -1,0 +1,216 @@
+// What the C++ kernels share on 64-byte vectors: a masked store, e^x lane by lane, and products C = A·B with
+// A's, B's and C's rows given by pointers (register tiles). Each sum of a product runs over the inner
+// dimension in order, so a row of C depends on its row of A alone, whatever the tiling or the thread count.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace vectors {
+
+// Vectors of 64 bytes of float or double (GCC's and Clang's vector extensions: the compiler picks the
+// instructions).
+template <typename Real>
+using Vec __attribute__((vector_size(64))) = Real;
+template <typename Real>
+constexpr int64_t kWidth = 64 / sizeof(Real);
+
+// The first `valid` (≤ kWidth) lanes of v, written from `to` on: one store, masked where the vector is not
+// whole (a copy of a size known only at run time would be a call).
+template <typename Real>
+void store(Real* to, const Vec<Real>& v, int64_t valid) {
+    if (valid == kWidth<Real>) {
+        std::memcpy(to, &v, sizeof v);
+        return;
+    }
+#ifdef __AVX512F__
+    const unsigned lanes = (1u << valid) - 1;
+    if constexpr (std::is_same_v<Real, float>) {
+        _mm512_mask_storeu_ps(to, static_cast<__mmask16>(lanes), static_cast<__m512>(v));
+    } else {
+        _mm512_mask_storeu_pd(to, static_cast<__mmask8>(lanes), static_cast<__m512d>(v));
+    }
+#else
+    std::memcpy(to, &v, valid * sizeof(Real));
+#endif
+}
+
+// e^x lane by lane for x ≤ 88 (−∞ included): 0 below −87.3, where e^x leaves float's normal range. Cephes'
+// expf: x = k·ln 2 + r with k = round(x·log₂e) and ln 2 in two parts (so r is exact), e^r by a polynomial on
+// |r| ≤ ln 2 / 2 (relative error about 1e-7), 2^k put in the exponent bits.
+inline Vec<float> exp_lanes(Vec<float> x) {
+    const Vec<float> low = Vec<float>{} - 87.33654f;
+    const Vec<int32_t> underflow = x < low;
+    x = x < low ? low : x;
+    const Vec<float> round = Vec<float>{} + 12582912.0f;  // 1.5 · 2^23: adding it rounds to a whole number
+    const Vec<float> k = (x * 1.44269504088896341f + round) - round;
+    const Vec<float> r = x - k * 0.693359375f + k * 2.12194440e-4f;
+    Vec<float> y = Vec<float>{} + 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * (r * r) + r + 1.0f;
+    const Vec<int32_t> bits = (__builtin_convertvector(k, Vec<int32_t>) + 127) << 23;
+    Vec<float> two_k;
+    std::memcpy(&two_k, &bits, sizeof two_k);
+    return underflow ? 0.0f : y * two_k;
+}
+
+// In float64 (tests and gradient checks, not speed): the library's exp, lane by lane.
+inline Vec<double> exp_lanes(Vec<double> x) {
+    for (int lane = 0; lane < 8; ++lane) x[lane] = std::exp(x[lane]);
+    return x;
+}
+
+// One stage of a transpose of a square of vectors (rows a, b = a + bit of it): the lanes of a with `bit`
+// set trade places with the lanes of b without it, a[i + bit] ↔ b[i]; over bit = 1, 2, 4, ... lane i of row
+// r ends where lane r of row i was.
+template <int bit, typename Real, size_t... lane>
+void exchange(Vec<Real>& a, Vec<Real>& b, std::index_sequence<lane...>) {
+    constexpr int n = sizeof...(lane);
+#ifdef __clang__
+    const Vec<Real> low = __builtin_shufflevector(a, b, (lane & bit ? int(lane) - bit + n : int(lane))...);
+    const Vec<Real> high = __builtin_shufflevector(a, b, (lane & bit ? int(lane) + n : int(lane) + bit)...);
+#else  // GCC's own shuffle, in every version (its __builtin_shufflevector came with GCC 12)
+    using Index = std::conditional_t<sizeof(Real) == 4, int32_t, int64_t>;
+    typedef Index Indices __attribute__((vector_size(64)));
+    const Vec<Real> low = __builtin_shuffle(a, b, Indices{(lane & bit ? Index(lane) - bit + n : Index(lane))...});
+    const Vec<Real> high = __builtin_shuffle(a, b, Indices{(lane & bit ? Index(lane) + n : Index(lane) + bit)...});
+#endif
+    a = low, b = high;
+}
+
+template <int bit, typename Real, int n>
+void stage(Vec<Real> (&rows)[n]) {
+    for (int r = 0; r < n; ++r)
+        if (!(r & bit)) exchange<bit, Real>(rows[r], rows[r + bit], std::make_index_sequence<n>{});
+}
+
+// panel[t][c] = x[rows[c]][t] for c < count, t < depth (panel rows of `stride`): squares of a vector's width
+// of lanes at a time, read as whole rows and transposed in registers, so every write fills a cache line
+// (the depth's last partial square lane by lane).
+template <typename Real>
+void pack_transposed(const Real* x, const int64_t* rows, int64_t count, int64_t depth, Real* panel,
+                     int64_t stride) {
+    constexpr int n = kWidth<Real>;
+    for (int64_t c = 0; c < count; c += n) {
+        const int64_t valid = std::min<int64_t>(n, count - c);
+        const Real* from[n];
+        for (int j = 0; j < n; ++j) from[j] = x + rows[c + std::min<int64_t>(j, valid - 1)] * depth;
+        int64_t t = 0;
+        for (; t + n <= depth; t += n) {
+            Vec<Real> square[n];
+            for (int j = 0; j < n; ++j) std::memcpy(&square[j], from[j] + t, sizeof square[j]);
+            stage<1, Real, n>(square), stage<2, Real, n>(square), stage<4, Real, n>(square);
+            if constexpr (n == 16) stage<8, Real, n>(square);
+            for (int j = 0; j < n; ++j) store<Real>(panel + (t + j) * stride + c, square[j], valid);
+        }
+        for (; t < depth; ++t) {
+            Vec<Real> column;
+            for (int j = 0; j < n; ++j) column[j] = from[j][t];
+            store<Real>(panel + t * stride + c, column, valid);
+        }
+    }
+}
+
+// A tile of C: kRows rows × kVectors vectors of columns, 24 running sums of the 32 vector registers, with
+// the kVectors of B and one broadcast of A beside them. Each step of the inner dimension loads 4 vectors and
+// 6 scalars for 24 fused multiply-adds.
+constexpr int kRows = 6;
+constexpr int kVectors = 4;
+
+// C[r][..] = Σ_t A[r][t] · B[t][..] for the R rows `a` (A[r][t] at a[r][t · step]) and NV vectors of
+// columns of the rows `b` (B[t] from b[t] on, whole vectors readable) from column `col` on; the first `cols`
+// columns of each row are written to c[r] + col.
+template <typename Real, int R, int NV>
+void tile(const Real* const* a, int64_t step, const Real* const* b, int64_t depth, int64_t col,
+          int64_t cols, Real* const* c) {
+    Vec<Real> sum[R][NV] = {};
+    for (int64_t t = 0; t < depth; ++t) {
+        Vec<Real> row[NV];
+        for (int v = 0; v < NV; ++v) std::memcpy(&row[v], b[t] + col + v * kWidth<Real>, sizeof row[v]);
+        for (int r = 0; r < R; ++r) {
+            const Real x = a[r][t * step];
+            for (int v = 0; v < NV; ++v) sum[r][v] += x * row[v];
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < NV; ++v) {
+            const int64_t valid = std::min<int64_t>(cols - v * kWidth<Real>, kWidth<Real>);
+            if (valid > 0) store<Real>(c[r] + col + v * kWidth<Real>, sum[r][v], valid);
+        }
+    }
+}
+
+template <typename Real, int R>
+void strip(const Real* const* a, int64_t step, const Real* const* b, int64_t depth, int64_t col,
+           int64_t cols, Real* const* c) {
+    switch (std::min<int64_t>((cols + kWidth<Real> - 1) / kWidth<Real>, kVectors)) {
+        case 1: return tile<Real, R, 1>(a, step, b, depth, col, cols, c);
+        case 2: return tile<Real, R, 2>(a, step, b, depth, col, cols, c);
+        case 3: return tile<Real, R, 3>(a, step, b, depth, col, cols, c);
+        default: return tile<Real, R, kVectors>(a, step, b, depth, col, cols, c);
+    }
+}
+
+// C = A·B for `rows` rows of A (pointers, A[r][t] at a[r][t · step], t < depth) and the `depth` rows of B
+// (pointers, each readable for `cols` rounded up to whole vectors), into the rows c (pointers).
+template <typename Real>
+void product(const Real* const* a, int64_t step, int64_t rows, const Real* const* b, int64_t depth,
+             int64_t cols, Real* const* c) {
+    // column strips outside, so a strip of B (depth × 64 floats: 16 KiB at depth 64) stays in the
+    // first-level cache while every tile of rows passes over it
+    for (int64_t col = 0; col < cols; col += kVectors * kWidth<Real>) {
+        const int64_t left = cols - col;
+        int64_t r = 0;
+        for (; r + kRows <= rows; r += kRows) strip<Real, kRows>(a + r, step, b, depth, col, left, c + r);
+        switch (rows - r) {
+            case 1: strip<Real, 1>(a + r, step, b, depth, col, left, c + r); break;
+            case 2: strip<Real, 2>(a + r, step, b, depth, col, left, c + r); break;
+            case 3: strip<Real, 3>(a + r, step, b, depth, col, left, c + r); break;
+            case 4: strip<Real, 4>(a + r, step, b, depth, col, left, c + r); break;
+            case 5: strip<Real, 5>(a + r, step, b, depth, col, left, c + r); break;
+            default: break;
+        }
+    }
+}
+
+template <typename Real>
+int64_t whole_vectors(int64_t n) {
+    return (n + kWidth<Real> - 1) / kWidth<Real> * kWidth<Real>;
+}
+
+// Runs `body`: 0 once done, −1 when memory ran out (no exception may cross into C).
+template <typename F>
+int guarded(F&& body) {
+    try {
+        body();
+        return 0;
+    } catch (const std::bad_alloc&) {
+        return -1;
+    }
+}
+
+}  // namespace vectors
+
+// 1 where the kernels run on 512-bit vectors (AVX-512), whose 32 registers hold a product tile's 24 running
+// sums; elsewhere (fewer or narrower registers) the tiles would spill, and the tensor references are as fast.
+// (Each kernel is a library of its own, so each exports this once.)
+extern "C" int wide_vectors() {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,112 @@
+"""The C++ predictor maps (kernels.predictor_maps) against the tensor references they stand in for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import predictor_maps
+from kernels.native import call
+from kernels.predictor_maps import head_mlp, nearest_centroid_ids, wide_kernel
+from pipeline.predictors.kmeans import _nearest_by_tensors, nearest_centroids
+from pipeline.projection.model import HeadProjections
+from tests.kernels.test_block_products import needs_wide
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@needs_wide
+def test_the_wide_kernel_is_built_where_it_can_run():
+    """Else every comparison below would be the reference against itself."""
+    assert wide_kernel() is not None
+
+
+def _projections(hidden, d, rank, seed):
+    """A shared projector of 3 heads and its queries (2, 3, ·, d) for a few sequence lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    return HeadProjections(3, d, rank, shared=True, hidden=hidden, generator=gen), gen
+
+
+@needs_wide
+@pytest.mark.parametrize(
+    ("hidden", "d", "rank"), [(32, 64, 4), (8, 24, 3), (40, 64, 17), (None, 64, 4), (None, 20, 5)]
+)
+@pytest.mark.parametrize("n", [0, 1, 47, 48, 49, 130])
+def test_the_projection_equals_the_tensor_reference(hidden, d, rank, n, monkeypatch):
+    """Widths that are not whole vectors (hidden 8 and 40, d 20 and 24), more outputs than a vector's lanes
+    (rank 17), sequences around the kernel's chunk of 48 rows, and none."""
+    module, gen = _projections(hidden, d, rank, seed=n)
+    q = torch.randn(2, 3, n, d, generator=gen) * 2
+    with torch.no_grad():
+        found = module.project_queries(q)
+        monkeypatch.setattr(predictor_maps, "wide_kernel", lambda: None)
+        expected = module.project_queries(q)
+    assert found.shape == expected.shape == (2, 3, n, rank)
+    torch.testing.assert_close(found, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_with_gradients_or_in_float64_the_tensor_path_runs():
+    """head_mlp declines (None), and the module's own layers give values and gradients."""
+    module, gen = _projections(8, 16, 4, seed=1)
+    q = torch.randn(1, 3, 9, 16, generator=gen, requires_grad=True)
+    weights = (module.q_weight, module.q_bias, module.q_hidden_weight, module.q_hidden_bias)
+    assert head_mlp(q, *weights) is None
+    module.project_queries(q).square().sum().backward()
+    assert q.grad is not None and module.q_hidden_weight.grad is not None
+    with torch.no_grad():
+        assert head_mlp(q.double(), *(w.double() for w in weights)) is None
+        low = module.double().project_queries(q.double())
+    assert low.dtype == torch.float64
+
+
+def _points(heads, n, rank, count, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(2, heads, n, rank, generator=gen), torch.randn(heads, count, rank, generator=gen)
+
+
+@needs_wide
+@pytest.mark.parametrize(("count", "top_k"), [(1, 1), (5, 2), (16, 1), (16, 2), (16, 16), (33, 3)])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 300])
+def test_nearest_centroids_equal_the_tensor_reference(count, top_k, n):
+    points, centroids = _points(3, n, 4, count, seed=count * n)
+    found = nearest_centroid_ids(points, centroids, top_k)
+    assert found is not None and found.dtype == torch.int32
+    assert torch.equal(found, _nearest_by_tensors(points, centroids, top_k))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_ties_go_to_the_lower_index_and_nan_points_to_the_first(native, monkeypatch):
+    """Centroids 1 and 3 are one point: a point nearest it takes 1, then 3. A NaN point takes 0, 1, ..."""
+    if not native:
+        monkeypatch.setattr(predictor_maps, "wide_kernel", lambda: None)
+    centroids = torch.tensor([[[5.0, 5.0], [1.0, 0.0], [-3.0, 0.0], [1.0, 0.0]]])  # (1, 4, 2)
+    points = torch.tensor([[[[1.1, 0.0], [float("nan"), 0.0], [-2.0, 0.0]]]])  # (1, 1, 3, 2)
+    ids = nearest_centroids(points, centroids, 3, torch.tensor([[True, True, False]]))
+    assert ids.tolist() == [[[[1, 3, 2], [0, 1, 2], [-1, -1, -1]]]]
+
+
+@needs_wide
+def test_results_do_not_depend_on_the_number_of_threads():
+    module, gen = _projections(32, 64, 4, seed=5)
+    q = torch.randn(2, 3, 200, 64, generator=gen)
+    centroids = torch.randn(3, 16, 4, generator=gen)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with torch.no_grad():
+            low = module.project_queries(q)
+        results.append((low, nearest_centroid_ids(low, centroids, 2)))
+    torch.set_num_threads(1)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@needs_wide
+def test_running_out_of_memory_is_a_memory_error():
+    """A point's list of 2⁵² centroids cannot be allocated inside the threads: a MemoryError, not an abort.
+    No point, so nothing is read."""
+    points, centroids = _points(1, 0, 4, 1, seed=0)
+    ids = torch.empty(0, dtype=torch.int32)
+    with pytest.raises(MemoryError, match="nearest_centroids_float ran out of memory"):
+        call(
+            wide_kernel(), "nearest_centroids_float", points, centroids, centroids, 1, 1, 0, 4, 2**52, 1, ids
+        )
