@@ -199,8 +199,8 @@ def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Ten
     Returns bucket keys ``g·nid + id``, flat token indices ``g·L + position`` and positions, each (copies,).
     """
     G, L, T = ids.shape
-    kernel = library("bucket_order") if ids.device.type == "cpu" else None
-    if kernel is not None:  # a counting sort (kernels/bucket_order.cpp), in two passes over the ids
+    kernel = library("planning") if ids.device.type == "cpu" else None
+    if kernel is not None:  # a counting sort (kernels/planning.cpp), in two passes over the ids
         out, copies = ids.new_empty(3, G * L * T), ids.new_zeros(1)
         call(kernel, "sorted_tokens", ids.contiguous(), G, L, T, nid, *out, copies)
         return tuple(out[:, : int(copies)])
@@ -237,15 +237,71 @@ def _runs(start: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch
     return owner, start[owner] + within
 
 
-def _padded(
-    start: torch.Tensor, count: torch.Tensor, width: int, *values: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """(blocks, width) mask of c < count, then for each of ``values`` the rows values[start + c] (index 0
-    where c ≥ count); start, count (blocks,)."""
+def _padded_runs(
+    start: torch.Tensor,
+    count: torch.Tensor,
+    width: int,
+    flat: torch.Tensor,
+    pos: torch.Tensor,
+    rule: tuple[int, int, float],
+    *,
+    with_index: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Blocks of runs (start, count (blocks,)) of the sequence (flat, pos) padded to ``width``: (blocks,
+    width) int64 flat indices (0 on padding; None unless ``with_index``) and float32 positions
+    pos · scale + shift for ``rule`` = (scale, shift, fill), ``fill`` on padding. In C++ where it is built
+    (kernels/planning.cpp: one pass, where these tensor operations are a dozen)."""
+    scale, shift, fill = rule
+    kernel = library("planning") if start.device.type == "cpu" else None
+    if kernel is not None:
+        index = start.new_empty(len(start), width) if with_index else None
+        positions = torch.empty(len(start), width)
+        call(
+            kernel,
+            "padded_runs",
+            start,
+            count,
+            len(start),
+            width,
+            flat,
+            pos,
+            scale,
+            shift,
+            fill,
+            index,
+            positions,
+        )
+        return index, positions
     c = torch.arange(width, device=start.device)
     inside = c < count[:, None]
     at = (start[:, None] + c).masked_fill(~inside, 0)
-    return inside, *(take(x, at) for x in values)
+    positions = (take(pos, at) * scale + shift).float().masked_fill_(~inside, fill)
+    return (take(flat, at) * inside if with_index else None), positions
+
+
+def _block_tags(
+    ids: torch.Tensor, index: torch.Tensor, bucket: torch.Tensor | None, none: int
+) -> torch.Tensor:
+    """The ids of each entry's token index (blocks, width) of ``ids`` (tokens, T) int32: all of them, (T,
+    blocks, width), when ``bucket`` is None; else (T − 1, blocks, width) the T − 1 largest of those below
+    the block's bucket (blocks,), largest first, ``none`` for the others (kernels/planning.cpp where it is
+    built).
+
+    The second form is for bucket blocks when both sides hold several ids (with one, a pair shares at most
+    one bucket): the pair stays in the smallest bucket its tokens share, so an entry is dropped when they
+    share an id below the block's, and a token holds at most T − 1 of those (not the block's own).
+    """
+    slots = ids.shape[1]
+    kernel = library("planning") if ids.device.type == "cpu" else None
+    if kernel is not None:
+        tags = torch.empty(slots - (bucket is not None), *index.shape, dtype=torch.int32)
+        width = index.shape[1]
+        call(kernel, "block_tags", ids, slots, index, index.numel(), width, bucket, none, tags)
+        return tags
+    held = take(ids, index)  # (blocks, width, T)
+    if bucket is None:
+        return held.permute(2, 0, 1).contiguous()
+    return _largest_but_one(held.masked_fill(held >= bucket[:, None, None], none))
 
 
 @dataclass
@@ -443,47 +499,26 @@ def plan_blocks(
         sel, end = slice(end, end + count), end + count
         rest, width_k = divmod(shape, width)
         block_kind, width_q = divmod(rest, height)
-        real_q, queries, q_at = _padded(c_start[sel], c_rows[sel], width_q, q_flat, q_pos)
-        real_k, keys, k_at = _padded(b_start[sel], b_keys[sel], width_k, k_flat, k_pos)
-        queries, keys = queries * real_q, keys * real_k
-        low, tags = None, (None, None)
-        if block_kind != _BUCKET:
-            q_tags, k_tags = take(q_all, queries), take(k_all, keys)
-            tags = q_tags.permute(2, 0, 1).contiguous(), k_tags.permute(2, 0, 1).contiguous()
-        elif dedupe:
-            tags = _lower_ids(bucket[sel], take(q_all, queries), take(k_all, keys))
         band = block_kind == _BAND
-        if causal:
-            limit = q_at.float()
-        elif band:
-            limit = (q_at + radius).float()
-        else:
-            limit = torch.full(q_at.shape, _NO_LIMIT, device=q_at.device)
-        key_pos = k_at.float() if causal or band else torch.zeros(k_at.shape, device=k_at.device)
-        if band:
-            low = (q_at - radius).float().masked_fill_(~real_q, -1)
-        limit, key_pos = limit.masked_fill(~real_q, -1), key_pos.masked_fill(~real_k, 2 * _NO_LIMIT)
-        whole = not causal and tags[0] is None and bool(real_q.all() and real_k.all())
+        q_rule = (1, 0, -1.0) if causal else (1, radius, -1.0) if band else (0, int(_NO_LIMIT), -1.0)
+        k_rule = (1 if causal or band else 0, 0, 2 * _NO_LIMIT)
+        q_runs, k_runs = (c_start[sel], c_rows[sel], width_q), (b_start[sel], b_keys[sel], width_k)
+        queries, limit = _padded_runs(*q_runs, q_flat, q_pos, q_rule)
+        keys, key_pos = _padded_runs(*k_runs, k_flat, k_pos, k_rule)
+        low = _padded_runs(*q_runs, q_flat, q_pos, (1, -radius, -1.0), with_index=False)[1] if band else None
+        tags = (None, None)
+        if block_kind != _BUCKET or dedupe:
+            below = None if block_kind != _BUCKET else bucket[sel]
+            tags = _block_tags(q_all, queries, below, -2), _block_tags(k_all, keys, below, -3)
+        whole = (
+            not causal
+            and tags[0] is None
+            and bool((c_rows[sel] == width_q).all() and (b_keys[sel] == width_k).all())
+        )
         mask = None if whole else BlockMask(key_pos, limit, low, *tags)
         classes.append(BlockClass(queries, keys, mask))
     spread = pattern or bool((q_ids >= 0).sum(-1).gt(1).any())
     return BlockPlan(classes, G * n, G * m, spread, G)
-
-
-def _lower_ids(
-    bucket: torch.Tensor, q_ids: torch.Tensor, k_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ids below its block's that each row's query and each column's key hold: (T − 1, blocks, L) and
-    (T′ − 1, blocks, M), −2 and −3 where none (never equal). bucket (blocks,) the blocks' ids; q_ids
-    (blocks, L, T), k_ids (blocks, M, T′) every id of each query and key (−2 and −3 where none).
-
-    Used when both sides hold several ids (with one, a pair shares at most one bucket). The pair stays in the
-    smallest bucket its tokens share, so an entry is dropped when they share an id below the block's; a
-    token holds at most T − 1 of those (not the block's own).
-    """
-    below = bucket[:, None, None]
-    q_ids, k_ids = q_ids.masked_fill(q_ids >= below, -2), k_ids.masked_fill(k_ids >= below, -3)
-    return _largest_but_one(q_ids), _largest_but_one(k_ids)
 
 
 def _largest_but_one(ids: torch.Tensor) -> torch.Tensor:

@@ -96,14 +96,20 @@ def wide(kernel: ctypes.CDLL | None) -> ctypes.CDLL | None:
     return kernel if kernel is not None and kernel.wide_vectors() else None
 
 
-def call(kernel: ctypes.CDLL, name: str, *args: torch.Tensor | int) -> None:
-    """The kernel's function ``name`` on ``args`` (tensors by address, ints as int64) and torch's thread
-    count. Its status (no exception may cross into C): 0 done, −1 out of memory (a MemoryError), any other a
-    refusal of its arguments (a ValueError)."""
-    converted = [
-        ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int64(a) for a in args
-    ]
-    status = getattr(kernel, name)(*converted, ctypes.c_int(torch.get_num_threads()))
+def _argument(value: torch.Tensor | int | float | None) -> ctypes.c_void_p | ctypes.c_int64 | ctypes.c_double:
+    """A tensor by address (contiguous; None as a null pointer), an int as int64, a float as double."""
+    if value is None or isinstance(value, torch.Tensor):
+        if value is not None and not value.is_contiguous():
+            raise ValueError("the C++ kernels read tensors as contiguous memory; got a strided one")
+        return ctypes.c_void_p(None if value is None else value.data_ptr())
+    return ctypes.c_double(value) if isinstance(value, float) else ctypes.c_int64(value)
+
+
+def call(kernel: ctypes.CDLL, name: str, *args: torch.Tensor | int | float | None) -> None:
+    """The kernel's function ``name`` on ``args`` (see :func:`_argument`) and torch's thread count. Its
+    status (no exception may cross into C): 0 done, −1 out of memory (a MemoryError), any other a refusal of
+    its arguments (a ValueError)."""
+    status = getattr(kernel, name)(*map(_argument, args), ctypes.c_int(torch.get_num_threads()))
     if status == -1:
         raise MemoryError(f"{name} ran out of memory")
     if status != 0:

@@ -103,4 +103,4 @@ def test_walker_sees_function_level_and_package_imports() -> None:
     assert Path("pipeline/graphs/store.py") in files
     assert Path("pipeline/__init__.py") in files  # importing pipeline.x runs pipeline/__init__.py
     assert Path("pipeline/attention/entmax.py") in files  # extract runs the teacher's entmax attention
-    assert Path("kernels/bucket_order.cpp") in native_sources(files)  # its bucketed attention plans in C++
+    assert Path("kernels/planning.cpp") in native_sources(files)  # its bucketed attention plans in C++

@@ -11,9 +11,11 @@ from entmax import entmax15, sparsemax
 
 from kernels import bucket_blocks, bucketed_attention, torch_bucketed
 from kernels.attended import attended_mask
+from kernels.bench import balanced_buckets
 from kernels.bucket_blocks import ladder, plan_blocks
 from kernels.native import call
 from kernels.reference import dense_bucketed_attention
+from kernels.torch_bucketed import plan_attention
 from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64, pair_counts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -234,9 +236,43 @@ def test_the_counting_sort_orders_tokens_as_the_stable_sort(groups, length, slot
 
 def test_the_counting_sort_refuses_an_id_past_its_count():
     """Its caller counts the ids; a miscount is an error, not a write past the counts."""
-    kernel = bucket_blocks.library("bucket_order")
+    kernel = bucket_blocks.library("planning")
     if kernel is None:
         pytest.skip("no C++ compiler")
     ids, out = torch.tensor([[[0], [3]]]), torch.empty(3, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"sorted_tokens refused its arguments \(status -2"):
         call(kernel, "sorted_tokens", ids, 1, 2, 1, 3, *out, torch.zeros(1, dtype=torch.int64))
+
+
+def _fields(plan) -> list[torch.Tensor | None]:
+    """Every tensor of a plan, in order."""
+    masks = [c.mask for c in plan.classes]
+    names = ("key_pos", "limit", "low", "q_tags", "k_tags")
+    return [t for c, mask in zip(plan.classes, masks, strict=True) for t in (c.queries, c.keys)] + [
+        None if mask is None else getattr(mask, name) for mask in masks for name in names
+    ]
+
+
+@pytest.mark.parametrize(
+    ("n", "top", "causal", "pattern"),
+    [
+        (300, 1, False, {}),
+        (300, 1, True, {}),
+        (257, 2, True, {}),
+        (257, 3, False, {}),
+        (200, 2, True, {"radius": 5, "global_tokens": 3}),
+        (200, 1, False, {"radius": 5, "global_tokens": 3}),
+        (130, 3, False, {"global_tokens": 2}),
+    ],
+)
+def test_plans_from_the_cpp_passes_equal_the_tensor_reference(n, top, causal, pattern, monkeypatch):
+    """kernels/planning.cpp (sort, padded runs, tags) where it is built and the tensor operations give the
+    same plan, tensor for tensor: indices, limits, positions and tags, with tokens holding no id."""
+    ids = balanced_buckets(2, 3, n, 8, top, seed=n)
+    ids[..., :5, 0] = -1
+    found = plan_attention(ids, ids, causal=causal, **pattern)
+    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
+    expected = plan_attention(ids, ids, causal=causal, **pattern)
+    assert found.spread == expected.spread and len(found.classes) == len(expected.classes)
+    for a, b in zip(_fields(found), _fields(expected), strict=True):
+        assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
