@@ -201,8 +201,8 @@ def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Ten
     G, L, T = ids.shape
     kernel = library("planning") if ids.device.type == "cpu" else None
     if kernel is not None:  # a counting sort (kernels/planning.cpp), in two passes over the ids
-        out, copies = ids.new_empty(3, G * L * T), ids.new_zeros(1)
-        call(kernel, "sorted_tokens", ids.contiguous(), G, L, T, nid, *out, copies)
+        out, copies = torch.empty(3, G * L * T, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+        call(kernel, "sorted_tokens", ids.long().contiguous(), G, L, T, nid, *out, copies)
         return tuple(out[:, : int(copies)])
     group = torch.arange(G, device=ids.device)[:, None, None]
     keys = (group * nid + ids).flatten()  # (copies,) in (group, position, slot) order
@@ -255,7 +255,7 @@ def _padded_runs(
     kernel = library("planning") if start.device.type == "cpu" else None
     if kernel is not None:
         index = start.new_empty(len(start), width) if with_index else None
-        positions = torch.empty(len(start), width)
+        positions = torch.empty(len(start), width, dtype=torch.float32)
         call(
             kernel,
             "padded_runs",

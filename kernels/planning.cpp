@@ -1,6 +1,6 @@
 // The passes of kernels/bucket_blocks.py's planning over token copies and block entries, each one loop where
-// the tensor reference beside it there (`_sorted_tokens`, `_padded`, `_lower_ids`) is a dozen small tensor
-// operations, which cost more in dispatch than in arithmetic at the blocks' sizes. Results equal the
+// the tensor reference beside it there (`_sorted_tokens`, `_padded_runs`, `_block_tags`) is a dozen small
+// tensor operations, which cost more in dispatch than in arithmetic at the blocks' sizes. Results equal the
 // reference's exactly (integer work, and whole-number positions below 2²⁴ converted to float). One thread:
 // the passes are short and bound by memory.
 //
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 // ids (groups, length, slots), −1 for none, every other id in [0, nid). Writes the copies' keys g · nid + id,
@@ -27,7 +28,7 @@ extern "C" int sorted_tokens(const int64_t* ids, int64_t groups, int64_t length,
     std::vector<int64_t> next;  // per key: where its next copy goes
     try {
         next.assign(groups * nid + 1, 0);
-    } catch (const std::bad_alloc&) {
+    } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
         return -1;
     }
     const int64_t per_group = length * slots;
@@ -84,7 +85,7 @@ extern "C" int block_tags(const int32_t* ids, int64_t slots, const int64_t* inde
     std::vector<int32_t> held;
     try {
         held.resize(slots);
-    } catch (const std::bad_alloc&) {
+    } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
         return -1;
     }
     for (int64_t block = 0, e = 0; block < entries / width; ++block) {

@@ -72,13 +72,15 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
         // the chunk's xᵀ (d × kChunk), hidden units (hidden × kChunk) and outputs (rank × kChunk); row
         // pointers into them and into the weights
         std::vector<float> inputs, units, outputs;
-        std::vector<int64_t> tokens(kChunk);
-        std::vector<const float*> input_rows(d), feature_rows(depth), maps(std::max(hidden, rank));
-        std::vector<float*> unit_rows(hidden), output_rows(rank);
+        std::vector<int64_t> tokens;
+        std::vector<const float*> input_rows, feature_rows, maps;
+        std::vector<float*> unit_rows, output_rows;
         bool ready = true;
         try {
             inputs.assign(d * kChunk, 0.0f), units.assign(hidden * kChunk, 0.0f);
-            outputs.assign(rank * kChunk, 0.0f);
+            outputs.assign(rank * kChunk, 0.0f), tokens.resize(kChunk);
+            input_rows.resize(d), feature_rows.resize(depth), maps.resize(std::max(hidden, rank));
+            unit_rows.resize(hidden), output_rows.resize(rank);
         } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
             ready = false;
 #pragma omp atomic write
@@ -93,6 +95,10 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
             const int64_t group = task / chunks, head = group % heads, first = task % chunks * kChunk;
             const int64_t count = std::min(kChunk, n - first);
             for (int64_t i = 0; i < count; ++i) tokens[i] = group * n + first + i;
+            // the rows after this chunk's (its thread's next task) on their way from memory while it runs
+            const int64_t following = group * n + first + count;
+            const int64_t ahead = std::min(kChunk, groups * n - following) * d;
+            for (int64_t j = 0; j < ahead; j += kWidth<float>) __builtin_prefetch(x + following * d + j);
             pack_transposed(x, tokens.data(), count, d, inputs.data(), kChunk);  // lanes past count: stale
             if (hidden > 0) {
                 for (int64_t e = 0; e < hidden; ++e) maps[e] = hidden_weight + (head * hidden + e) * d;
@@ -120,17 +126,18 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
 }
 
 // ids[row] = the top_k nearest of a head's B centroids to point[row] (rows of `rank`), nearest first, ties
-// to the lower index: with e_j = ‖c_j‖² − 2 point·c_j, each pass takes the first j at the smallest e_j left
-// and leaves it out of the next (as NaN, which is never the smallest). scaled (heads, rank, B) holds −2 c,
-// norms (heads, B) ‖c‖². A point whose e_j are all NaN takes 0 … top_k − 1. Sixteen points at a time, one
-// per lane: every e_j of them first (independent products), then the passes.
+// to the lower index: with e_j = ‖c_j‖² − 2 point·c_j (NaN read as 0 and ±∞ as the largest floats, as the
+// reference reads them: a NaN point ties everywhere and takes 0 … top_k − 1), each pass takes the first j
+// at the smallest e_j left and leaves it out of the next (as +∞, above every finite e_j). scaled (heads,
+// rank, B) holds −2 c, norms (heads, B) ‖c‖². Sixteen points at a time, one per lane: every e_j of them
+// first (independent products), then the passes.
 void nearest_centroids(const float* points, const float* scaled, const float* norms, int64_t groups,
                        int64_t heads, int64_t n, int64_t rank, int64_t centroids, int64_t top_k, int32_t* ids,
                        int threads) {
     constexpr int64_t lanes = kWidth<float>;
     const int64_t chunks = (n + lanes - 1) / lanes;
     const Vec<float> inf = Vec<float>{} + std::numeric_limits<float>::infinity();
-    const Vec<float> nan = Vec<float>{} + std::numeric_limits<float>::quiet_NaN();
+    const Vec<float> largest = Vec<float>{} + std::numeric_limits<float>::max();
     bool short_of_memory = false;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -154,19 +161,20 @@ void nearest_centroids(const float* points, const float* scaled, const float* no
             for (int64_t j = 0; j < centroids; ++j) {
                 Vec<float> e = Vec<float>{} + norms[head * centroids + j];
                 for (int64_t t = 0; t < rank; ++t) e += coordinates[t] * head_scaled[t * centroids + j];
-                energy[j] = e;
+                e = e == e ? e : Vec<float>{};  // NaN: 0
+                energy[j] = e > largest ? largest : e < -largest ? -largest : e;
             }
             int32_t* to = ids + (group * n + first) * top_k;
             for (int64_t s = 0; s < top_k; ++s) {
                 Vec<float> least = inf;
                 for (int64_t j = 0; j < centroids; ++j) least = energy[j] < least ? energy[j] : least;
-                Vec<int32_t> which = Vec<int32_t>{} + int32_t(s), found = {};
+                Vec<int32_t> which = {}, found = {};  // every lane finds one: B − s entries are finite
                 for (int64_t j = 0; j < centroids; ++j) {
                     const Vec<int32_t> first_at = (energy[j] == least) & ~found;
                     which = first_at ? int32_t(j) : which;
                     found |= first_at;
                 }
-                for (int64_t j = 0; j < centroids; ++j) energy[j] = which == int32_t(j) ? nan : energy[j];
+                for (int64_t j = 0; j < centroids; ++j) energy[j] = which == int32_t(j) ? inf : energy[j];
                 for (int64_t lane = 0; lane < count; ++lane) to[lane * top_k + s] = which[lane];
             }
         }

@@ -48,8 +48,8 @@ def head_mlp(
     ``hidden_bias`` (H, e), W = ``weight`` (H, r, e) and b = ``bias`` (H, r); W_h x + b_h with W (H, r, d)
     when ``hidden_weight`` is None. None where the C++ kernel cannot take them (see the module)."""
     kernel = _runs_native(x, weight, bias, hidden_weight, hidden_bias)
-    if kernel is None:
-        return None
+    if kernel is None or x.dim() != 4 or weight.dim() != 3:
+        return None  # (other shapes: the reference's own error says what is wrong)
     batch, heads, n, d = x.shape
     hidden = 0 if hidden_weight is None else hidden_weight.shape[1]
     rank = weight.shape[1]
@@ -71,12 +71,14 @@ def head_mlp(
 def nearest_centroid_ids(points: torch.Tensor, centroids: torch.Tensor, top_k: int) -> torch.Tensor | None:
     """int32 (b, H, n, top_k): the top_k nearest of a head's centroids (H, B, r) to each of ``points``
     (b, H, n, r), nearest first, ties to the lower index, 0 … top_k − 1 for a point that is NaN. None where
-    the C++ kernel cannot take them (see the module)."""
+    the C++ kernel cannot take them (see the module); a ValueError unless 1 ≤ top_k ≤ B."""
+    count = centroids.shape[-2]
+    if not 1 <= top_k <= count:
+        raise ValueError(f"top_k must be in [1, {count}], got {top_k}")
     kernel = _runs_native(points, centroids)
-    if kernel is None:
+    if kernel is None or points.dim() != 4:
         return None
     batch, heads, n, rank = points.shape
-    count = centroids.shape[1]
     if centroids.shape != (heads, count, rank):
         return None  # the reference's own error says what is wrong
     points, centroids = points.detach().contiguous(), centroids.detach()

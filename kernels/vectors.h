@@ -98,7 +98,7 @@ void stage(Vec<Real> (&rows)[n]) {
 }
 
 // panel[t][c] = x[rows[c]][t] for c < count, t < depth (panel rows of `stride`): squares of a vector's width
-// of lanes at a time, read as whole rows and transposed in registers, so every write fills a cache line
+// of lanes at a time, read as whole rows and transposed in registers, so that every write is a whole vector
 // (the depth's last partial square lane by lane).
 template <typename Real>
 void pack_transposed(const Real* x, const int64_t* rows, int64_t count, int64_t depth, Real* panel,

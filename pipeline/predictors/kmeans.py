@@ -43,10 +43,7 @@ def nearest_centroids(
     CPU without gradients the C++ kernel runs (:func:`kernels.predictor_maps.nearest_centroid_ids`), else
     :func:`_nearest_by_tensors`.
     """
-    n_centroids = centroids.shape[-2]
-    if not 1 <= top_k <= n_centroids:
-        raise ValueError(f"top_k must be in [1, {n_centroids}], got {top_k}")
-    ids = nearest_centroid_ids(x, centroids, top_k)
+    ids = nearest_centroid_ids(x, centroids, top_k)  # (it checks top_k)
     if ids is None:
         ids = _nearest_by_tensors(x.detach(), centroids.detach().to(x.dtype), top_k)  # ids have no gradient
     return ids if valid is None else padding_to_none(ids, valid)

@@ -4,6 +4,8 @@ the dense reference: exact pair coverage, values and gradients at awkward shapes
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 
 import pytest
 import torch
@@ -232,6 +234,13 @@ def test_the_counting_sort_orders_tokens_as_the_stable_sort(groups, length, slot
     expected = bucket_blocks._sorted_tokens(ids, nid)
     assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))
     assert len(found[0]) == int((ids >= 0).sum())
+
+
+def test_the_planning_kernel_is_built_where_a_compiler_is():
+    """Else the comparisons above would be the tensor path against itself."""
+    if shutil.which(os.environ.get("CXX") or "c++") is None:
+        pytest.skip("no C++ compiler")
+    assert bucket_blocks.library("planning") is not None
 
 
 def test_the_counting_sort_refuses_an_id_past_its_count():

@@ -31,10 +31,10 @@ def _projections(hidden, d, rank, seed):
 @pytest.mark.parametrize(
     ("hidden", "d", "rank"), [(32, 64, 4), (8, 24, 3), (40, 64, 17), (None, 64, 4), (None, 20, 5)]
 )
-@pytest.mark.parametrize("n", [0, 1, 47, 48, 49, 130])
+@pytest.mark.parametrize("n", [0, 1, 47, 63, 64, 65, 130])
 def test_the_projection_equals_the_tensor_reference(hidden, d, rank, n, monkeypatch):
     """Widths that are not whole vectors (hidden 8 and 40, d 20 and 24), more outputs than a vector's lanes
-    (rank 17), sequences around the kernel's chunk of 48 rows, and none."""
+    (rank 17), sequences around the kernel's chunk of 64 tokens, and none."""
     module, gen = _projections(hidden, d, rank, seed=n)
     q = torch.randn(2, 3, n, d, generator=gen) * 2
     with torch.no_grad():
@@ -74,7 +74,7 @@ def test_nearest_centroids_equal_the_tensor_reference(count, top_k, n):
     assert torch.equal(found, _nearest_by_tensors(points, centroids, top_k))
 
 
-@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_wide), False])
 def test_ties_go_to_the_lower_index_and_nan_points_to_the_first(native, monkeypatch):
     """Centroids 1 and 3 are one point: a point nearest it takes 1, then 3. A NaN point takes 0, 1, ..."""
     if not native:
@@ -83,6 +83,24 @@ def test_ties_go_to_the_lower_index_and_nan_points_to_the_first(native, monkeypa
     points = torch.tensor([[[[1.1, 0.0], [float("nan"), 0.0], [-2.0, 0.0]]]])  # (1, 1, 3, 2)
     ids = nearest_centroids(points, centroids, 3, torch.tensor([[True, True, False]]))
     assert ids.tolist() == [[[[1, 3, 2], [0, 1, 2], [-1, -1, -1]]]]
+
+
+@needs_wide
+def test_a_nan_centroid_gives_the_references_ids_and_no_repeats():
+    """A NaN centroid's every e_j is NaN, read as 0 on both paths: the ids agree, and no token holds one
+    twice (the planner's contract), though fewer finite centroids are left than top_k."""
+    points, centroids = _points(2, 40, 4, 3, seed=7)
+    centroids[1, 0] = float("nan")
+    found = nearest_centroid_ids(points, centroids, 3)
+    assert torch.equal(found, _nearest_by_tensors(points, centroids, 3))
+    assert (found.sort(-1).values.diff(dim=-1) > 0).all()
+
+
+def test_top_k_outside_the_centroids_is_refused():
+    points, centroids = _points(1, 4, 4, 2, seed=8)
+    for top_k in (0, 3):
+        with pytest.raises(ValueError, match=rf"top_k must be in \[1, 2\], got {top_k}"):
+            nearest_centroids(points, centroids, top_k)
 
 
 @needs_wide
