@@ -360,7 +360,7 @@ def _chunks(
 def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool, rows: int) -> None:
     """Each bucket's query copies, in chunks, against every key copy of the same bucket."""
     m = k_ids.shape[1]
-    nid = int(torch.cat([q_ids.flatten(), k_ids.flatten(), q_ids.new_zeros(1)]).max()) + 1
+    nid = max([0] + [int(ids.max()) for ids in (q_ids, k_ids) if ids.numel()]) + 1
     k_key, k_flat, k_pos = _sorted_tokens(k_ids, nid)
     q_key, q_flat, q_pos = _sorted_tokens(q_ids, nid)
     bucket, q_count = torch.unique_consecutive(q_key, return_counts=True)  # (buckets,)
@@ -517,7 +517,7 @@ def plan_blocks(
         )
         mask = None if whole else BlockMask(key_pos, limit, low, *tags)
         classes.append(BlockClass(queries, keys, mask))
-    spread = pattern or bool((q_ids >= 0).sum(-1).gt(1).any())
+    spread = pattern or (T > 1 and bool((q_ids >= 0).sum(-1).gt(1).any()))  # (one slot: one id at most)
     return BlockPlan(classes, G * n, G * m, spread, G)
 
 
