@@ -9,8 +9,8 @@ these return None: where gradients are asked for, off the CPU, in another dtype 
 wide kernel was built (no compiler, or no AVX-512; see :mod:`kernels.native`). A chunk of tokens goes
 through every step of a map while it sits in the cache, where the references pass over the whole sequence
 once per step: projecting queries and keys of 1k-8k tokens and 8 heads (64 → 32 → 4) and giving each its
-nearest of 16 centroids takes 0.45-0.5× their time on an AVX-512 core, whose peak bounds the MLP's product
-at about half of what remains (``python -m kernels.bench`` prints it as ``predict_ms``).
+nearest of 16 centroids takes 0.45-0.5× their time on an AVX-512 core. About half of what remains is the
+MLP's product at the core's peak (``python -m kernels.bench`` prints the whole as ``predict_ms``).
 """
 
 from __future__ import annotations
