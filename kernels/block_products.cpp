@@ -21,7 +21,7 @@
 
 namespace {
 
-using vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product, vectors::Vec,
+using vectors::allocated, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product, vectors::Vec,
     vectors::whole_vectors;
 
 // Asks for the rows x[rows[0..count)] (of `width` Reals) to be brought into the cache: the next block's, whose
@@ -40,16 +40,10 @@ struct Buffers {
     std::vector<const Real*> a, b;
     std::vector<Real*> c;
 
-    // False when memory ran out (then `short_of_memory` is set): an exception may not leave a parallel
-    // region, so the threads still go through the loop of blocks, without work, and the caller throws after.
+    // False when memory ran out (see `allocated`).
     bool allocate(int64_t panel_size, int64_t a_rows, int64_t b_rows, std::atomic<bool>& short_of_memory) {
-        try {
-            panel.assign(panel_size, Real(0)), a.resize(a_rows), b.resize(b_rows), c.resize(a_rows);
-            return true;
-        } catch (const std::bad_alloc&) {
-            short_of_memory = true;
-            return false;
-        }
+        const auto all = [&] { panel.assign(panel_size, Real(0)), a.resize(a_rows), b.resize(b_rows), c.resize(a_rows); };
+        return allocated(all, short_of_memory);
     }
 };
 

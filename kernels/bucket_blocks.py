@@ -34,6 +34,7 @@ diagonal blocks and the band's corners, so memory stays linear in the attended p
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 
@@ -191,6 +192,11 @@ def ladder(x: torch.Tensor) -> torch.Tensor:
     return round_up(x, step)
 
 
+def _planning(tensor: torch.Tensor) -> ctypes.CDLL | None:
+    """kernels/planning.cpp for planning passes over ``tensor``: on the CPU, where the library builds."""
+    return library("planning") if tensor.device.type == "cpu" else None
+
+
 def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copies of the tokens, one per id held, sorted by (group, id, position); ids (G, L, T) int64 with −1
     for none, every other id below ``nid``, and no id repeated within a token. On the CPU the C++ counting
@@ -199,7 +205,7 @@ def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Ten
     Returns bucket keys ``g·nid + id``, flat token indices ``g·L + position`` and positions, each (copies,).
     """
     G, L, T = ids.shape
-    kernel = library("planning") if ids.device.type == "cpu" else None
+    kernel = _planning(ids)
     if kernel is not None:  # a counting sort (kernels/planning.cpp), in two passes over the ids
         out, copies = torch.empty(3, G * L * T, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
         call(kernel, "sorted_tokens", ids.long().contiguous(), G, L, T, nid, *out, copies)
@@ -252,7 +258,7 @@ def _padded_runs(
     pos · scale + shift for ``rule`` = (scale, shift, fill), ``fill`` on padding. In C++ where it is built
     (kernels/planning.cpp: one pass, where these tensor operations are a dozen)."""
     scale, shift, fill = rule
-    kernel = library("planning") if start.device.type == "cpu" else None
+    kernel = _planning(start)
     if kernel is not None:
         index = start.new_empty(len(start), width) if with_index else None
         positions = torch.empty(len(start), width, dtype=torch.float32)
@@ -292,7 +298,7 @@ def _block_tags(
     share an id below the block's, and a token holds at most T − 1 of those (not the block's own).
     """
     slots = ids.shape[1]
-    kernel = library("planning") if ids.device.type == "cpu" else None
+    kernel = _planning(ids)
     if kernel is not None:
         tags = torch.empty(slots - (bucket is not None), *index.shape, dtype=torch.int32)
         width = index.shape[1]

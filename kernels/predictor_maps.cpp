@@ -10,18 +10,18 @@
 // so the results do not depend on the thread count; they differ from the references by round-off only.
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <new>
-#include <stdexcept>
 #include <vector>
 
 #include "vectors.h"
 
 namespace {
 
-using vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product,
+using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product,
     vectors::Vec;
 
 constexpr int64_t kChunk = 64;  // tokens a thread takes at once: a tile's 4 vectors of lanes
@@ -66,7 +66,7 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
               const float* out_bias, int64_t groups, int64_t heads, int64_t n, int64_t d, int64_t hidden,
               int64_t rank, float* out, int threads) {
     const int64_t depth = hidden > 0 ? hidden : d, chunks = (n + kChunk - 1) / kChunk;
-    bool short_of_memory = false;
+    std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         // the chunk's xᵀ (d × kChunk), hidden units (hidden × kChunk) and outputs (rank × kChunk); row
@@ -75,17 +75,14 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
         std::vector<int64_t> tokens;
         std::vector<const float*> input_rows, feature_rows, maps;
         std::vector<float*> unit_rows, output_rows;
-        bool ready = true;
-        try {
-            inputs.assign(d * kChunk, 0.0f), units.assign(hidden * kChunk, 0.0f);
-            outputs.assign(rank * kChunk, 0.0f), tokens.resize(kChunk);
-            input_rows.resize(d), feature_rows.resize(depth), maps.resize(std::max(hidden, rank));
-            unit_rows.resize(hidden), output_rows.resize(rank);
-        } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
-            ready = false;
-#pragma omp atomic write
-            short_of_memory = true;
-        }
+        const bool ready = allocated(
+            [&] {
+                inputs.assign(d * kChunk, 0.0f), units.assign(hidden * kChunk, 0.0f);
+                outputs.assign(rank * kChunk, 0.0f), tokens.resize(kChunk);
+                input_rows.resize(d), feature_rows.resize(depth), maps.resize(std::max(hidden, rank));
+                unit_rows.resize(hidden), output_rows.resize(rank);
+            },
+            short_of_memory);
         for (int64_t t = 0; ready && t < d; ++t) input_rows[t] = inputs.data() + t * kChunk;
         for (int64_t e = 0; ready && e < hidden; ++e) unit_rows[e] = units.data() + e * kChunk;
         for (int64_t j = 0; ready && j < rank; ++j) output_rows[j] = outputs.data() + j * kChunk;
@@ -138,18 +135,11 @@ void nearest_centroids(const float* points, const float* scaled, const float* no
     const int64_t chunks = (n + lanes - 1) / lanes;
     const Vec<float> inf = Vec<float>{} + std::numeric_limits<float>::infinity();
     const Vec<float> largest = Vec<float>{} + std::numeric_limits<float>::max();
-    bool short_of_memory = false;
+    std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         std::vector<Vec<float>> coordinates, energy;  // rank and B vectors of 16 points
-        bool ready = true;
-        try {
-            coordinates.resize(rank), energy.resize(centroids);
-        } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
-            ready = false;
-#pragma omp atomic write
-            short_of_memory = true;
-        }
+        const bool ready = allocated([&] { coordinates.resize(rank), energy.resize(centroids); }, short_of_memory);
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < groups * chunks; ++task) {
             if (!ready) continue;

@@ -59,10 +59,8 @@ def head_mlp(
     if not fits:
         return None  # the reference's own error says what is wrong
     x = x.detach().contiguous()
-    maps = [weight, bias] if not hidden else [hidden_weight, hidden_bias, weight, bias]
-    maps = [m.detach().contiguous() for m in maps]
-    if not hidden:
-        maps = [x, x, *maps]  # no hidden layer to read
+    given = (hidden_weight, hidden_bias, weight, bias)  # the first two None when linear: no hidden layer
+    maps = [None if m is None else m.detach().contiguous() for m in given]
     out = x.new_empty(batch, heads, n, rank)
     call(kernel, "head_mlp_float", x, *maps, batch * heads, heads, n, d, hidden, rank, out)
     return out

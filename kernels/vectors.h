@@ -5,10 +5,12 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #ifdef __AVX512F__
@@ -189,6 +191,21 @@ void product(const Real* const* a, int64_t step, int64_t rows, const Real* const
 template <typename Real>
 int64_t whole_vectors(int64_t n) {
     return (n + kWidth<Real> - 1) / kWidth<Real> * kWidth<Real>;
+}
+
+// Runs `allocate`, a thread's allocation of its buffers inside a parallel region: false when memory ran out
+// (bad_alloc, or length_error past what a vector may hold), which it records in `short_of_memory`. An
+// exception may not leave a parallel region, so the thread goes through its loop without work, and the
+// caller throws bad_alloc after the region (which `guarded` turns into a status).
+template <typename F>
+bool allocated(F&& allocate, std::atomic<bool>& short_of_memory) {
+    try {
+        allocate();
+        return true;
+    } catch (const std::exception&) {
+        short_of_memory = true;
+        return false;
+    }
 }
 
 // Runs `body`: 0 once done, −1 when memory ran out (no exception may cross into C).

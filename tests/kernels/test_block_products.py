@@ -15,13 +15,19 @@ from kernels.bucket_blocks import take
 from kernels.native import call
 
 
+def _has_compiler() -> bool:
+    """The C++ compiler kernels.native builds with: where every C++ kernel must exist."""
+    return shutil.which(os.environ.get("CXX") or "c++") is not None
+
+
 def _can_build_wide() -> bool:
-    """A C++ compiler and a processor with AVX-512 (Linux): where the wide kernel must exist."""
+    """A C++ compiler and a processor with AVX-512 (Linux): where the wide kernels must exist."""
     cpuinfo = Path("/proc/cpuinfo")
     flags = cpuinfo.read_text() if cpuinfo.exists() else ""
-    return shutil.which(os.environ.get("CXX") or "c++") is not None and " avx512f " in flags
+    return _has_compiler() and " avx512f " in flags
 
 
+needs_compiler = pytest.mark.skipif(not _has_compiler(), reason="no C++ compiler")
 needs_wide = pytest.mark.skipif(not _can_build_wide(), reason="no C++ compiler, or no AVX-512")
 
 

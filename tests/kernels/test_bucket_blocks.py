@@ -4,8 +4,6 @@ the dense reference: exact pair coverage, values and gradients at awkward shapes
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from kernels.bucket_blocks import ladder, plan_blocks
 from kernels.native import call
 from kernels.reference import dense_bucketed_attention
 from kernels.torch_bucketed import plan_attention
+from tests.kernels.test_block_products import needs_compiler
 from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64, pair_counts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -236,18 +235,16 @@ def test_the_counting_sort_orders_tokens_as_the_stable_sort(groups, length, slot
     assert len(found[0]) == int((ids >= 0).sum())
 
 
+@needs_compiler
 def test_the_planning_kernel_is_built_where_a_compiler_is():
     """Else the comparisons above would be the tensor path against itself."""
-    if shutil.which(os.environ.get("CXX") or "c++") is None:
-        pytest.skip("no C++ compiler")
     assert bucket_blocks.library("planning") is not None
 
 
+@needs_compiler
 def test_the_counting_sort_refuses_an_id_past_its_count():
     """Its caller counts the ids; a miscount is an error, not a write past the counts."""
     kernel = bucket_blocks.library("planning")
-    if kernel is None:
-        pytest.skip("no C++ compiler")
     ids, out = torch.tensor([[[0], [3]]]), torch.empty(3, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"sorted_tokens refused its arguments \(status -2"):
         call(kernel, "sorted_tokens", ids, 1, 2, 1, 3, *out, torch.zeros(1, dtype=torch.int64))
