@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -22,7 +23,7 @@
 namespace {
 
 using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product,
-    vectors::Vec;
+    vectors::store, vectors::Vec;
 
 constexpr int64_t kChunk = 64;  // tokens a thread takes at once: a tile's 4 vectors of lanes
 
@@ -52,6 +53,60 @@ inline Vec<float> gather(const float* from, int64_t step, int64_t count) {
     for (int64_t lane = 0; lane < count; ++lane) v[lane] = from[lane * step];
     return v;
 #endif
+}
+
+// Whether every lane of v is finite (neither NaN nor ±∞).
+inline bool finite(const Vec<float>& v) {
+#ifdef __AVX512DQ__
+    return _mm512_fpclass_ps_mask(static_cast<__m512>(v), 0x99) == 0;  // quiet and signalling NaN, ±∞
+#else
+    for (int64_t lane = 0; lane < kWidth<float>; ++lane)
+        if (!std::isfinite(v[lane])) return false;
+    return true;
+#endif
+}
+
+// The even (odd = 0) or odd (odd = 1) lanes of a then b: the front or back half of their sequence unzipped.
+template <int odd, size_t... lane>
+Vec<float> alternate(const Vec<float>& a, const Vec<float>& b, std::index_sequence<lane...>) {
+#ifdef __clang__
+    return __builtin_shufflevector(a, b, (2 * int(lane) + odd)...);
+#else
+    typedef int32_t Indices __attribute__((vector_size(64)));
+    return __builtin_shuffle(a, b, Indices{(2 * int32_t(lane) + odd)...});
+#endif
+}
+
+// rows[t · stride] = coordinate t of the 16 points from[0 … 16 · R) (rows of R, a power of two ≤ 16), point
+// p in lane p, with no gather: whole vectors, unzipped log₂ R times in registers. An unzip moves the sequence's
+// index i (of N) to (i mod 2) · N/2 + ⌊i / 2⌋, a rotation of its bits by one, so log₂ R of them take
+// p · R + t to t · 16 + p. Each unzip makes vector k < R/2 of the even lanes of vectors 2k and 2k + 1, and
+// vector R/2 + k of their odd lanes.
+template <int R>
+void unzip_points(const float* from, Vec<float>* rows, int64_t stride) {
+    constexpr auto lanes = std::make_index_sequence<kWidth<float>>{};
+    Vec<float> v[R], unzipped[R];
+    for (int k = 0; k < R; ++k) std::memcpy(&v[k], from + k * kWidth<float>, sizeof v[k]);
+    for (int round = 1; round < R; round *= 2) {
+        for (int k = 0; k < R / 2; ++k) {
+            unzipped[k] = alternate<0>(v[2 * k], v[2 * k + 1], lanes);
+            unzipped[R / 2 + k] = alternate<1>(v[2 * k], v[2 * k + 1], lanes);
+        }
+        std::copy(unzipped, unzipped + R, v);
+    }
+    for (int t = 0; t < R; ++t) rows[t * stride] = v[t];
+}
+
+// unzip_points for a rank known only at run time; false (nothing done) unless it is 1, 2, 4, 8 or 16.
+inline bool unzip_points(const float* from, int64_t rank, Vec<float>* rows, int64_t stride) {
+    switch (rank) {
+        case 1: return unzip_points<1>(from, rows, stride), true;
+        case 2: return unzip_points<2>(from, rows, stride), true;
+        case 4: return unzip_points<4>(from, rows, stride), true;
+        case 8: return unzip_points<8>(from, rows, stride), true;
+        case 16: return unzip_points<16>(from, rows, stride), true;
+        default: return false;
+    }
 }
 
 // out[row] = W_h σ(V_h x[row] + c_h) + b_h for the rows of groups (batch · heads) of n rows, head h = group
@@ -126,46 +181,91 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
 // to the lower index: with e_j = ‖c_j‖² − 2 point·c_j (NaN read as 0 and ±∞ as the largest floats, as the
 // reference reads them: a NaN point ties everywhere and takes 0 … top_k − 1), each pass takes the first j
 // at the smallest e_j left and leaves it out of the next (as +∞, above every finite e_j). scaled (heads,
-// rank, B) holds −2 c, norms (heads, B) ‖c‖². Sixteen points at a time, one per lane: every e_j of them
-// first (independent products), then the passes.
+// rank, B) holds −2 c, norms (heads, B) ‖c‖².
+//
+// kChunk points at a time, one per lane of kBlock vectors: every e_j of them first, then each pass one sweep
+// over j keeping the least e_j so far and its j (a strict < keeps the first). The sweep is a chain of
+// dependent steps, one per centroid; the kBlock vectors' chains interleave, so their latencies overlap.
+// Only a chunk with a non-finite e_j needs the reference's reading of NaN and ±∞; for the others it
+// changes nothing, so they skip it.
 void nearest_centroids(const float* points, const float* scaled, const float* norms, int64_t groups,
                        int64_t heads, int64_t n, int64_t rank, int64_t centroids, int64_t top_k, int32_t* ids,
                        int threads) {
-    constexpr int64_t lanes = kWidth<float>;
-    const int64_t chunks = (n + lanes - 1) / lanes;
+    constexpr int64_t lanes = kWidth<float>, kBlock = kChunk / lanes;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
     const Vec<float> inf = Vec<float>{} + std::numeric_limits<float>::infinity();
     const Vec<float> largest = Vec<float>{} + std::numeric_limits<float>::max();
     std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        std::vector<Vec<float>> coordinates, energy;  // rank and B vectors of 16 points
-        const bool ready = allocated([&] { coordinates.resize(rank), energy.resize(centroids); }, short_of_memory);
+        // coordinate t of the chunk's points, e_j and the nearest of each pass: kBlock vectors each
+        std::vector<Vec<float>> coordinates, energy;
+        std::vector<Vec<int32_t>> nearest;
+        const bool ready = allocated(
+            [&] {
+                coordinates.resize(rank * kBlock), energy.resize(centroids * kBlock);
+                nearest.resize(top_k * kBlock);
+            },
+            short_of_memory);
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < groups * chunks; ++task) {
             if (!ready) continue;
-            const int64_t group = task / chunks, head = group % heads, first = task % chunks * lanes;
-            const int64_t count = std::min(lanes, n - first);
+            const int64_t group = task / chunks, head = group % heads, first = task % chunks * kChunk;
+            const int64_t count = std::min(kChunk, n - first);
             const float* from = points + (group * n + first) * rank;
-            for (int64_t t = 0; t < rank; ++t) coordinates[t] = gather(from + t, rank, count);
+            for (int64_t v = 0; v < kBlock; ++v) {
+                const int64_t valid = std::clamp<int64_t>(count - v * lanes, 0, lanes);
+                if (valid < lanes || !unzip_points(from + v * lanes * rank, rank, &coordinates[v], kBlock)) {
+                    for (int64_t t = 0; t < rank; ++t)  // a gather per coordinate (slower)
+                        coordinates[t * kBlock + v] = gather(from + v * lanes * rank + t, rank, valid);
+                }
+            }
             const float* head_scaled = scaled + head * rank * centroids;
+            const float* head_norms = norms + head * centroids;
+            Vec<float> total[kBlock] = {};  // Σ_j e_j: finite only when every e_j is (or an overflow)
             for (int64_t j = 0; j < centroids; ++j) {
-                Vec<float> e = Vec<float>{} + norms[head * centroids + j];
-                for (int64_t t = 0; t < rank; ++t) e += coordinates[t] * head_scaled[t * centroids + j];
-                e = e == e ? e : Vec<float>{};  // NaN: 0
-                energy[j] = e > largest ? largest : e < -largest ? -largest : e;
+                Vec<float> e[kBlock];
+                for (int64_t v = 0; v < kBlock; ++v) e[v] = Vec<float>{} + head_norms[j];
+                for (int64_t t = 0; t < rank; ++t) {
+                    const float c = head_scaled[t * centroids + j];
+                    for (int64_t v = 0; v < kBlock; ++v) e[v] += coordinates[t * kBlock + v] * c;
+                }
+                for (int64_t v = 0; v < kBlock; ++v) total[v] += e[v], energy[j * kBlock + v] = e[v];
+            }
+            for (int64_t v = 1; v < kBlock; ++v) total[0] += total[v];
+            if (!finite(total[0])) {
+                for (Vec<float>& e : energy) {
+                    e = e == e ? e : Vec<float>{};  // NaN: 0
+                    e = e > largest ? largest : e < -largest ? -largest : e;
+                }
+            }
+            for (int64_t s = 0; s < top_k; ++s) {
+                Vec<float> least[kBlock];
+                Vec<int32_t> which[kBlock] = {};
+                for (int64_t v = 0; v < kBlock; ++v) least[v] = energy[v];
+                for (int64_t j = 1; j < centroids; ++j) {
+                    for (int64_t v = 0; v < kBlock; ++v) {
+                        const Vec<int32_t> below = energy[j * kBlock + v] < least[v];
+                        least[v] = below ? energy[j * kBlock + v] : least[v];
+                        which[v] = below ? int32_t(j) : which[v];
+                    }
+                }
+                for (int64_t v = 0; v < kBlock; ++v) nearest[s * kBlock + v] = which[v];
+                if (s + 1 == top_k) break;
+                for (int64_t j = 0; j < centroids; ++j)
+                    for (int64_t v = 0; v < kBlock; ++v)
+                        energy[j * kBlock + v] = which[v] == int32_t(j) ? inf : energy[j * kBlock + v];
             }
             int32_t* to = ids + (group * n + first) * top_k;
-            for (int64_t s = 0; s < top_k; ++s) {
-                Vec<float> least = inf;
-                for (int64_t j = 0; j < centroids; ++j) least = energy[j] < least ? energy[j] : least;
-                Vec<int32_t> which = {}, found = {};  // every lane finds one: B − s entries are finite
-                for (int64_t j = 0; j < centroids; ++j) {
-                    const Vec<int32_t> first_at = (energy[j] == least) & ~found;
-                    which = first_at ? int32_t(j) : which;
-                    found |= first_at;
+            for (int64_t v = 0; v < kBlock && v * lanes < count; ++v) {
+                const int64_t valid = std::min(lanes, count - v * lanes);
+                if (top_k == 1) {
+                    store<int32_t>(to + v * lanes, nearest[v], valid);
+                    continue;
                 }
-                for (int64_t j = 0; j < centroids; ++j) energy[j] = which == int32_t(j) ? inf : energy[j];
-                for (int64_t lane = 0; lane < count; ++lane) to[lane * top_k + s] = which[lane];
+                for (int64_t lane = 0; lane < valid; ++lane)
+                    for (int64_t s = 0; s < top_k; ++s)
+                        to[(v * lanes + lane) * top_k + s] = nearest[s * kBlock + v][lane];
             }
         }
     }

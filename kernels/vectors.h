@@ -19,7 +19,7 @@
 
 namespace vectors {
 
-// Vectors of 64 bytes of float or double (GCC's and Clang's vector extensions: the compiler picks the
+// Vectors of 64 bytes of float, double or integers (GCC's and Clang's vector extensions: the compiler picks the
 // instructions).
 template <typename Real>
 using Vec __attribute__((vector_size(64))) = Real;
@@ -36,10 +36,10 @@ void store(Real* to, const Vec<Real>& v, int64_t valid) {
     }
 #ifdef __AVX512F__
     const unsigned lanes = (1u << valid) - 1;
-    if constexpr (std::is_same_v<Real, float>) {
-        _mm512_mask_storeu_ps(to, static_cast<__mmask16>(lanes), static_cast<__m512>(v));
+    if constexpr (sizeof(Real) == 4) {
+        _mm512_mask_storeu_epi32(to, static_cast<__mmask16>(lanes), reinterpret_cast<const __m512i&>(v));
     } else {
-        _mm512_mask_storeu_pd(to, static_cast<__mmask8>(lanes), static_cast<__m512d>(v));
+        _mm512_mask_storeu_epi64(to, static_cast<__mmask8>(lanes), reinterpret_cast<const __m512i&>(v));
     }
 #else
     std::memcpy(to, &v, valid * sizeof(Real));

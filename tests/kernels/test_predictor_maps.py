@@ -66,12 +66,33 @@ def _points(heads, n, rank, count, seed):
 
 @needs_wide
 @pytest.mark.parametrize(("count", "top_k"), [(1, 1), (5, 2), (16, 1), (16, 2), (16, 16), (33, 3)])
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 300])
-def test_nearest_centroids_equal_the_tensor_reference(count, top_k, n):
-    points, centroids = _points(3, n, 4, count, seed=count * n)
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 300])
+@pytest.mark.parametrize("rank", [1, 3, 4, 8, 16])  # powers of two unzipped, 3 gathered
+def test_nearest_centroids_equal_the_tensor_reference(count, top_k, n, rank):
+    points, centroids = _points(3, n, rank, count, seed=count * n + rank)
     found = nearest_centroid_ids(points, centroids, top_k)
     assert found is not None and found.dtype == torch.int32
-    assert torch.equal(found, _nearest_by_tensors(points, centroids, top_k))
+    expected = _nearest_by_tensors(points, centroids, top_k)
+    # The two sum e_j in different orders: where two centroids' e_j are a rounding apart, either may come
+    # first; the energies of the ids taken must still agree, rank by rank, to round-off.
+    energy = centroids.double().square().sum(-1)[None, :, None] - 2 * points.double() @ centroids.double().mT
+    taken, wanted = (energy.gather(-1, ids.long()) for ids in (found, expected))
+    torch.testing.assert_close(taken, wanted, rtol=0, atol=1e-5 * float(energy.abs().max()))
+    assert (found == expected).float().mean() > 0.99
+
+
+@needs_wide
+def test_infinite_points_beside_finite_ones_give_the_references_ids():
+    """A chunk holding a point with an infinite coordinate reads ±∞ and NaN energies as the reference does;
+    the finite points beside it (and in the chunks around it) keep their ids."""
+    points, centroids = _points(2, 200, 4, 16, seed=9)
+    centroids[0, 3, 1] = 0.0  # ∞ · 0: a NaN energy among infinite ones
+    points[0, 0, 70, 1] = float("inf")
+    points[1, 1, 5] = float("-inf")
+    for top_k in (1, 3):
+        assert torch.equal(
+            nearest_centroid_ids(points, centroids, top_k), _nearest_by_tensors(points, centroids, top_k)
+        )
 
 
 @pytest.mark.parametrize("native", [pytest.param(True, marks=needs_wide), False])
