@@ -199,17 +199,11 @@ def _planning(tensor: torch.Tensor) -> ctypes.CDLL | None:
 
 def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copies of the tokens, one per id held, sorted by (group, id, position); ids (G, L, T) int64 with −1
-    for none, every other id below ``nid``, and no id repeated within a token. On the CPU the C++ counting
-    sort runs where it can be built (:mod:`kernels.native`); elsewhere a stable sort of the keys.
+    for none, every other id below ``nid``, and no id repeated within a token: a stable sort of the keys.
 
     Returns bucket keys ``g·nid + id``, flat token indices ``g·L + position`` and positions, each (copies,).
     """
-    G, L, T = ids.shape
-    kernel = _planning(ids)
-    if kernel is not None:  # a counting sort (kernels/planning.cpp), in two passes over the ids
-        out, copies = torch.empty(3, G * L * T, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
-        call(kernel, "sorted_tokens", ids.long().contiguous(), G, L, T, nid, *out, copies)
-        return tuple(out[:, : int(copies)])
+    G, L, _ = ids.shape
     group = torch.arange(G, device=ids.device)[:, None, None]
     keys = (group * nid + ids).flatten()  # (copies,) in (group, position, slot) order
     flat = (group * L + torch.arange(L, device=ids.device)[:, None]).expand_as(ids).flatten()
@@ -347,6 +341,11 @@ class _Blocks:
         self.runs += [(q + q_offset, rows, k + k_offset, *rest) for q, rows, k, *rest in other.runs]
 
 
+def _joined(sequences: list[torch.Tensor]) -> torch.Tensor:
+    """The sequences one after another: the one itself when alone (``torch.cat`` would copy it)."""
+    return sequences[0] if len(sequences) == 1 else torch.cat(sequences)
+
+
 def _chunks(
     start: torch.Tensor, count: torch.Tensor, rows: int, *, short_first: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -363,10 +362,29 @@ def _chunks(
     return owner, c_start, c_rows
 
 
-def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool, rows: int) -> None:
-    """Each bucket's query copies, in chunks, against every key copy of the same bucket."""
-    m = k_ids.shape[1]
+def _bucket_runs(
+    q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool, rows: int
+) -> tuple[torch.Tensor, ...]:
+    """The token copies sorted by (group, id, position) and each bucket's queries in chunks against its keys.
+
+    Returns the query copies' flat indices and positions, the key copies' (each (copies,) int64), and per
+    chunk (chunks,) int64: its first query copy, rows, first key copy, keys (when causal those up to its
+    last query's position, the bucket's short chunk first) and bucket id; chunks in (group, id, position)
+    order, none for a bucket without keys. In C++ where it is built (kernels/planning.cpp: a counting sort
+    and one pass over the buckets), else by tensor operations.
+    """
+    (G, n, T), (m, Tk) = q_ids.shape, k_ids.shape[1:]
     nid = max([0] + [int(ids.max()) for ids in (q_ids, k_ids) if ids.numel()]) + 1
+    kernel = _planning(q_ids)
+    if kernel is not None:
+        q_sorted = torch.empty(2, G * n * T, dtype=torch.int64)  # flat indices, positions
+        k_sorted = torch.empty(2, G * m * Tk, dtype=torch.int64)
+        capacity = G * n * T // rows + min(G * nid, G * n * T) + 1  # full chunks, and a short one per bucket
+        chunks, counts = torch.empty(5, capacity, dtype=torch.int64), torch.empty(3, dtype=torch.int64)
+        ids = (q_ids.long().contiguous(), n, T, k_ids.long().contiguous(), m, Tk, G, nid)
+        call(kernel, "bucket_chunks", *ids, int(causal), rows, *q_sorted, *k_sorted, chunks, capacity, counts)
+        q_copies, k_copies, count = counts.tolist()
+        return (*q_sorted[:, :q_copies], *k_sorted[:, :k_copies], *chunks[:, :count])
     k_key, k_flat, k_pos = _sorted_tokens(k_ids, nid)
     q_key, q_flat, q_pos = _sorted_tokens(q_ids, nid)
     bucket, q_count = torch.unique_consecutive(q_key, return_counts=True)  # (buckets,)
@@ -379,9 +397,17 @@ def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causa
         # Keys of the bucket at positions ≤ the chunk's last query: a prefix of the bucket's sorted keys.
         last = bucket[owner] * m + q_pos[c_start + c_rows - 1]
         b_keys = torch.searchsorted(k_key * m + k_pos, last, side="right") - b_start
+    return q_flat, q_pos, k_flat, k_pos, c_start, c_rows, b_start, b_keys, bucket[owner] % nid
+
+
+def _bucket_blocks(out: _Blocks, q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool, rows: int) -> None:
+    """Each bucket's query copies, in chunks, against every key copy of the same bucket."""
+    q_flat, q_pos, k_flat, k_pos, c_start, c_rows, b_start, b_keys, bucket = _bucket_runs(
+        q_ids, k_ids, causal, rows
+    )
     q_offset, k_offset = out.queries(q_flat, q_pos), out.keys(k_flat, k_pos)
     kind = torch.full_like(c_start, _BUCKET)
-    out.runs.append((c_start + q_offset, c_rows, b_start + k_offset, b_keys, kind, bucket[owner] % nid))
+    out.runs.append((c_start + q_offset, c_rows, b_start + k_offset, b_keys, kind, bucket))
 
 
 @functools.lru_cache(maxsize=16)
@@ -475,8 +501,7 @@ def plan_blocks(
     _bucket_blocks(parts, q_ids, k_ids, causal, rows)
     if pattern:
         parts.extend(_pattern_blocks(G, n, m, causal, radius, global_tokens, rows, q_ids.device))
-    q_flat, q_pos = torch.cat(parts.q_flat), torch.cat(parts.q_pos)
-    k_flat, k_pos = torch.cat(parts.k_flat), torch.cat(parts.k_pos)
+    q_flat, q_pos, k_flat, k_pos = map(_joined, (parts.q_flat, parts.q_pos, parts.k_flat, parts.k_pos))
     runs = torch.cat([torch.stack(part) for part in parts.runs], 1)  # (6, blocks), the fields of _Blocks.runs
     runs = runs[:, (runs[1] > 0) & (runs[3] > 0)]  # blocks with queries and keys
     _, c_rows, _, b_keys, kind, _ = runs

@@ -220,19 +220,34 @@ def test_pattern_blocks_are_shared_between_plans_of_one_shape_and_left_as_they_w
 
 
 @pytest.mark.parametrize(
-    ("groups", "length", "slots", "nid"), [(3, 50, 1, 5), (2, 40, 2, 7), (4, 33, 3, 9), (2, 0, 2, 3)]
+    ("groups", "n", "m", "slots", "nid", "causal", "rows"),
+    [
+        (3, 50, 50, 1, 5, True, 4),
+        (3, 50, 31, 1, 5, False, 4),
+        (2, 40, 40, 2, 7, True, 3),
+        (2, 40, 70, 2, 7, False, 64),
+        (4, 33, 33, 3, 9, True, 2),
+        (4, 33, 20, 3, 9, False, 1),
+        (2, 0, 0, 2, 3, True, 4),
+    ],
 )
-def test_the_counting_sort_orders_tokens_as_the_stable_sort(groups, length, slots, nid, monkeypatch):
-    """The C++ counting sort (where it is built) and the stable sort of the keys give the same copies: keys,
-    flat indices and positions, with −1 left out and no id repeated within a token."""
-    gen = torch.Generator().manual_seed(length)
-    rows = [torch.randperm(nid + 1, generator=gen)[:slots] - 1 for _ in range(groups * length)]
-    ids = torch.stack(rows).view(groups, length, slots) if rows else torch.empty(groups, 0, slots).long()
-    found = bucket_blocks._sorted_tokens(ids, nid)
+def test_bucket_runs_in_cpp_equal_the_tensor_reference(groups, n, m, slots, nid, causal, rows, monkeypatch):
+    """The C++ counting sort and chunking (where built) and the tensor path's stable sort, searches and
+    chunks give the same copies and chunks, with −1 left out, no id repeated within a token, ids that only
+    queries or only keys hold, and causal prefixes."""
+    gen = torch.Generator().manual_seed(n + m)
+
+    def ids(length: int, top: int) -> torch.Tensor:  # (groups, length, slots), −1 for none
+        rows = [torch.randperm(top + 1, generator=gen)[:slots] - 1 for _ in range(groups * length)]
+        return torch.stack(rows).view(groups, length, slots) if rows else torch.empty(groups, 0, slots).long()
+
+    q_ids, k_ids = ids(n, nid), ids(m, nid - 2)  # the top two ids only among the queries
+    found = bucket_blocks._bucket_runs(q_ids, k_ids, causal, rows)
     monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
-    expected = bucket_blocks._sorted_tokens(ids, nid)
-    assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))
-    assert len(found[0]) == int((ids >= 0).sum())
+    expected = bucket_blocks._bucket_runs(q_ids, k_ids, causal, rows)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(found, expected, strict=True))
+    assert len(found[0]) == int((q_ids >= 0).sum()) and len(found[2]) == int((k_ids >= 0).sum())
+    assert bool((found[5] <= rows).all())
 
 
 @needs_compiler
@@ -242,12 +257,14 @@ def test_the_planning_kernel_is_built_where_a_compiler_is():
 
 
 @needs_compiler
-def test_the_counting_sort_refuses_an_id_past_its_count():
-    """Its caller counts the ids; a miscount is an error, not a write past the counts."""
+@pytest.mark.parametrize(("nid", "capacity", "status"), [(3, 4, -2), (4, 1, -3)])
+def test_the_bucket_chunks_refuse_an_id_past_its_count_or_chunks_past_their_room(nid, capacity, status):
+    """Its caller counts the ids and the chunks' room; a miscount is an error, not a write past them."""
     kernel = bucket_blocks.library("planning")
-    ids, out = torch.tensor([[[0], [3]]]), torch.empty(3, 2, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"sorted_tokens refused its arguments \(status -2"):
-        call(kernel, "sorted_tokens", ids, 1, 2, 1, 3, *out, torch.zeros(1, dtype=torch.int64))
+    ids, sorted_ = torch.tensor([[[0], [3]]]), torch.empty(4, 2, dtype=torch.int64)
+    chunks, counts = torch.empty(5, capacity, dtype=torch.int64), torch.empty(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=rf"bucket_chunks refused its arguments \(status {status}"):
+        call(kernel, "bucket_chunks", ids, 2, 1, ids, 2, 1, 1, nid, 0, 1, *sorted_, chunks, capacity, counts)
 
 
 def _fields(plan) -> list[torch.Tensor | None]:
