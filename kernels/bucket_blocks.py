@@ -477,6 +477,50 @@ def _pattern_blocks(
     return out
 
 
+def _block_classes(
+    runs: torch.Tensor, q_flat: torch.Tensor, n: int, G: int, causal: bool, rows: int, key_step: int
+) -> tuple[tuple[torch.Tensor, ...], list[tuple[int, int, int, int]]]:
+    """The blocks ``runs`` (6, blocks) (the fields of :attr:`_Blocks.runs`) that hold queries and keys,
+    each rounded to its class's shape (see the module docstring) and ordered by class, then by group
+    (stable: in their order within one), so that a class is a slice of them and a run of groups a slice of
+    each class.
+
+    Returns their first query copy, rows, first key copy, keys and bucket id, each (blocks,), and each
+    class's (kind, L, M, number of blocks) in order. In C++ where it is built (kernels/planning.cpp, one
+    pass and a sort of the blocks), else by tensor operations.
+    """
+    kernel = _planning(runs)
+    if kernel is not None:
+        blocks = runs.shape[1]
+        ordered, classes = (
+            torch.empty(5, blocks, dtype=torch.int64),
+            torch.empty(4, blocks, dtype=torch.int64),
+        )
+        counts = torch.empty(2, dtype=torch.int64)
+        steps = (int(causal), rows, key_step, PATTERN_KEY_STEP)
+        call(
+            kernel, "block_classes", runs.contiguous(), blocks, q_flat, n, G, *steps, ordered, classes, counts
+        )
+        kept, found = counts.tolist()
+        return tuple(ordered[:, :kept]), [tuple(shape) for shape in classes[:, :found].T.tolist()]
+    runs = runs[:, (runs[1] > 0) & (runs[3] > 0)]  # blocks with queries and keys
+    _, c_rows, _, b_keys, kind, _ = runs
+    bucket_block = kind == _BUCKET
+    L = ladder(c_rows)
+    M = torch.where(bucket_block, round_up(ladder(b_keys), key_step), round_up(b_keys, PATTERN_KEY_STEP))
+    if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
+        L = torch.where(bucket_block & (2 * rows >= M), rows, L)
+    height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size
+    group = take(q_flat, runs[0]) // n  # (blocks,) whose queries each block holds
+    shape, order = torch.sort(((kind * height + L) * width + M) * G + group, stable=True)
+    shapes, counts = torch.unique_consecutive(shape // G, return_counts=True)
+    classes = []
+    for shape, count in zip(shapes.tolist(), counts.tolist(), strict=True):
+        rest, width_k = divmod(shape, width)
+        classes.append((*divmod(rest, height), width_k, count))
+    return tuple(runs[[0, 1, 2, 3, 5]][:, order]), classes
+
+
 def plan_blocks(
     q_ids: torch.Tensor,
     k_ids: torch.Tensor,
@@ -503,8 +547,9 @@ def plan_blocks(
         parts.extend(_pattern_blocks(G, n, m, causal, radius, global_tokens, rows, q_ids.device))
     q_flat, q_pos, k_flat, k_pos = map(_joined, (parts.q_flat, parts.q_pos, parts.k_flat, parts.k_pos))
     runs = torch.cat([torch.stack(part) for part in parts.runs], 1)  # (6, blocks), the fields of _Blocks.runs
-    runs = runs[:, (runs[1] > 0) & (runs[3] > 0)]  # blocks with queries and keys
-    _, c_rows, _, b_keys, kind, _ = runs
+    (c_start, c_rows, b_start, b_keys, bucket), shapes = _block_classes(
+        runs, q_flat, n, G, causal, rows, key_step
+    )
     # Every id of a flat query or key, for the classes whose mask compares tags: pattern blocks, and bucket
     # blocks when both sides hold several ids ("none" as −2 and −3, never equal).
     dedupe = T > 1 and Tk > 1
@@ -512,24 +557,9 @@ def plan_blocks(
         q_all = torch.cat([q_ids.reshape(G * n, T), q_ids.new_full((1, T), -2)])
         q_all = q_all.masked_fill(q_all < 0, -2).int()
         k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)]).int()
-
-    bucket_block = kind == _BUCKET
-    L = ladder(c_rows)
-    M = torch.where(bucket_block, round_up(ladder(b_keys), key_step), round_up(b_keys, PATTERN_KEY_STEP))
-    if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
-        L = torch.where(bucket_block & (2 * rows >= M), rows, L)
-    height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size
-    # Blocks sorted by class, then by group (stable: in their order within one), so that a class is a slice
-    # of them and a run of groups a slice of each class.
-    group = take(q_flat, runs[0]) // n  # (blocks,) whose queries each block holds
-    shape, order = torch.sort(((kind * height + L) * width + M) * G + group, stable=True)
-    shapes, counts = torch.unique_consecutive(shape // G, return_counts=True)
-    c_start, c_rows, b_start, b_keys, bucket = runs[[0, 1, 2, 3, 5]][:, order]
     classes, end = [], 0
-    for shape, count in zip(shapes.tolist(), counts.tolist(), strict=True):
+    for block_kind, width_q, width_k, count in shapes:
         sel, end = slice(end, end + count), end + count
-        rest, width_k = divmod(shape, width)
-        block_kind, width_q = divmod(rest, height)
         band = block_kind == _BAND
         q_rule = (1, 0, -1.0) if causal else (1, radius, -1.0) if band else (0, int(_NO_LIMIT), -1.0)
         k_rule = (1 if causal or band else 0, 0, 2 * _NO_LIMIT)

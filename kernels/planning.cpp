@@ -9,6 +9,8 @@
 //   runs over them (each bucket's queries in chunks, against its keys). The keys g · nid + id are small
 //   integers, so a counting sort orders them in two passes over the ids (count each key, then place each
 //   copy after the earlier ones of its key: stable), and its counts give each bucket's run.
+// - block_classes: the blocks' shapes, rounded so that they fall into few classes, and the blocks ordered by
+//   class.
 // - padded_runs: blocks of runs of a sorted sequence, padded to one width: each entry's flat token index and
 //   a float of its position (a causal limit, a window's bound, a key's position).
 // - block_tags: each entry's bucket ids as the blocks' masks compare them, all of them or those below the
@@ -99,6 +101,73 @@ extern "C" int bucket_chunks(const int64_t* q_ids, int64_t n, int64_t q_slots, c
     return 0;
 }
 
+namespace {
+
+// x ≥ 1 rounded up to a whole multiple of 2^max(⌊log₂ x⌋ − 2, 0): four sizes per octave (bucket_blocks.py's
+// `ladder`).
+int64_t ladder(int64_t x) {
+    const int64_t step = int64_t(1) << std::max(63 - __builtin_clzll(uint64_t(x)) - 2, 0);
+    return (x + step - 1) / step * step;
+}
+
+int64_t round_up(int64_t x, int64_t step) { return (x + step - 1) / step * step; }
+
+constexpr int64_t kBucket = 0;  // a block's kind: a bucket's chunk (bucket_blocks.py's _BUCKET)
+
+}  // namespace
+
+// Blocks given as runs (6, blocks): first query copy, rows, first key copy, keys, kind and bucket id. Drops
+// those without rows or keys, gives each the shape of its class, L rows on the ladder and M keys (a bucket
+// block's on the ladder, then up to a whole key_step; a pattern block's up to a whole pattern_step; when
+// causal, a bucket block facing at most 2 · rows keys has L = rows), and orders them by (kind, L, M,
+// group), stable, the group being q_flat[first query copy] / n. Writes the ordered blocks' first query
+// copy, rows, first key copy, keys and bucket id to ordered (5, room for every block), each class's kind,
+// L, M and number of blocks to classes (4, room for every block), and (blocks kept, classes) to counts.
+// Returns 0; −1 when memory ran out.
+extern "C" int block_classes(const int64_t* runs, int64_t blocks, const int64_t* q_flat, int64_t n, int64_t groups,
+                             int64_t causal, int64_t rows, int64_t key_step, int64_t pattern_step, int64_t* ordered,
+                             int64_t* classes, int64_t* counts, int) {
+    const int64_t *q_start = runs, *q_rows = runs + blocks, *k_start = runs + 2 * blocks;
+    const int64_t *k_count = runs + 3 * blocks, *kind = runs + 4 * blocks, *bucket = runs + 5 * blocks;
+    std::vector<int64_t> kept, height, width, key, order;
+    try {
+        for (int64_t b = 0; b < blocks; ++b)
+            if (q_rows[b] > 0 && k_count[b] > 0) kept.push_back(b);
+        height.resize(kept.size()), width.resize(kept.size()), key.resize(kept.size()), order.resize(kept.size());
+    } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector may hold
+        return -1;
+    }
+    const int64_t count = kept.size();
+    int64_t tallest = 0, widest = 0;
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t b = kept[i];
+        const bool bucket_block = kind[b] == kBucket;
+        width[i] = bucket_block ? round_up(ladder(k_count[b]), key_step) : round_up(k_count[b], pattern_step);
+        height[i] = causal && bucket_block && 2 * rows >= width[i] ? rows : ladder(q_rows[b]);
+        tallest = std::max(tallest, height[i]), widest = std::max(widest, width[i]);
+    }
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t b = kept[i], group = q_flat[q_start[b]] / n;
+        key[i] = ((kind[b] * (tallest + 1) + height[i]) * (widest + 1) + width[i]) * groups + group;
+        order[i] = i;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+    int64_t classes_found = 0;
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t at = order[i], b = kept[at];
+        const int64_t fields[5] = {q_start[b], q_rows[b], k_start[b], k_count[b], bucket[b]};
+        for (int f = 0; f < 5; ++f) ordered[f * blocks + i] = fields[f];
+        if (i == 0 || key[at] / groups != key[order[i - 1]] / groups) {
+            const int64_t shape[4] = {kind[b], height[at], width[at], 0};
+            for (int f = 0; f < 4; ++f) classes[f * blocks + classes_found] = shape[f];
+            ++classes_found;
+        }
+        ++classes[3 * blocks + classes_found - 1];
+    }
+    counts[0] = count, counts[1] = classes_found;
+    return 0;
+}
+
 // For blocks b of `width` entries, entry c a run's element start[b] + c of a sequence (flat, pos) when
 // c < count[b], else padding: index[b][c] = flat[start[b] + c] (0 for padding) unless index is null, and
 // positions[b][c] = pos[start[b] + c] · scale + shift as a float (`fill` for padding).
@@ -106,11 +175,15 @@ extern "C" int padded_runs(const int64_t* start, const int64_t* count, int64_t b
                            const int64_t* flat, const int64_t* pos, int64_t scale, int64_t shift, double fill,
                            int64_t* index, float* positions, int) {
     for (int64_t b = 0; b < blocks; ++b) {
-        for (int64_t c = 0; c < width; ++c) {
-            const bool inside = c < count[b];
-            const int64_t at = start[b] + c;
-            if (index) index[b * width + c] = inside ? flat[at] : 0;
-            positions[b * width + c] = inside ? float(pos[at] * scale + shift) : float(fill);
+        // the run (a copy and a conversion, which vectorise), then the padding
+        const int64_t inside = std::min(count[b], width);
+        const int64_t* run_pos = pos + start[b];
+        float* to = positions + b * width;
+        for (int64_t c = 0; c < inside; ++c) to[c] = float(run_pos[c] * scale + shift);
+        std::fill(to + inside, to + width, float(fill));
+        if (index) {
+            std::copy(flat + start[b], flat + start[b] + inside, index + b * width);
+            std::fill(index + b * width + inside, index + (b + 1) * width, int64_t(0));
         }
     }
     return 0;

@@ -250,6 +250,32 @@ def test_bucket_runs_in_cpp_equal_the_tensor_reference(groups, n, m, slots, nid,
     assert bool((found[5] <= rows).all())
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("blocks", [0, 1, 300])
+def test_block_classes_in_cpp_equal_the_tensor_reference(blocks, causal, monkeypatch):
+    """Blocks of every kind, some without rows or keys, in four groups: the C++ pass (where built) keeps,
+    rounds and orders them as the tensor operations do, class for class."""
+    gen = torch.Generator().manual_seed(blocks)
+    n, groups = 500, 4
+    q_flat = torch.randperm(groups * n, generator=gen)  # a block's group: that of its first query copy
+    runs = torch.stack(
+        [
+            torch.randint(0, groups * n, (blocks,), generator=gen),  # first query copy
+            torch.randint(0, 80, (blocks,), generator=gen),  # rows (0: dropped)
+            torch.randint(0, 10_000, (blocks,), generator=gen),  # first key copy
+            torch.randint(0, 700, (blocks,), generator=gen),  # keys (0: dropped)
+            torch.randint(0, 3, (blocks,), generator=gen),  # kind
+            torch.randint(-1, 16, (blocks,), generator=gen),  # bucket id
+        ]
+    )
+    found = bucket_blocks._block_classes(runs, q_flat, n, groups, causal, 64, 32)
+    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
+    expected = bucket_blocks._block_classes(runs, q_flat, n, groups, causal, 64, 32)
+    assert found[1] == expected[1] and sum(c[3] for c in found[1]) == len(found[0][0])
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(found[0], expected[0], strict=True))
+    assert blocks < 300 or len(found[1]) > 3  # many classes among many blocks
+
+
 @needs_compiler
 def test_the_planning_kernel_is_built_where_a_compiler_is():
     """Else the comparisons above would be the tensor path against itself."""
