@@ -197,6 +197,31 @@ def _planning(tensor: torch.Tensor) -> ctypes.CDLL | None:
     return library("planning") if tensor.device.type == "cpu" else None
 
 
+def distinct_ids(buckets: torch.Tensor) -> torch.Tensor:
+    """Ids (G, tokens, T) as int64 with an id already held in an earlier slot of its token replaced by −1,
+    in one slot (each token's id, or −1) when no token holds two. In C++ where it is built
+    (kernels/planning.cpp: one pass over the tokens, where the tensor path's slot-by-slot comparisons of
+    strided slices are a dozen slow operations), else by tensor operations."""
+    ids = buckets.long().contiguous()
+    G, tokens, T = ids.shape
+    if T == 1:
+        return ids
+    kernel = _planning(ids)
+    if kernel is not None:
+        out, single = torch.empty_like(ids), torch.empty(G, tokens, 1, dtype=torch.int64)
+        several = torch.zeros(1, dtype=torch.int64)
+        call(kernel, "distinct_ids", ids, G * tokens, T, out, single, several)
+        return out if int(several) else single
+    repeated = torch.zeros_like(ids, dtype=torch.bool)
+    for t in range(1, T):  # slot by slot: reductions along a dimension of a few entries are slow on CPU
+        for u in range(t):
+            repeated[..., t] |= ids[..., t] == ids[..., u]
+    ids = ids.masked_fill(repeated, -1)
+    if not bool(((ids >= 0).sum(-1) > 1).any()):
+        ids = ids.amax(-1, keepdim=True)
+    return ids
+
+
 def _sorted_tokens(ids: torch.Tensor, nid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copies of the tokens, one per id held, sorted by (group, id, position); ids (G, L, T) int64 with −1
     for none, every other id below ``nid``, and no id repeated within a token: a stable sort of the keys.

@@ -4,6 +4,7 @@
 // reference's exactly (integer work, and whole-number positions below 2²⁴ converted to float). One thread:
 // the passes are short and bound by memory.
 //
+// - distinct_ids: each token's bucket ids without repeats.
 // - bucket_chunks: the copies of the tokens, one per bucket id a token holds, in (group, id, position) order,
 //   where each bucket becomes a contiguous run of its tokens, positions ascending, and the bucket blocks'
 //   runs over them (each bucket's queries in chunks, against its keys). The keys g · nid + id are small
@@ -22,6 +23,27 @@
 #include <new>
 #include <stdexcept>
 #include <vector>
+
+// ids (tokens, slots): out the same with an id already held in an earlier slot of its token as −1, single
+// each token's largest id (its one id, or −1), *several 1 when a token holds two ids (else single says all).
+extern "C" int distinct_ids(const int64_t* ids, int64_t tokens, int64_t slots, int64_t* out, int64_t* single,
+                            int64_t* several, int) {
+    bool any_several = false;
+    for (int64_t i = 0; i < tokens; ++i) {
+        const int64_t* token = ids + i * slots;
+        int64_t held = 0, largest = -1;
+        for (int64_t s = 0; s < slots; ++s) {
+            const int64_t id = token[s];
+            const bool repeated = std::find(token, token + s, id) != token + s;
+            out[i * slots + s] = repeated ? -1 : id;
+            if (!repeated && id >= 0) ++held, largest = std::max(largest, id);
+        }
+        single[i] = largest;
+        any_several = any_several || held > 1;
+    }
+    *several = any_several;
+    return 0;
+}
 
 namespace {
 

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.block_products import block_outputs, block_scores, wide_kernel
-from kernels.bucket_blocks import BlockClass, BlockMask, BlockPlan, plan_blocks, take
+from kernels.bucket_blocks import BlockClass, BlockMask, BlockPlan, distinct_ids, plan_blocks, take
 from kernels.exact_entmax import exact_entmax
 from kernels.huge_pages import empty_large
 from kernels.support_sums import support_sums
@@ -84,26 +84,6 @@ _EXCLUDED_SCORE = -1e30
 
 _MAX_NEWTON_STEPS = 100
 """Bisection alone halves the unit bracket each step; 100 steps exhaust float64 resolution."""
-
-
-def _drop_repeated_ids(ids: torch.Tensor) -> torch.Tensor:
-    """Replace an id already listed earlier for the same token by −1; ids (..., T)."""
-    T = ids.shape[-1]
-    if T == 1:
-        return ids
-    repeated = torch.zeros_like(ids, dtype=torch.bool)
-    for t in range(1, T):  # slot by slot: reductions along a dimension of a few entries are slow on CPU
-        for u in range(t):
-            repeated[..., t] |= ids[..., t] == ids[..., u]
-    return ids.masked_fill(repeated, -1)
-
-
-def _distinct_ids(buckets: torch.Tensor) -> torch.Tensor:
-    """Ids (G, tokens, T) as int64 without repeats within a token, in one slot when no token holds two."""
-    ids = _drop_repeated_ids(buckets.long())
-    if ids.shape[-1] > 1 and not bool(((ids >= 0).sum(-1) > 1).any()):
-        ids = ids.amax(-1, keepdim=True)
-    return ids
 
 
 # ------------------------------------------------------------------------------------------- normaliser
@@ -709,8 +689,8 @@ def plan_attention(
     (batch·head) flat, radius of the window band (−1 for none); ``whole_buckets``: a bucket's queries are one
     block row, not cut to cache-sized chunks (for SDPA, which tiles them itself)."""
     b, h, n, _ = q_buckets.shape
-    q_ids = _distinct_ids(q_buckets.reshape(b * h, n, -1))
-    k_ids = _distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], -1))
+    q_ids = distinct_ids(q_buckets.reshape(b * h, n, -1))
+    k_ids = distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], -1))
     pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
     if whole_buckets:  # SDPA tiles the keys itself: padding them to whole key steps would only add work
         return plan_blocks(q_ids, k_ids, **pattern, rows=max(n, 1), key_step=1)

@@ -276,6 +276,28 @@ def test_block_classes_in_cpp_equal_the_tensor_reference(blocks, causal, monkeyp
     assert blocks < 300 or len(found[1]) > 3  # many classes among many blocks
 
 
+@pytest.mark.parametrize(
+    ("slots", "top", "one_each"), [(1, 5, False), (2, 3, False), (3, 6, False), (3, 6, True)]
+)
+def test_distinct_ids_in_cpp_equal_the_tensor_reference(slots, top, one_each, monkeypatch):
+    """Repeated ids within a token become −1 (−1 among them), int32 input included; with at most one id a
+    token, one slot holding it (or −1)."""
+    gen = torch.Generator().manual_seed(slots + top)
+    ids = torch.randint(-1, top, (3, 70, slots), generator=gen, dtype=torch.int32)
+    if one_each:  # every slot but one −1
+        ids = torch.where(torch.arange(slots) == torch.randint(0, slots, (3, 70, 1), generator=gen), ids, -1)
+    found = bucket_blocks.distinct_ids(ids)
+    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
+    expected = bucket_blocks.distinct_ids(ids)
+    assert found.dtype == expected.dtype == torch.int64 and torch.equal(found, expected)
+    assert found.shape[-1] == (1 if one_each else slots)
+    for token, row in zip(
+        ids.view(-1, slots).tolist(), found.view(-1, found.shape[-1]).tolist(), strict=True
+    ):
+        assert {i for i in row if i >= 0} == {i for i in token if i >= 0}  # the same ids, each once
+        assert len([i for i in row if i >= 0]) == len({i for i in token if i >= 0})
+
+
 @needs_compiler
 def test_the_planning_kernel_is_built_where_a_compiler_is():
     """Else the comparisons above would be the tensor path against itself."""
