@@ -566,6 +566,11 @@ def plan_blocks(
     pattern = radius >= 0 or global_tokens > 0
     if rows is None:
         rows = CAUSAL_ROWS if causal else ROWS
+    if k_ids.shape[0] != G or (causal and m != n) or rows < 1 or key_step < 1:
+        raise ValueError(
+            f"plan_blocks needs as many key groups as query groups ({k_ids.shape[0]} and {G}), n = m when "
+            f"causal ({n} and {m}), rows ≥ 1 ({rows}) and key_step ≥ 1 ({key_step})"
+        )
     parts = _Blocks([], [], [], [], [])
     _bucket_blocks(parts, q_ids, k_ids, causal, rows)
     if pattern:

@@ -30,6 +30,7 @@ constexpr int64_t kWidth = 64 / sizeof(Real);
 // whole (a copy of a size known only at run time would be a call).
 template <typename Real>
 void store(Real* to, const Vec<Real>& v, int64_t valid) {
+    static_assert(sizeof(Real) == 4 || sizeof(Real) == 8, "lanes of 4 or 8 bytes");
     if (valid == kWidth<Real>) {
         std::memcpy(to, &v, sizeof v);
         return;

@@ -71,9 +71,11 @@ def _nearest_by_tensors(x: torch.Tensor, centroids: torch.Tensor, top_k: int) ->
     nearest = []
     for rank in range(top_k):
         # j + B·[e_j > min e] (the sign of e_j − min e, float arithmetic: cheaper than a boolean mask on CPU):
-        # its minimum over j is the first index at the minimum
-        energy.sub_(energy.amin(1, keepdim=True))
-        torch.sign(energy, out=above)
+        # its minimum over j is the first index at the minimum. The differences are taken from the energies
+        # themselves at every pass, not from the last pass's differences: two distinct floats never differ
+        # by 0, where differences of differences may round together (and ∞ − ∞ is NaN).
+        torch.sub(energy, energy.amin(1, keepdim=True), out=above)
+        torch.sign(above, out=above)
         first = above.mul_(n_centroids).add_(index).amin(1, keepdim=True)  # (h, 1, tokens)
         nearest.append(first.long())
         if rank + 1 < top_k:

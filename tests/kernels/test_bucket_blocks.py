@@ -298,6 +298,22 @@ def test_distinct_ids_in_cpp_equal_the_tensor_reference(slots, top, one_each, mo
         assert len([i for i in row if i >= 0]) == len({i for i in token if i >= 0})
 
 
+@pytest.mark.parametrize(
+    ("k_shape", "options"),
+    [
+        ((1, 20, 1), {}),
+        ((3, 21, 1), {"causal": True}),
+        ((3, 20, 1), {"rows": 0}),
+        ((3, 20, 1), {"key_step": 0}),
+    ],
+)
+def test_plans_of_mismatched_groups_or_empty_steps_are_refused(k_shape, options):
+    """Before any pass reads past the keys' groups or divides by a step of 0."""
+    q_ids = torch.zeros(3, 20, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="plan_blocks needs as many key groups"):
+        plan_blocks(q_ids, torch.zeros(k_shape, dtype=torch.int64), **{"causal": False, **options})
+
+
 @needs_compiler
 def test_the_planning_kernel_is_built_where_a_compiler_is():
     """Else the comparisons above would be the tensor path against itself."""

@@ -82,17 +82,36 @@ def test_nearest_centroids_equal_the_tensor_reference(count, top_k, n, rank):
 
 
 @needs_wide
-def test_infinite_points_beside_finite_ones_give_the_references_ids():
-    """A chunk holding a point with an infinite coordinate reads ±∞ and NaN energies as the reference does;
-    the finite points beside it (and in the chunks around it) keep their ids."""
-    points, centroids = _points(2, 200, 4, 16, seed=9)
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 8, 16])
+def test_ties_among_whole_number_points_match_the_reference_exactly(rank, top_k):
+    """Small whole numbers make every e_j exact on both paths and ties frequent: the ids agree one for one,
+    ties to the lower index, through full chunks of 64 points and a partial one."""
+    gen = torch.Generator().manual_seed(rank * 10 + top_k)
+    points = torch.randint(-2, 3, (2, 3, 130, rank), generator=gen).float()
+    centroids = torch.randint(-2, 3, (3, 7, rank), generator=gen).float()
+    assert torch.equal(
+        nearest_centroid_ids(points, centroids, top_k), _nearest_by_tensors(points, centroids, top_k)
+    )
+
+
+@needs_wide
+@pytest.mark.parametrize("seed", range(4))
+def test_infinite_points_beside_finite_ones_give_the_references_ids(seed):
+    """A chunk holding points with infinite or NaN coordinates reads ±∞ and NaN energies as the reference
+    does (and repeats no id); the finite points beside it, and in the chunks around it, keep their ids."""
+    gen = torch.Generator().manual_seed(seed)
+    points, centroids = _points(2, 200, 4, 16, seed=9 + seed)
     centroids[0, 3, 1] = 0.0  # ∞ · 0: a NaN energy among infinite ones
-    points[0, 0, 70, 1] = float("inf")
-    points[1, 1, 5] = float("-inf")
-    for top_k in (1, 3):
-        assert torch.equal(
-            nearest_centroid_ids(points, centroids, top_k), _nearest_by_tensors(points, centroids, top_k)
-        )
+    hit = torch.rand(points.shape, generator=gen) < 0.02
+    special = torch.tensor([float("inf"), -float("inf"), float("nan")])[
+        torch.randint(0, 3, points.shape, generator=gen)
+    ]
+    points = torch.where(hit, special, points)
+    for top_k in (1, 2, 3, 16):
+        found = nearest_centroid_ids(points, centroids, top_k)
+        assert torch.equal(found, _nearest_by_tensors(points, centroids, top_k))
+        assert (found.sort(-1).values.diff(dim=-1) > 0).all()
 
 
 @pytest.mark.parametrize("native", [pytest.param(True, marks=needs_wide), False])
@@ -104,6 +123,19 @@ def test_ties_go_to_the_lower_index_and_nan_points_to_the_first(native, monkeypa
     points = torch.tensor([[[[1.1, 0.0], [float("nan"), 0.0], [-2.0, 0.0]]]])  # (1, 1, 3, 2)
     ids = nearest_centroids(points, centroids, 3, torch.tensor([[True, True, False]]))
     assert ids.tolist() == [[[[1, 3, 2], [0, 1, 2], [-1, -1, -1]]]]
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_wide), False])
+def test_a_later_pass_tells_apart_energies_that_a_difference_would_round_together(native, monkeypatch):
+    """e = (−1e8, −9999.75, −10001.75): after the nearest, −10001.75 is the next, though the differences
+    from −1e8 of the two round to one float."""
+    if not native:
+        monkeypatch.setattr(predictor_maps, "wide_kernel", lambda: None)
+    points, centroids = (
+        torch.tensor([1e4]).view(1, 1, 1, 1),
+        torch.tensor([[1e4], [0.5], [0.5001]]).view(1, 3, 1),
+    )
+    assert nearest_centroids(points, centroids, 2).tolist() == [[[[0, 2]]]]
 
 
 @needs_wide
