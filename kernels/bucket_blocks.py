@@ -517,15 +517,11 @@ def _block_classes(
     kernel = _planning(runs)
     if kernel is not None:
         blocks = runs.shape[1]
-        ordered, classes = (
-            torch.empty(5, blocks, dtype=torch.int64),
-            torch.empty(4, blocks, dtype=torch.int64),
-        )
+        ordered = torch.empty(5, blocks, dtype=torch.int64)  # the fields returned, in class order
+        classes = torch.empty(4, blocks, dtype=torch.int64)  # (kind, L, M, blocks) of each class
         counts = torch.empty(2, dtype=torch.int64)
-        steps = (int(causal), rows, key_step, PATTERN_KEY_STEP)
-        call(
-            kernel, "block_classes", runs.contiguous(), blocks, q_flat, n, G, *steps, ordered, classes, counts
-        )
+        shape = (runs.contiguous(), blocks, q_flat, n, G, int(causal), rows, key_step, PATTERN_KEY_STEP)
+        call(kernel, "block_classes", *shape, ordered, classes, counts)
         kept, found = counts.tolist()
         return tuple(ordered[:, :kept]), [tuple(shape) for shape in classes[:, :found].T.tolist()]
     runs = runs[:, (runs[1] > 0) & (runs[3] > 0)]  # blocks with queries and keys
