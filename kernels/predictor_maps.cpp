@@ -5,9 +5,9 @@
 //
 // The references are pipeline/projection/model.py's HeadProjections (tanh folded into σ: W tanh(u) + b =
 // 2W σ(2u) + b − W 1, the caller's to fold) and pipeline/predictors/kmeans.py's nearest_centroids, both a
-// few tensor passes over the whole sequence; here a chunk of tokens goes through every step while it is in
-// the first-level cache, and the products run on the register tiles of vectors.h. Tokens are independent,
-// so the results do not depend on the thread count; they differ from the references by round-off only.
+// few tensor passes over the whole sequence; here a tile of tokens goes through every step while it is in
+// registers or the first-level cache. Tokens are independent, so the results do not depend on the thread
+// count; they differ from the references by round-off only.
 
 #include <algorithm>
 #include <atomic>
@@ -22,22 +22,32 @@
 
 namespace {
 
-using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product,
+using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::load,
     vectors::store, vectors::Vec;
 
-constexpr int64_t kChunk = 64;  // tokens a thread takes at once: a tile's 4 vectors of lanes
+constexpr int64_t kChunk = 64;  // points a thread takes at once: 4 vectors of lanes
 
-// σ(u) = 1 / (1 + e^{−u}); e^{−u} capped at e^88 (finite), where σ is below 1e-38. With AVX-512 the
-// reciprocal is the 14-bit estimate and one Newton step, r(2 − a r) (about 1 ulp; a division takes several
-// times longer).
+// σ(u) = 1 / (1 + e^{−u}), u clamped to ±87 (σ is 1 above 87 in float, below 2e-38 under −87; NaN stays
+// NaN). With AVX-512, e^{−u} = 2^k e^r with k = round(−u log₂e) and r = −u − k ln 2 (ln 2 in two parts, so r
+// is exact but for rounding), e^r = 1 + r Q(r) with Q of degree 5 fitted for relative error on |r| ≤ ln 2 / 2
+// (1e-7 in float, as Cephes' expf), 2^k put in by vscalefps; the reciprocal is the 14-bit estimate and one
+// Newton step, c(2 − a c) (about 1 ulp; a division takes several times longer). 17 instructions a vector.
 inline Vec<float> sigmoid(Vec<float> u) {
-    const Vec<float> cap = Vec<float>{} + 88.0f;
-    const Vec<float> a = 1.0f + exp_lanes(-u > cap ? cap : -u);
 #ifdef __AVX512F__
-    const Vec<float> r = static_cast<Vec<float>>(_mm512_rcp14_ps(static_cast<__m512>(a)));
-    return r * (2.0f - a * r);
+    const __m512 x = _mm512_min_ps(_mm512_set1_ps(87.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), __m512(u)));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(-1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmsub_ps(k, _mm512_set1_ps(0.693359375f), x);  // −u − k ln 2's leading bits
+    r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);         // + k (their excess over ln 2)
+    __m512 q = _mm512_set1_ps(1.384365372e-3f);
+    for (const float coefficient : {8.374155499e-3f, 4.166800156e-2f, 1.666643173e-1f, 4.999999404e-1f, 1.0f, 1.0f})
+        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(coefficient));
+    const __m512 a = _mm512_add_ps(_mm512_scalef_ps(q, k), _mm512_set1_ps(1.0f));
+    const __m512 c = _mm512_rcp14_ps(a);
+    return Vec<float>(_mm512_mul_ps(c, _mm512_fnmadd_ps(a, c, _mm512_set1_ps(2.0f))));
 #else
-    return 1.0f / a;
+    const Vec<float> cap = Vec<float>{} + 88.0f;
+    return 1.0f / (1.0f + exp_lanes(-u > cap ? cap : -u));
 #endif
 }
 
@@ -109,69 +119,217 @@ inline bool unzip_points(const float* from, int64_t rank, Vec<float>* rows, int6
     }
 }
 
+// The sums of the lanes of a and b, halved: a and b each hold 16 / width items of `width` lanes; the result
+// holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
+template <int width, size_t... lane>
+Vec<float> fold(const Vec<float>& a, const Vec<float>& b, std::index_sequence<lane...>) {
+    constexpr int half = width / 2;
+#ifdef __clang__
+    const Vec<float> low = __builtin_shufflevector(a, b, (lane / 8 * 16 + lane % 8 / half * width + lane % half)...);
+    const Vec<float> high = __builtin_shufflevector(a, b, (lane / 8 * 16 + lane % 8 / half * width + lane % half + half)...);
+#else
+    typedef int32_t Indices __attribute__((vector_size(64)));
+    const Vec<float> low = __builtin_shuffle(a, b, Indices{int32_t(lane / 8 * 16 + lane % 8 / half * width + lane % half)...});
+    const Vec<float> high = __builtin_shuffle(a, b, Indices{int32_t(lane / 8 * 16 + lane % 8 / half * width + lane % half + half)...});
+#endif
+    return low + high;
+}
+
+// Lane k = the sum of v[k]'s lanes, for 16 vectors v (overwritten): a tree of 15 folds, two shuffles and an
+// addition each, where 16 reductions one by one would take 4 shuffles and additions apiece.
+inline Vec<float> lane_sums(Vec<float> (&v)[16]) {
+    constexpr auto lanes = std::make_index_sequence<kWidth<float>>{};
+    for (int k = 0; k < 8; ++k) v[k] = fold<16>(v[2 * k], v[2 * k + 1], lanes);
+    for (int k = 0; k < 4; ++k) v[k] = fold<8>(v[2 * k], v[2 * k + 1], lanes);
+    for (int k = 0; k < 2; ++k) v[k] = fold<4>(v[2 * k], v[2 * k + 1], lanes);
+    return fold<2>(v[0], v[1], lanes);
+}
+
+constexpr int kTokens = 12;  // a tile's tokens: with 2 vectors of hidden units each, 24 running sums
+constexpr int kSlice = 2;    // vectors of hidden units a tile sums at once
+constexpr int64_t kSliceUnits = kSlice * kWidth<float>;
+
+// partial[r · rank + j] = (what it held, unless `first`) + Σ_v f[r][v] ⊙ W_j[v] for the kTokens rows' slice f
+// of features and the same slice of each map row W_j = maps[j · stride …]: lane-wise shares of the outputs
+// y_rj = Σ_e W_je f_re, whose lanes finish_outputs adds up.
+template <int V>
+void add_partials(const Vec<float> (&f)[kTokens][V], const float* maps, int64_t stride, int64_t rank, bool first,
+                  Vec<float>* partial) {
+    for (int64_t j = 0; j < rank; ++j) {
+        Vec<float> w[V];
+        for (int v = 0; v < V; ++v) w[v] = load(maps + j * stride + v * kWidth<float>);
+        for (int r = 0; r < kTokens; ++r) {
+            Vec<float> sum = first ? Vec<float>{} : partial[r * rank + j];
+            for (int v = 0; v < V; ++v) sum += f[r][v] * w[v];
+            partial[r * rank + j] = sum;
+        }
+    }
+}
+
+// out[p] = the sum of partial[p]'s lanes + bias[p] for the `outputs` outputs of a tile, (r, j) in order as
+// they lie in memory: 16 at a time in one vector (partial readable and zero up to whole vectors of them).
+void finish_outputs(const Vec<float>* partial, const float* bias, int64_t outputs, float* out) {
+    constexpr int64_t lanes = kWidth<float>;
+    for (int64_t p = 0; p < outputs; p += lanes) {
+        Vec<float> sums[lanes];
+        std::copy_n(partial + p, lanes, sums);
+        store<float>(out + p, lane_sums(sums) + load(bias + p), std::min(lanes, outputs - p));
+    }
+}
+
+// sum[r][v] = Σ_t x_rt M_t,s+16v+lane for the kTokens rows x_r = rows[r · d …] and V vectors of M's columns
+// from s on (M given as its d rows of `width`): a broadcast product, each sum over x's coordinates in order.
+// With D > 0 (d known when compiled) a row's coordinate t is an offset from one pointer; for a d known only
+// at run time the rows' offsets take registers the sums need.
+template <int64_t D, int V>
+void broadcast_product(const float* rows, int64_t d_at_run_time, const float* m, int64_t width, int64_t s,
+                       Vec<float> (&sum)[kTokens][V]) {
+    const int64_t d = D > 0 ? D : d_at_run_time;
+    for (int r = 0; r < kTokens; ++r)
+        for (int v = 0; v < V; ++v) sum[r][v] = Vec<float>{};
+    for (int64_t t = 0; t < d; ++t) {
+        Vec<float> column[V];
+        for (int v = 0; v < V; ++v) column[v] = load(m + t * width + s + v * kWidth<float>);
+        for (int r = 0; r < kTokens; ++r) {
+            const float coordinate = rows[r * d + t];
+            for (int v = 0; v < V; ++v) sum[r][v] += coordinate * column[v];
+        }
+    }
+}
+
+// The maps of a head, laid out for a tile: `transposed` is Vᵀ (d × units) and `bias` c (units) for an MLP,
+// Wᵀ (d × units) and b for a linear map (units: the outputs, whole vectors); `maps` is W (rank rows, of
+// the hidden units or of x's coordinates, whole vectors) and `out_bias` b repeated in the outputs' order
+// (whole vectors), for the lane sums. Zero in the padding.
+struct HeadMaps {
+    const float *transposed, *bias, *maps, *out_bias;
+};
+
+// A tile's outputs, count · rank of them from `out` on. MLP (hidden > 0): a slice of hidden units at a time
+// in registers, σ over them, their shares of the outputs added up (add_partials, finish_outputs). Linear:
+// the outputs themselves are the slices (the product of x with Wᵀ, a token's rank outputs in the lanes),
+// stored a row at a time.
+template <int64_t D>
+void tile(const float* rows, int64_t d, const HeadMaps& head, int64_t hidden, int64_t units, int64_t rank,
+          int64_t count, Vec<float>* partial, float* out) {
+    constexpr int64_t lanes = kWidth<float>;
+    if (hidden > 0) {
+        for (int64_t s = 0; s < units; s += kSliceUnits) {
+            Vec<float> sum[kTokens][kSlice];
+            broadcast_product<D, kSlice>(rows, d, head.transposed, units, s, sum);
+            for (int v = 0; v < kSlice; ++v) {
+                const Vec<float> c = load(head.bias + s + v * lanes);
+                for (int r = 0; r < kTokens; ++r) sum[r][v] = sigmoid(sum[r][v] + c);
+            }
+            add_partials<kSlice>(sum, head.maps + s, units, rank, s == 0, partial);
+        }
+        finish_outputs(partial, head.out_bias, count * rank, out);
+        return;
+    }
+    for (int64_t s = 0; s < rank; s += lanes) {
+        Vec<float> sum[kTokens][1];
+        broadcast_product<D, 1>(rows, d, head.transposed, units, s, sum);
+        const Vec<float> b = load(head.bias + s);
+        for (int64_t r = 0; r < count; ++r) store<float>(out + r * rank + s, sum[r][0] + b, std::min(lanes, rank - s));
+    }
+}
+
+// A linear map's outputs for `count` rows x_r = rows[r · d …] (rows past count: the last row's sums, not
+// written), when the rank R divides 16: 16 / R rows give a vector of outputs (r, j) in their order in
+// memory, each the sum of the lanes of x_r ⊙ W_j over d's vectors, 16 running sums in registers (the
+// broadcast product would use R of a vector's 16 lanes). maps: W (R × stride, zero past d); bias: b
+// repeated over a vector.
+template <int R>
+void linear_rows(const float* rows, int64_t d, const float* maps, int64_t stride, const float* bias, int64_t count,
+                 float* out) {
+    constexpr int64_t lanes = kWidth<float>, per_vector = lanes / R;
+    const Vec<float> b = load(bias);
+    for (int64_t r0 = 0; r0 < count; r0 += per_vector) {
+        const float* x_r[per_vector];
+        for (int64_t q = 0; q < per_vector; ++q) x_r[q] = rows + std::min(r0 + q, count - 1) * d;
+        Vec<float> sums[lanes] = {};
+        for (int64_t s = 0; s < d; s += lanes) {
+            const int64_t valid = std::min(lanes, d - s);
+            for (int64_t q = 0; q < per_vector; ++q) {
+                const Vec<float> coordinates = load(x_r[q] + s, valid);
+                for (int j = 0; j < R; ++j) sums[q * R + j] += coordinates * load(maps + j * stride + s);
+            }
+        }
+        store<float>(out + r0 * R, lane_sums(sums) + b, std::min(lanes, (count - r0) * R));
+    }
+}
+
 // out[row] = W_h σ(V_h x[row] + c_h) + b_h for the rows of groups (batch · heads) of n rows, head h = group
 // mod heads; with hidden == 0, out[row] = W_h x[row] + b_h. x rows of d; hidden_weight (heads, hidden, d)
 // holds V, hidden_bias (heads, hidden) c, weight (heads, rank, f) W (f = hidden, or d when linear), out_bias
 // (heads, rank) b; out rows of `rank`.
 //
-// A chunk of kChunk tokens is transposed first, so that tokens run along the lanes: the hidden units are the
-// product V · xᵀ (hidden × kChunk), σ runs over whole vectors of them, and the outputs are the product
-// W · σ (rank × kChunk), whose rows fill a tile's lanes (a token's few outputs would fill a sixteenth).
+// Tokens run down a tile's rows and features along the lanes: the first layer is the broadcast product of
+// x's coordinates (read where x lies: no transposition) with the transposed map, σ runs over its results in
+// registers, and a token's few outputs are lane sums of products with W's rows. The maps are laid out once
+// per call.
 void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bias, const float* weight,
               const float* out_bias, int64_t groups, int64_t heads, int64_t n, int64_t d, int64_t hidden,
               int64_t rank, float* out, int threads) {
-    const int64_t depth = hidden > 0 ? hidden : d, chunks = (n + kChunk - 1) / kChunk;
+    constexpr int64_t lanes = kWidth<float>;
+    // a linear map of a rank dividing 16 runs as lane sums (linear_rows), any other through its transpose
+    const bool lane_sums_only = hidden == 0 && rank > 0 && lanes % rank == 0;
+    const int64_t first_out = hidden > 0 ? hidden : rank;  // the first layer's outputs, and their count padded:
+    const int64_t units = hidden > 0 ? (hidden + kSliceUnits - 1) / kSliceUnits * kSliceUnits  // whole slices
+                                     : (rank + lanes - 1) / lanes * lanes;                     // whole vectors
+    const int64_t stride = hidden > 0 ? units : (d + lanes - 1) / lanes * lanes;  // W's rows, padded
+    const int64_t outputs = kTokens * rank, whole = (outputs + lanes - 1) / lanes * lanes;
+    // per head: the first layer transposed (Vᵀ and c, or Wᵀ and b; d × units and units), W (rank × stride)
+    // and b repeated in the outputs' order (whole); zero in the padding, where a unit σ(0) = ½ then meets a
+    // zero weight
+    const float* first_map = hidden > 0 ? hidden_weight : weight;
+    const float* first_bias = hidden > 0 ? hidden_bias : out_bias;
+    std::vector<float> transposed(heads * d * units), biases(heads * units);
+    std::vector<float> maps(heads * rank * stride), out_biases(heads * whole);
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t e = 0; e < first_out; ++e) {
+            for (int64_t t = 0; t < d; ++t) transposed[(h * d + t) * units + e] = first_map[(h * first_out + e) * d + t];
+            biases[h * units + e] = first_bias[h * first_out + e];
+        }
+        const int64_t depth = hidden > 0 ? hidden : d;
+        for (int64_t j = 0; j < rank; ++j)
+            std::copy_n(weight + (h * rank + j) * depth, depth, maps.begin() + (h * rank + j) * stride);
+        for (int64_t p = 0; p < whole; ++p) out_biases[h * whole + p] = out_bias[h * rank + p % rank];
+    }
     std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        // the chunk's xᵀ (d × kChunk), hidden units (hidden × kChunk) and outputs (rank × kChunk); row
-        // pointers into them and into the weights
-        std::vector<float> inputs, units, outputs;
-        std::vector<int64_t> tokens;
-        std::vector<const float*> input_rows, feature_rows, maps;
-        std::vector<float*> unit_rows, output_rows;
-        const bool ready = allocated(
-            [&] {
-                inputs.assign(d * kChunk, 0.0f), units.assign(hidden * kChunk, 0.0f);
-                outputs.assign(rank * kChunk, 0.0f), tokens.resize(kChunk);
-                input_rows.resize(d), feature_rows.resize(depth), maps.resize(std::max(hidden, rank));
-                unit_rows.resize(hidden), output_rows.resize(rank);
-            },
-            short_of_memory);
-        for (int64_t t = 0; ready && t < d; ++t) input_rows[t] = inputs.data() + t * kChunk;
-        for (int64_t e = 0; ready && e < hidden; ++e) unit_rows[e] = units.data() + e * kChunk;
-        for (int64_t j = 0; ready && j < rank; ++j) output_rows[j] = outputs.data() + j * kChunk;
-#pragma omp for schedule(static)
-        for (int64_t task = 0; task < groups * chunks; ++task) {
-            if (!ready) continue;
-            const int64_t group = task / chunks, head = group % heads, first = task % chunks * kChunk;
-            const int64_t count = std::min(kChunk, n - first);
-            for (int64_t i = 0; i < count; ++i) tokens[i] = group * n + first + i;
-            // the rows after this chunk's (its thread's next task) on their way from memory while it runs
-            const int64_t following = group * n + first + count;
-            const int64_t ahead = std::min(kChunk, groups * n - following) * d;
-            for (int64_t j = 0; j < ahead; j += kWidth<float>) __builtin_prefetch(x + following * d + j);
-            pack_transposed(x, tokens.data(), count, d, inputs.data(), kChunk);  // lanes past count: stale
-            if (hidden > 0) {
-                for (int64_t e = 0; e < hidden; ++e) maps[e] = hidden_weight + (head * hidden + e) * d;
-                product(maps.data(), 1, hidden, input_rows.data(), d, kChunk, unit_rows.data());
-                for (int64_t e = 0; e < hidden; ++e) {  // σ over a row of units: whole vectors
-                    for (int64_t i = 0; i < kChunk; i += kWidth<float>) {
-                        Vec<float> u;
-                        std::memcpy(&u, unit_rows[e] + i, sizeof u);
-                        u = sigmoid(u + hidden_bias[head * hidden + e]);
-                        std::memcpy(unit_rows[e] + i, &u, sizeof u);
-                    }
+        std::vector<Vec<float>> partial;  // a tile's partial sums, zero past its outputs
+        std::vector<float> last;          // the sequence's last, partial tile of x: zero past its rows
+        const bool ready = allocated([&] { partial.resize(whole), last.assign(kTokens * d, 0.0f); }, short_of_memory);
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t group = 0; group < groups; ++group) {
+            for (int64_t first = 0; first < n; first += kTokens) {
+                if (!ready) continue;
+                const int64_t h = group % heads, count = std::min<int64_t>(kTokens, n - first);
+                const float* rows = x + (group * n + first) * d;
+                if (count < kTokens) {
+                    std::copy_n(rows, count * d, last.begin());
+                    rows = last.data();
                 }
-                std::copy(unit_rows.begin(), unit_rows.end(), feature_rows.begin());
-            } else {
-                std::copy(input_rows.begin(), input_rows.end(), feature_rows.begin());
+                const HeadMaps head{transposed.data() + h * d * units, biases.data() + h * units,
+                                    maps.data() + h * rank * stride, out_biases.data() + h * whole};
+                float* to = out + (group * n + first) * rank;
+                const float* w = head.maps, *b = head.out_bias;
+                switch (lane_sums_only ? rank : 0) {
+                    case 1: linear_rows<1>(rows, d, w, stride, b, count, to); continue;
+                    case 2: linear_rows<2>(rows, d, w, stride, b, count, to); continue;
+                    case 4: linear_rows<4>(rows, d, w, stride, b, count, to); continue;
+                    case 8: linear_rows<8>(rows, d, w, stride, b, count, to); continue;
+                    case 16: linear_rows<16>(rows, d, w, stride, b, count, to); continue;
+                    default: break;
+                }
+                switch (d) {
+                    case 64: tile<64>(rows, d, head, hidden, units, rank, count, partial.data(), to); break;
+                    case 128: tile<128>(rows, d, head, hidden, units, rank, count, partial.data(), to); break;
+                    default: tile<0>(rows, d, head, hidden, units, rank, count, partial.data(), to); break;
+                }
             }
-            for (int64_t j = 0; j < rank; ++j) maps[j] = weight + (head * rank + j) * depth;
-            product(maps.data(), 1, rank, feature_rows.data(), depth, kChunk, output_rows.data());
-            for (int64_t i = 0; i < count; ++i)
-                for (int64_t j = 0; j < rank; ++j)
-                    out[tokens[i] * rank + j] = output_rows[j][i] + out_bias[head * rank + j];
         }
     }
     if (short_of_memory) throw std::bad_alloc();

@@ -6,11 +6,11 @@
 The tensor references are :class:`pipeline.projection.model.HeadProjections` and
 :func:`pipeline.predictors.kmeans.nearest_centroids`, which call these first and run their own code where
 these return None: where gradients are asked for, off the CPU, in another dtype than float32, or where no
-wide kernel was built (no compiler, or no AVX-512; see :mod:`kernels.native`). A chunk of tokens goes
-through every step of a map while it sits in the cache, where the references pass over the whole sequence
-once per step: projecting queries and keys of 1k-8k tokens and 8 heads (64 → 32 → 4) and giving each its
-nearest of 16 centroids takes 0.45-0.5× their time on an AVX-512 core. About half of what remains is the
-MLP's product at the core's peak (``python -m kernels.bench`` prints the whole as ``predict_ms``).
+wide kernel was built (no compiler, or no AVX-512; see :mod:`kernels.native`). A tile of tokens goes
+through every step of a map while it sits in registers or the cache, where the references pass over the
+whole sequence once per step: projecting queries and keys of 1k-8k tokens and 8 heads (64 → 32 → 4) and
+giving each its nearest of 16 centroids takes 0.33-0.41× their time on an AVX-512 core, most of it the MLP's
+first product near the core's peak (``python -m kernels.bench`` prints the whole as ``predict_ms``).
 """
 
 from __future__ import annotations

@@ -47,6 +47,31 @@ void store(Real* to, const Vec<Real>& v, int64_t valid) {
 #endif
 }
 
+// The `valid` (≤ kWidth) values from `from` on in the first lanes, 0 in the others: one load, masked where
+// the vector is not whole (nothing after them is read).
+template <typename Real>
+Vec<Real> load(const Real* from, int64_t valid = kWidth<Real>) {
+    static_assert(sizeof(Real) == 4 || sizeof(Real) == 8, "lanes of 4 or 8 bytes");
+    Vec<Real> v = {};
+    if (valid == kWidth<Real>) {
+        std::memcpy(&v, from, sizeof v);
+        return v;
+    }
+#ifdef __AVX512F__
+    const unsigned lanes = (1u << valid) - 1;
+    if constexpr (sizeof(Real) == 4) {
+        const __m512i loaded = _mm512_maskz_loadu_epi32(static_cast<__mmask16>(lanes), from);
+        std::memcpy(&v, &loaded, sizeof v);
+    } else {
+        const __m512i loaded = _mm512_maskz_loadu_epi64(static_cast<__mmask8>(lanes), from);
+        std::memcpy(&v, &loaded, sizeof v);
+    }
+#else
+    std::memcpy(&v, from, valid * sizeof(Real));
+#endif
+    return v;
+}
+
 // e^x lane by lane for x ≤ 88 (−∞ included): 0 below −87.3, where e^x leaves float's normal range. Cephes'
 // expf: x = k·ln 2 + r with k = round(x·log₂e) and ln 2 in two parts (so r is exact), e^r by a polynomial on
 // |r| ≤ ln 2 / 2 (relative error about 1e-7), 2^k put in the exponent bits.

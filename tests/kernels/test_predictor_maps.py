@@ -27,14 +27,17 @@ def _projections(hidden, d, rank, seed):
     return HeadProjections(3, d, rank, shared=True, hidden=hidden, generator=gen), gen
 
 
+MLPS = [(32, 64, 4), (8, 24, 3), (40, 64, 17), (32, 128, 8)]  # d 64 and 128 are compiled apart
+LINEAR = [(None, d, rank) for d, rank in [(64, 4), (20, 5), (20, 1), (128, 2), (24, 8), (33, 16), (16, 17)]]
+
+
 @needs_wide
-@pytest.mark.parametrize(
-    ("hidden", "d", "rank"), [(32, 64, 4), (8, 24, 3), (40, 64, 17), (None, 64, 4), (None, 20, 5)]
-)
-@pytest.mark.parametrize("n", [0, 1, 47, 63, 64, 65, 130])
+@pytest.mark.parametrize(("hidden", "d", "rank"), MLPS + LINEAR)
+@pytest.mark.parametrize("n", [0, 1, 11, 12, 13, 47, 64, 130])
 def test_the_projection_equals_the_tensor_reference(hidden, d, rank, n, monkeypatch):
-    """Widths that are not whole vectors (hidden 8 and 40, d 20 and 24), more outputs than a vector's lanes
-    (rank 17), sequences around the kernel's chunk of 64 tokens, and none."""
+    """Widths that are not whole vectors (hidden 8 and 40, d 20, 24 and 33), more outputs than a vector's
+    lanes (rank 17), linear ranks that divide a vector's lanes (1, 2, 4, 8, 16: lane sums) and others (5, 17:
+    the product with Wᵀ), sequences around the kernel's tile of 12 tokens, and none."""
     module, gen = _projections(hidden, d, rank, seed=n)
     q = torch.randn(2, 3, n, d, generator=gen) * 2
     with torch.no_grad():
