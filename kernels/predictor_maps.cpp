@@ -25,10 +25,10 @@ namespace {
 using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::load,
     vectors::store, vectors::Vec;
 
-constexpr int64_t kChunk = 64;  // points a thread takes at once: 4 vectors of lanes
+constexpr int64_t kChunk = 64;  // nearest_centroids: points a thread takes at once, 4 vectors of lanes
 
-// σ(u) = 1 / (1 + e^{−u}), u clamped to ±87 (σ is 1 above 87 in float, below 2e-38 under −87; NaN stays
-// NaN). With AVX-512, e^{−u} = 2^k e^r with k = round(−u log₂e) and r = −u − k ln 2 (ln 2 in two parts, so r
+// σ(u) = 1 / (1 + e^{−u}), u clamped to ±87 so that e^{−u} stays finite (σ(87) is 1 in float, as is σ
+// above 17; σ(−87) ≈ 1.6e-38 stands for the smaller values below; NaN stays NaN). With AVX-512, e^{−u} = 2^k e^r with k = round(−u log₂e) and r = −u − k ln 2 (ln 2 in two parts, so r
 // is exact but for rounding), e^r = 1 + r Q(r) with Q of degree 5 fitted for relative error on |r| ≤ ln 2 / 2
 // (1e-7 in float, as Cephes' expf), 2^k put in by vscalefps; the reciprocal is the 14-bit estimate and one
 // Newton step, c(2 − a c) (about 1 ulp; a division takes several times longer). 17 instructions a vector.
@@ -148,6 +148,7 @@ inline Vec<float> lane_sums(Vec<float> (&v)[16]) {
 constexpr int kTokens = 12;  // a tile's tokens: with 2 vectors of hidden units each, 24 running sums
 constexpr int kSlice = 2;    // vectors of hidden units a tile sums at once
 constexpr int64_t kSliceUnits = kSlice * kWidth<float>;
+constexpr Vec<int32_t> kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // partial[r · rank + j] = (what it held, unless `first`) + Σ_v f[r][v] ⊙ W_j[v] for the kTokens rows' slice f
 // of features and the same slice of each map row W_j = maps[j · stride …]: lane-wise shares of the outputs
@@ -220,6 +221,12 @@ void tile(const float* rows, int64_t d, const HeadMaps& head, int64_t hidden, in
             for (int v = 0; v < kSlice; ++v) {
                 const Vec<float> c = load(head.bias + s + v * lanes);
                 for (int r = 0; r < kTokens; ++r) sum[r][v] = sigmoid(sum[r][v] + c);
+                const int64_t real = hidden - s - v * lanes;  // units of the layer in this vector, the rest padding
+                if (real >= lanes) continue;
+                // a padding unit must be 0, not σ(0): where x holds ±∞ its sum is 0 · ∞ = NaN, and a zero
+                // weight would carry that NaN into the outputs
+                const Vec<int32_t> unit = kLaneIndex < int32_t(real);
+                for (int r = 0; r < kTokens; ++r) sum[r][v] = unit ? sum[r][v] : Vec<float>{};
             }
             add_partials<kSlice>(sum, head.maps + s, units, rank, s == 0, partial);
         }
@@ -280,8 +287,7 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
     const int64_t stride = hidden > 0 ? units : (d + lanes - 1) / lanes * lanes;  // W's rows, padded
     const int64_t outputs = kTokens * rank, whole = (outputs + lanes - 1) / lanes * lanes;
     // per head: the first layer transposed (Vᵀ and c, or Wᵀ and b; d × units and units), W (rank × stride)
-    // and b repeated in the outputs' order (whole); zero in the padding, where a unit σ(0) = ½ then meets a
-    // zero weight
+    // and b repeated in the outputs' order (whole); zero in the padding (whose hidden units tile sets to 0)
     const float* first_map = hidden > 0 ? hidden_weight : weight;
     const float* first_bias = hidden > 0 ? hidden_bias : out_bias;
     std::vector<float> transposed(heads * d * units), biases(heads * units);

@@ -48,6 +48,21 @@ def test_the_projection_equals_the_tensor_reference(hidden, d, rank, n, monkeypa
     torch.testing.assert_close(found, expected, rtol=1e-5, atol=2e-6)
 
 
+@needs_wide
+@pytest.mark.parametrize("hidden", [31, 32, 33])
+def test_an_infinite_coordinate_gives_the_references_outputs(hidden):
+    """Hidden widths padded to the kernel's slices of 32 units: the padding adds nothing, not 0 · ∞ = NaN."""
+    gen = torch.Generator().manual_seed(hidden)
+    x = torch.randn(1, 2, 14, 16, generator=gen)
+    x[0, 1, 5, 3] = float("inf")
+    hidden_weight = torch.rand(2, hidden, 16, generator=gen) + 0.1  # every unit of the token saturates
+    maps = (torch.randn(2, 4, hidden, generator=gen), torch.randn(2, 4, generator=gen))
+    found = head_mlp(x, *maps, hidden_weight, torch.zeros(2, hidden))
+    expected = torch.sigmoid(x @ hidden_weight.mT) @ maps[0].mT + maps[1][:, None]
+    assert torch.isfinite(found).all()
+    torch.testing.assert_close(found, expected, rtol=1e-5, atol=2e-6)
+
+
 def test_with_gradients_or_in_float64_the_tensor_path_runs():
     """head_mlp declines (None), and the module's own layers give values and gradients."""
     module, gen = _projections(8, 16, 4, seed=1)
