@@ -66,14 +66,15 @@ def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
             assert row[f"speedup_{phase}"] == pytest.approx(dense[f"{phase}_ms"] / row[f"{phase}_ms"])
             assert row[f"efficiency_{phase}"] == pytest.approx(row[f"speedup_{phase}"] * row["density"])
             assert row[f"entmax_over_softmax_{phase}"] > 0
-        assert row["predict_ms"] > 0 and row["plan_ms"] > 0
-        added = row["predict_ms"] + row["plan_ms"]
-        assert row["overhead_forward"] == pytest.approx(added / row["forward_ms"])
+        assert row["predict_ms"] > 0 and row["predict_linear_ms"] > 0 and row["plan_ms"] > 0
+        for overhead, predict in bench.OVERHEADS.items():
+            added = row[predict] + row["plan_ms"]
+            assert row[overhead] == pytest.approx(added / row["forward_ms"])
     png = (tmp_path / "bench.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
     printed = capsys.readouterr().out
-    assert "dense_entmax" in printed and "eff f+b" in printed and "overhead" in printed
+    assert all(title in printed for title in ("dense_entmax", "eff f+b", "overhead", "ovh lin"))
     sizes = bench.INDEX_SIZES["quick"]
     indexed = report["indexed"]
     assert indexed["settings"]["rank"] == bench.INDEX_RANK and indexed["settings"]["threads"] == 1
