@@ -28,10 +28,11 @@ using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth,
 constexpr int64_t kChunk = 64;  // nearest_centroids: points a thread takes at once, 4 vectors of lanes
 
 // σ(u) = 1 / (1 + e^{−u}), u clamped to ±87 so that e^{−u} stays finite (σ(87) is 1 in float, as is σ
-// above 17; σ(−87) ≈ 1.6e-38 stands for the smaller values below; NaN stays NaN). With AVX-512, e^{−u} = 2^k e^r with k = round(−u log₂e) and r = −u − k ln 2 (ln 2 in two parts, so r
-// is exact but for rounding), e^r = 1 + r Q(r) with Q of degree 5 fitted for relative error on |r| ≤ ln 2 / 2
-// (1e-7 in float, as Cephes' expf), 2^k put in by vscalefps; the reciprocal is the 14-bit estimate and one
-// Newton step, c(2 − a c) (about 1 ulp; a division takes several times longer). 17 instructions a vector.
+// above 17; σ(−87) ≈ 1.6e-38 stands for the smaller values below; NaN stays NaN). With AVX-512, e^{−u} =
+// 2^k e^r with k = round(−u log₂e) and r = −u − k ln 2 (ln 2 in two parts, so r is exact but for rounding),
+// e^r = 1 + r Q(r) with Q of degree 5 fitted for relative error on |r| ≤ ln 2 / 2 (1e-7 in float, as
+// Cephes' expf), 2^k put in by vscalefps; the reciprocal is the 14-bit estimate and one Newton step,
+// c(2 − a c) (about 1 ulp; a division takes several times longer). 17 instructions a vector.
 inline Vec<float> sigmoid(Vec<float> u) {
 #ifdef __AVX512F__
     const __m512 x = _mm512_min_ps(_mm512_set1_ps(87.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), __m512(u)));
@@ -119,18 +120,23 @@ inline bool unzip_points(const float* from, int64_t rank, Vec<float>* rows, int6
     }
 }
 
+// The lane of a (below 16) or of b (16 on) that lane `lane` of a fold adds: its item's low half, or its high.
+constexpr int fold_source(int lane, int width, bool high) {
+    const int half = width / 2;
+    return lane / 8 * 16 + lane % 8 / half * width + lane % half + (high ? half : 0);
+}
+
 // The sums of the lanes of a and b, halved: a and b each hold 16 / width items of `width` lanes; the result
 // holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
 template <int width, size_t... lane>
 Vec<float> fold(const Vec<float>& a, const Vec<float>& b, std::index_sequence<lane...>) {
-    constexpr int half = width / 2;
 #ifdef __clang__
-    const Vec<float> low = __builtin_shufflevector(a, b, (lane / 8 * 16 + lane % 8 / half * width + lane % half)...);
-    const Vec<float> high = __builtin_shufflevector(a, b, (lane / 8 * 16 + lane % 8 / half * width + lane % half + half)...);
+    const Vec<float> low = __builtin_shufflevector(a, b, fold_source(lane, width, false)...);
+    const Vec<float> high = __builtin_shufflevector(a, b, fold_source(lane, width, true)...);
 #else
     typedef int32_t Indices __attribute__((vector_size(64)));
-    const Vec<float> low = __builtin_shuffle(a, b, Indices{int32_t(lane / 8 * 16 + lane % 8 / half * width + lane % half)...});
-    const Vec<float> high = __builtin_shuffle(a, b, Indices{int32_t(lane / 8 * 16 + lane % 8 / half * width + lane % half + half)...});
+    const Vec<float> low = __builtin_shuffle(a, b, Indices{fold_source(lane, width, false)...});
+    const Vec<float> high = __builtin_shuffle(a, b, Indices{fold_source(lane, width, true)...});
 #endif
     return low + high;
 }
