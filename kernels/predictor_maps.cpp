@@ -156,8 +156,9 @@ constexpr int kSlice = 2;    // vectors of hidden units a tile sums at once
 constexpr int64_t kSliceUnits = kSlice * kWidth<float>;
 // Tiles between the one a linear map reads and the one it prefetches: once x outgrows the last-level cache
 // (q and k of 8 heads × 8k tokens), its tiles are too quick for the processor's own prefetching (4 tiles
-// ahead: 0.5-0.56× the time of none for q and k at 8k-16k). An MLP's tile is slow enough without: there the
-// prefetches cost 3 % at 2k-4k and gained 0-8 % at 16k, from run to run.
+// ahead: 0.5-0.56× the time of none for q and k at 8k-16k). An MLP does without: there they cost 2-3 % at
+// 2k-4k, where the predictor's share of an attention call is largest, and gained 0-10 % at 8k-16k, from run
+// to run (the last-level cache is shared with whatever else runs).
 constexpr int64_t kAhead = 4;
 constexpr Vec<int32_t> kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
