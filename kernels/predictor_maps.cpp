@@ -1,11 +1,10 @@
 // The per-token maps of a learned bucket predictor, in one pass over the tokens each:
 //
-//     head MLP           y = W σ(V x + c) + b          (a head's d → e → r map; y = W x + b when linear)
+//     head MLP           y = W tanh(V x + c) + b       (a head's d → e → r map; y = W x + b when linear)
 //     nearest centroids  ids = arg top-k_j (‖c_j‖² − 2 y·c_j)      (the k nearest of B centroids, nearest first)
 //
-// The references are pipeline/projection/model.py's HeadProjections (tanh folded into σ: W tanh(u) + b =
-// 2W σ(2u) + b − W 1, the caller's to fold) and pipeline/predictors/kmeans.py's nearest_centroids, both a
-// few tensor passes over the whole sequence; here a tile of tokens goes through every step while it is in
+// The references are pipeline/projection/model.py's HeadProjections and pipeline/predictors/kmeans.py's
+// nearest_centroids, both a few tensor passes over the whole sequence; here a tile of tokens goes through every step while it is in
 // registers or the first-level cache. Tokens are independent, so the results do not depend on the thread
 // count; they differ from the references by round-off only.
 
@@ -16,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <numeric>
 #include <vector>
 
 #include "vectors.h"
@@ -278,15 +278,15 @@ void linear_rows(const float* rows, int64_t d, const float* maps, int64_t stride
     }
 }
 
-// out[row] = W_h σ(V_h x[row] + c_h) + b_h for the rows of groups (batch · heads) of n rows, head h = group
-// mod heads; with hidden == 0, out[row] = W_h x[row] + b_h. x rows of d; hidden_weight (heads, hidden, d)
-// holds V, hidden_bias (heads, hidden) c, weight (heads, rank, f) W (f = hidden, or d when linear), out_bias
-// (heads, rank) b; out rows of `rank`.
+// out[row] = W_h tanh(V_h x[row] + c_h) + b_h for the rows of groups (batch · heads) of n rows, head h =
+// group mod heads; with hidden == 0, out[row] = W_h x[row] + b_h. x rows of d; hidden_weight (heads, hidden,
+// d) holds V, hidden_bias (heads, hidden) c, weight (heads, rank, f) W (f = hidden, or d when linear),
+// out_bias (heads, rank) b; out rows of `rank`.
 //
 // Tokens run down a tile's rows and features along the lanes: the first layer is the broadcast product of
 // x's coordinates (read where x lies: no transposition) with the transposed map, σ runs over its results in
 // registers, and a token's few outputs are lane sums of products with W's rows. The maps are laid out once
-// per call.
+// per call, tanh folded into σ as they are: W tanh(u) + b = 2W σ(2u) + (b − W 1), the doubling exact.
 void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bias, const float* weight,
               const float* out_bias, int64_t groups, int64_t heads, int64_t n, int64_t d, int64_t hidden,
               int64_t rank, float* out, int threads) {
@@ -298,21 +298,28 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
                                      : (rank + lanes - 1) / lanes * lanes;                     // whole vectors
     const int64_t stride = hidden > 0 ? units : (d + lanes - 1) / lanes * lanes;  // W's rows, padded
     const int64_t outputs = kTokens * rank, whole = (outputs + lanes - 1) / lanes * lanes;
-    // per head: the first layer transposed (Vᵀ and c, or Wᵀ and b; d × units and units), W (rank × stride)
-    // and b repeated in the outputs' order (whole); zero in the padding (whose hidden units tile sets to 0)
+    // per head: the first layer transposed (2Vᵀ and 2c, or Wᵀ and b; d × units and units), W (2W: rank ×
+    // stride) and b (b − W 1) repeated in the outputs' order (whole); zero in the padding (whose hidden units
+    // tile sets to 0)
     const float* first_map = hidden > 0 ? hidden_weight : weight;
     const float* first_bias = hidden > 0 ? hidden_bias : out_bias;
+    const float scale = hidden > 0 ? 2.0f : 1.0f;
     std::vector<float> transposed(heads * d * units), biases(heads * units);
-    std::vector<float> maps(heads * rank * stride), out_biases(heads * whole);
+    std::vector<float> maps(heads * rank * stride), out_biases(heads * whole), folded(rank);
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t e = 0; e < first_out; ++e) {
-            for (int64_t t = 0; t < d; ++t) transposed[(h * d + t) * units + e] = first_map[(h * first_out + e) * d + t];
-            biases[h * units + e] = first_bias[h * first_out + e];
+            for (int64_t t = 0; t < d; ++t)
+                transposed[(h * d + t) * units + e] = scale * first_map[(h * first_out + e) * d + t];
+            biases[h * units + e] = scale * first_bias[h * first_out + e];
         }
         const int64_t depth = hidden > 0 ? hidden : d;
-        for (int64_t j = 0; j < rank; ++j)
-            std::copy_n(weight + (h * rank + j) * depth, depth, maps.begin() + (h * rank + j) * stride);
-        for (int64_t p = 0; p < whole; ++p) out_biases[h * whole + p] = out_bias[h * rank + p % rank];
+        for (int64_t j = 0; j < rank; ++j) {
+            const float* w = weight + (h * rank + j) * depth;
+            std::transform(w, w + depth, maps.begin() + (h * rank + j) * stride, [&](float v) { return scale * v; });
+            folded[j] = hidden > 0 ? float(out_bias[h * rank + j] - std::accumulate(w, w + depth, 0.0))
+                                   : out_bias[h * rank + j];
+        }
+        for (int64_t p = 0; p < whole; ++p) out_biases[h * whole + p] = folded[p % rank];
     }
     std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -361,18 +368,26 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
 // ids[row] = the top_k nearest of a head's B centroids to point[row] (rows of `rank`), nearest first, ties
 // to the lower index: with e_j = ‖c_j‖² − 2 point·c_j (NaN read as 0 and ±∞ as the largest floats, as the
 // reference reads them: a NaN point ties everywhere and takes 0 … top_k − 1), each pass takes the first j
-// at the smallest e_j left and leaves it out of the next (as +∞, above every finite e_j). scaled (heads,
-// rank, B) holds −2 c, norms (heads, B) ‖c‖².
+// at the smallest e_j left and leaves it out of the next (as +∞, above every finite e_j). means (heads, B,
+// rank) holds the centroids c_j.
 //
 // kChunk points at a time, one per lane of kBlock vectors: every e_j of them first, then each pass one sweep
 // over j keeping the least e_j so far and its j (a strict < keeps the first). The sweep is a chain of
 // dependent steps, one per centroid; the kBlock vectors' chains interleave, so their latencies overlap.
 // Only a chunk with a non-finite e_j needs the reference's reading of NaN and ±∞; for the others it
 // changes nothing, so they skip it.
-void nearest_centroids(const float* points, const float* scaled, const float* norms, int64_t groups,
-                       int64_t heads, int64_t n, int64_t rank, int64_t centroids, int64_t top_k, int32_t* ids,
-                       int threads) {
+void nearest_centroids(const float* points, const float* means, int64_t groups, int64_t heads, int64_t n,
+                       int64_t rank, int64_t centroids, int64_t top_k, int32_t* ids, int threads) {
     constexpr int64_t lanes = kWidth<float>, kBlock = kChunk / lanes;
+    // per head: −2 c laid out (rank, B), so that a coordinate's factors lie in a row, and ‖c_j‖² (B)
+    std::vector<float> scaled(heads * rank * centroids), norms(heads * centroids);
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t j = 0; j < centroids; ++j) {
+            const float* c = means + (h * centroids + j) * rank;
+            for (int64_t t = 0; t < rank; ++t) scaled[(h * rank + t) * centroids + j] = -2.0f * c[t];
+            norms[h * centroids + j] = float(std::inner_product(c, c + rank, c, 0.0));
+        }
+    }
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     const Vec<float> inf = Vec<float>{} + std::numeric_limits<float>::infinity();
     const Vec<float> largest = Vec<float>{} + std::numeric_limits<float>::max();
@@ -401,8 +416,8 @@ void nearest_centroids(const float* points, const float* scaled, const float* no
                         coordinates[t * kBlock + v] = gather(from + v * lanes * rank + t, rank, valid);
                 }
             }
-            const float* head_scaled = scaled + head * rank * centroids;
-            const float* head_norms = norms + head * centroids;
+            const float* head_scaled = scaled.data() + head * rank * centroids;
+            const float* head_norms = norms.data() + head * centroids;
             Vec<float> total[kBlock] = {};  // Σ_j e_j: finite only when every e_j is (or an overflow)
             for (int64_t j = 0; j < centroids; ++j) {
                 Vec<float> e[kBlock];
@@ -464,10 +479,9 @@ extern "C" int head_mlp_float(const float* x, const float* hidden_weight, const 
     });
 }
 
-extern "C" int nearest_centroids_float(const float* points, const float* scaled, const float* norms,
-                                       int64_t groups, int64_t heads, int64_t n, int64_t rank, int64_t centroids,
-                                       int64_t top_k, int32_t* ids, int threads) {
-    return guarded([&] {
-        nearest_centroids(points, scaled, norms, groups, heads, n, rank, centroids, top_k, ids, threads);
-    });
+extern "C" int nearest_centroids_float(const float* points, const float* means, int64_t groups, int64_t heads,
+                                       int64_t n, int64_t rank, int64_t centroids, int64_t top_k, int32_t* ids,
+                                       int threads) {
+    return guarded(
+        [&] { nearest_centroids(points, means, groups, heads, n, rank, centroids, top_k, ids, threads); });
 }

@@ -1,6 +1,6 @@
 """A learned bucket predictor's per-token maps in C++ (``kernels/predictor_maps.cpp``), for inference on CPU.
 
-    head MLP           y = W σ(V x + c) + b   per head (or y = W x + b)
+    head MLP           y = W tanh(V x + c) + b   per head (or y = W x + b)
     nearest centroids  the top-k of −‖y − c_j‖², nearest first, ties to the lower index
 
 The tensor references are :class:`pipeline.projection.model.HeadProjections` and
@@ -44,7 +44,7 @@ def head_mlp(
     hidden_weight: torch.Tensor | None = None,
     hidden_bias: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """(b, H, n, r) W_h σ(V_h x + c_h) + b_h for x (b, H, n, d), V = ``hidden_weight`` (H, e, d), c =
+    """(b, H, n, r) W_h tanh(V_h x + c_h) + b_h for x (b, H, n, d), V = ``hidden_weight`` (H, e, d), c =
     ``hidden_bias`` (H, e), W = ``weight`` (H, r, e) and b = ``bias`` (H, r); W_h x + b_h with W (H, r, d)
     when ``hidden_weight`` is None. None where the C++ kernel cannot take them (see the module)."""
     kernel = _runs_native(x, weight, bias, hidden_weight, hidden_bias)
@@ -79,22 +79,8 @@ def nearest_centroid_ids(points: torch.Tensor, centroids: torch.Tensor, top_k: i
     batch, heads, n, rank = points.shape
     if centroids.shape != (heads, count, rank):
         return None  # the reference's own error says what is wrong
-    points, centroids = points.detach().contiguous(), centroids.detach()
-    scaled = (-2 * centroids).mT.contiguous()  # (H, r, B)
-    norms = centroids.square().sum(-1).contiguous()  # (H, B)
+    points, centroids = points.detach().contiguous(), centroids.detach().contiguous()
     ids = torch.empty(batch, heads, n, top_k, dtype=torch.int32)
-    call(
-        kernel,
-        "nearest_centroids_float",
-        points,
-        scaled,
-        norms,
-        batch * heads,
-        heads,
-        n,
-        rank,
-        count,
-        top_k,
-        ids,
-    )
+    groups = batch * heads
+    call(kernel, "nearest_centroids_float", points, centroids, groups, heads, n, rank, count, top_k, ids)
     return ids

@@ -89,21 +89,23 @@ class HeadProjections(nn.Module):
     def _project(self, x: torch.Tensor, side: str) -> torch.Tensor:
         """(batch, H, n, d) → (batch, H, n, r) through side ``side``'s maps.
 
-        The hidden layer's tanh is 2σ(2u) − 1 with its constants folded into the maps,
+        Without gradients on the CPU the C++ maps run (:func:`kernels.predictor_maps.head_mlp`). Otherwise the
+        hidden layer's tanh is 2σ(2u) − 1 with its constants folded into the maps,
         W tanh(V x + c) + b = 2W σ(2V x + 2c) + (b − W 1) (doubling is exact), so the one pass over the
         hidden units is an in-place σ: this torch's CPU tanh runs lane by lane, about 2 ns per float, 9× its
-        σ. Without gradients on the CPU the C++ maps run (:func:`kernels.predictor_maps.head_mlp`).
+        σ.
         """
         weight, bias = getattr(self, f"{side}_weight"), getattr(self, f"{side}_bias")
         inner_weight = inner_bias = None
         if self.hidden is not None:
-            inner_weight = 2 * getattr(self, f"{side}_hidden_weight")
-            inner_bias = 2 * getattr(self, f"{side}_hidden_bias")
-            weight, bias = 2 * weight, bias - weight.sum(-1)
+            inner_weight = getattr(self, f"{side}_hidden_weight")
+            inner_bias = getattr(self, f"{side}_hidden_bias")
         native = head_mlp(x, weight, bias, inner_weight, inner_bias)
         if native is not None:
             return native
         if inner_weight is not None:
+            inner_weight, inner_bias = 2 * inner_weight, 2 * inner_bias
+            weight, bias = 2 * weight, bias - weight.sum(-1)
             # matmul, not einsum: einsum's batched product of the same is 2.5-4.5× slower on CPU; in place on
             # the fresh product, which would cost page faults anew (σ's backward reads only its output)
             x = torch.matmul(x, inner_weight.mT).add_(inner_bias[:, None, :]).sigmoid_()  # (b, H, n, e)

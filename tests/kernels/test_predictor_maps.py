@@ -58,7 +58,7 @@ def test_an_infinite_coordinate_gives_the_references_outputs(hidden):
     hidden_weight = torch.rand(2, hidden, 16, generator=gen) + 0.1  # every unit of the token saturates
     maps = (torch.randn(2, 4, hidden, generator=gen), torch.randn(2, 4, generator=gen))
     found = head_mlp(x, *maps, hidden_weight, torch.zeros(2, hidden))
-    expected = torch.sigmoid(x @ hidden_weight.mT) @ maps[0].mT + maps[1][:, None]
+    expected = torch.tanh(x @ hidden_weight.mT) @ maps[0].mT + maps[1][:, None]
     assert torch.isfinite(found).all()
     torch.testing.assert_close(found, expected, rtol=1e-5, atol=2e-6)
 
@@ -191,11 +191,8 @@ def test_results_do_not_depend_on_the_number_of_threads():
 
 @needs_wide
 def test_running_out_of_memory_is_a_memory_error():
-    """A point's list of 2⁵² centroids cannot be allocated inside the threads: a MemoryError, not an abort.
-    No point, so nothing is read."""
+    """The layout of 2⁵² centroids cannot be allocated: a MemoryError, not an abort. Nothing is read."""
     points, centroids = _points(1, 0, 4, 1, seed=0)
     ids = torch.empty(0, dtype=torch.int32)
     with pytest.raises(MemoryError, match="nearest_centroids_float ran out of memory"):
-        call(
-            wide_kernel(), "nearest_centroids_float", points, centroids, centroids, 1, 1, 0, 4, 2**52, 1, ids
-        )
+        call(wide_kernel(), "nearest_centroids_float", points, centroids, 1, 1, 0, 4, 2**52, 1, ids)
