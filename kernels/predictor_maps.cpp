@@ -4,9 +4,9 @@
 //     nearest centroids  ids = arg top-k_j (‖c_j‖² − 2 y·c_j)      (the k nearest of B centroids, nearest first)
 //
 // The references are pipeline/projection/model.py's HeadProjections and pipeline/predictors/kmeans.py's
-// nearest_centroids, both a few tensor passes over the whole sequence; here a tile of tokens goes through every step while it is in
-// registers or the first-level cache. Tokens are independent, so the results do not depend on the thread
-// count; they differ from the references by round-off only.
+// nearest_centroids, both a few tensor passes over the whole sequence; here a tile of tokens goes through
+// every step while it is in registers or the first-level cache. Tokens are independent, so the results do
+// not depend on the thread count; they differ from the references by round-off only.
 
 #include <algorithm>
 #include <atomic>
@@ -23,7 +23,7 @@
 namespace {
 
 using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::load,
-    vectors::store, vectors::Vec;
+    vectors::shuffle, vectors::store, vectors::Vec;
 
 constexpr int64_t kChunk = 64;  // nearest_centroids: points a thread takes at once, 4 vectors of lanes
 
@@ -80,12 +80,7 @@ inline bool finite(const Vec<float>& v) {
 // The even (odd = 0) or odd (odd = 1) lanes of a then b: the front or back half of their sequence unzipped.
 template <int odd, size_t... lane>
 Vec<float> alternate(const Vec<float>& a, const Vec<float>& b, std::index_sequence<lane...>) {
-#ifdef __clang__
-    return __builtin_shufflevector(a, b, (2 * int(lane) + odd)...);
-#else
-    typedef int32_t Indices __attribute__((vector_size(64)));
-    return __builtin_shuffle(a, b, Indices{(2 * int32_t(lane) + odd)...});
-#endif
+    return shuffle<float, (2 * int(lane) + odd)...>(a, b);
 }
 
 // rows[t · stride] = coordinate t of the 16 points from[0 … 16 · R) (rows of R, a power of two ≤ 16), point
@@ -130,15 +125,8 @@ constexpr int fold_source(int lane, int width, bool high) {
 // holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
 template <int width, size_t... lane>
 Vec<float> fold(const Vec<float>& a, const Vec<float>& b, std::index_sequence<lane...>) {
-#ifdef __clang__
-    const Vec<float> low = __builtin_shufflevector(a, b, fold_source(lane, width, false)...);
-    const Vec<float> high = __builtin_shufflevector(a, b, fold_source(lane, width, true)...);
-#else
-    typedef int32_t Indices __attribute__((vector_size(64)));
-    const Vec<float> low = __builtin_shuffle(a, b, Indices{fold_source(lane, width, false)...});
-    const Vec<float> high = __builtin_shuffle(a, b, Indices{fold_source(lane, width, true)...});
-#endif
-    return low + high;
+    return shuffle<float, fold_source(lane, width, false)...>(a, b) +
+           shuffle<float, fold_source(lane, width, true)...>(a, b);
 }
 
 // Lane k = the sum of v[k]'s lanes, for 16 vectors v (overwritten): a tree of 15 folds, two shuffles and an

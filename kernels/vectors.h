@@ -101,21 +101,27 @@ inline Vec<double> exp_lanes(Vec<double> x) {
     return x;
 }
 
+// Lane i of the result = lane index_i of a then b, side by side (an index below the width picks a's lane,
+// width + j b's lane j): the compiler's two-vector shuffle, one or two instructions.
+template <typename Real, int... index>
+Vec<Real> shuffle(const Vec<Real>& a, const Vec<Real>& b) {
+#ifdef __clang__
+    return __builtin_shufflevector(a, b, index...);
+#else  // GCC's own shuffle, in every version (its __builtin_shufflevector came with GCC 12)
+    using Index = std::conditional_t<sizeof(Real) == 4, int32_t, int64_t>;
+    typedef Index Indices __attribute__((vector_size(64)));
+    return __builtin_shuffle(a, b, Indices{Index(index)...});
+#endif
+}
+
 // One stage of a transpose of a square of vectors (rows a, b = a + bit of it): the lanes of a with `bit`
 // set trade places with the lanes of b without it, a[i + bit] ↔ b[i]; over bit = 1, 2, 4, ... lane i of row
 // r ends where lane r of row i was.
 template <int bit, typename Real, size_t... lane>
 void exchange(Vec<Real>& a, Vec<Real>& b, std::index_sequence<lane...>) {
     constexpr int n = sizeof...(lane);
-#ifdef __clang__
-    const Vec<Real> low = __builtin_shufflevector(a, b, (lane & bit ? int(lane) - bit + n : int(lane))...);
-    const Vec<Real> high = __builtin_shufflevector(a, b, (lane & bit ? int(lane) + n : int(lane) + bit)...);
-#else  // GCC's own shuffle, in every version (its __builtin_shufflevector came with GCC 12)
-    using Index = std::conditional_t<sizeof(Real) == 4, int32_t, int64_t>;
-    typedef Index Indices __attribute__((vector_size(64)));
-    const Vec<Real> low = __builtin_shuffle(a, b, Indices{(lane & bit ? Index(lane) - bit + n : Index(lane))...});
-    const Vec<Real> high = __builtin_shuffle(a, b, Indices{(lane & bit ? Index(lane) + n : Index(lane) + bit)...});
-#endif
+    const Vec<Real> low = shuffle<Real, (lane & bit ? int(lane) - bit + n : int(lane))...>(a, b);
+    const Vec<Real> high = shuffle<Real, (lane & bit ? int(lane) + n : int(lane) + bit)...>(a, b);
     a = low, b = high;
 }
 
