@@ -1,12 +1,14 @@
 """Ahead-of-time build of every Triton kernel variant for a GPU architecture, with its resource usage.
 
-``python -m kernels.build_report [--arch 90] [--json]`` compiles each variant the dispatcher can launch (the
-query-major pass in every mode, the key-major pass, the τ step kernel), with the block sizes and warp counts
-``_make_config`` picks for CUDA tensors, and prints registers per thread, spilled bytes (local memory) and
-shared memory per block. No GPU is needed: Triton lowers to PTX, its bundled ``ptxas`` assembles a cubin and
-``cuobjdump`` reads the usage back. The interpreter that runs the numerical tests on CPU accepts code the
-GPU compiler rejects and says nothing about registers; this report covers both. Exits 1 when a variant
-spills more than ``SPILL_BUDGET`` bytes per thread or needs more shared memory than the architecture offers.
+``python -m kernels.build_report [--arch 90] [--json] [--tiles 64x64/w8/s2,...]`` compiles each variant the
+dispatcher can launch (the query-major pass in every mode, the key-major pass, the τ step kernel), with the
+tiles ``default_tiles`` picks for CUDA tensors or with each of ``--tiles`` (candidates for
+``python -m kernels.tune``, screened here before any GPU time is spent on them), and prints registers per
+thread, spilled bytes (local memory) and shared memory per block. No GPU is needed: Triton lowers to PTX,
+its bundled ``ptxas`` assembles a cubin and ``cuobjdump`` reads the usage back. The interpreter that runs the
+numerical tests on CPU accepts code the GPU compiler rejects and says nothing about registers; this report
+covers both. Exits 1 when a variant spills more than ``SPILL_BUDGET`` bytes per thread or needs more shared
+memory than the architecture offers.
 """
 
 from __future__ import annotations
@@ -76,20 +78,26 @@ SHAPES = [
 SPILL_BUDGET = 128
 
 
-def variants() -> list[dict[str, Any]]:
-    """Every (kernel, constants, launch options) to build, with a readable label."""
+def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None) -> list[dict[str, Any]]:
+    """Every (kernel, constants, launch options) to build, with a readable label: with the default tiles of
+    each shape, or with each of ``tiles`` (then labelled with them); only the shapes of ``dtype_name``
+    ("bf16", "fp32") when given."""
     out = []
     for dtype, head_dim, t in SHAPES:
-        shape = f"{_DTYPES[dtype]} d={head_dim} T={t}"
-        for name, mode, alpha, need_u in ROW_PASSES:
-            if mode == tb._ENTMAX_SOLVE and t > 1:
-                continue  # the in-kernel τ search serves one bucket per query
-            cfg = _config(alpha, dtype, head_dim, t)
-            modes = dict(MODE=mode.value, NEED_U=need_u, TAU_METHOD=cfg.tau_method)
-            out.append(_variant("_rows_kernel", f"rows {name} α={alpha} {shape}", dtype, cfg, t, modes))
-        for alpha in COL_ALPHAS:
-            cfg = _config(alpha, dtype, head_dim, t)
-            out.append(_variant("_cols_kernel", f"cols α={alpha} {shape}", dtype, cfg, t, {}))
+        if dtype_name not in (None, _DTYPES[dtype]):
+            continue
+        default = tb.default_tiles(head_dim, t, dtype, torch.device("cuda"))
+        for each in tiles or [default]:
+            shape = f"{_DTYPES[dtype]} d={head_dim} T={t}" + (f" {each}" if tiles else "")
+            for name, mode, alpha, need_u in ROW_PASSES:
+                if mode == tb._ENTMAX_SOLVE and t > 1:
+                    continue  # the in-kernel τ search serves one bucket per query
+                cfg = _config(alpha, dtype, head_dim, each)
+                modes = dict(MODE=mode.value, NEED_U=need_u, TAU_METHOD=cfg.tau_method)
+                out.append(_variant("_rows_kernel", f"rows {name} α={alpha} {shape}", dtype, cfg, t, modes))
+            for alpha in COL_ALPHAS:
+                cfg = _config(alpha, dtype, head_dim, each)
+                out.append(_variant("_cols_kernel", f"cols α={alpha} {shape}", dtype, cfg, t, {}))
     for start in (True, False):
         constants = dict(START=start, METHOD=tb._TAU_HALLEY.value, BLOCK=tb.TAU_BLOCK)
         out.append(
@@ -105,8 +113,8 @@ def variants() -> list[dict[str, Any]]:
     return out
 
 
-def _config(alpha: float, dtype: torch.dtype, head_dim: int, t: int) -> tb._Config:
-    return tb._make_config(alpha, head_dim**-0.5, True, 0, 0, head_dim, t, dtype, torch.device("cuda"))
+def _config(alpha: float, dtype: torch.dtype, head_dim: int, tiles: tb.Tiles) -> tb._Config:
+    return tb._make_config(alpha, head_dim**-0.5, True, 0, 0, head_dim, tiles, dtype)
 
 
 def _variant(
@@ -171,6 +179,14 @@ def problems(row: dict[str, Any], arch: int) -> list[str]:
     return found
 
 
+def tiles_list(text: str) -> list[tb.Tiles]:
+    """A command-line list of tiles, comma-separated (``64x64/w8/s2,128x64/w8/s3``)."""
+    try:
+        return [tb.Tiles.parse(part) for part in text.split(",")]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kernels.build_report", description=__doc__.split("\n")[0]
@@ -178,21 +194,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90 = Hopper)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
+    parser.add_argument(
+        "--tiles", type=tiles_list, help="build with each of these instead of the defaults: 64x64/w8/s2,..."
+    )
+    parser.add_argument("--dtype", choices=sorted(set(_DTYPES.values()) - {"fp16"}), help="these shapes only")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         # the interpreter replaces kernels by Python functions, which cannot be compiled
         parser.error("TRITON_INTERPRET=1 is set: this report compiles for the GPU, unset it")
-    jobs = [(v, args.arch) for v in variants()]
+    jobs = [(v, args.arch) for v in variants(args.tiles, args.dtype)]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(_build_one, jobs))
     bad = [(row, problems(row, args.arch)) for row in rows]
     if args.json:
         print(json.dumps([{**row, "problems": found} for row, found in bad]))
     else:
-        print(f"{'variant':<44} {'warps':>5} {'regs':>5} {'spill B':>8} {'smem B':>7}")
+        print(f"{'variant':<62} {'warps':>5} {'regs':>5} {'spill B':>8} {'smem B':>7}")
         for row, found in bad:
             print(
-                f"{row['label']:<44} {row['num_warps']:>5} {row['reg']:>5} {row['local'] + row['stack']:>8} "
+                f"{row['label']:<62} {row['num_warps']:>5} {row['reg']:>5} {row['local'] + row['stack']:>8} "
                 f"{row['shared']:>7}  {'; '.join(found)}"
             )
     return 1 if any(found for _, found in bad) else 0

@@ -39,6 +39,7 @@ tokens with torch ops.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -678,6 +679,39 @@ def _pattern_ranges(
 
 
 @dataclass(frozen=True)
+class Tiles:
+    """How the query- and key-major kernels are launched: tiles of ``block_m`` query entries by ``block_n``
+    key entries (powers of two ≥ 16, as ``tl.dot`` needs), ``num_warps`` warps per program and
+    ``num_stages`` software-pipelining stages (both ignored by the interpreter)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "num_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two; got {value!r}")
+        if min(self.block_m, self.block_n) < 16:
+            raise ValueError(f"block_m and block_n must be at least 16; got {self.block_m}×{self.block_n}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"num_stages must be a positive integer; got {self.num_stages!r}")
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> Tiles:
+        """The inverse of ``str``: ``"64x64/w8/s2"``; raises ValueError naming the expected form."""
+        match = re.fullmatch(r"(\d+)x(\d+)/w(\d+)/s(\d+)", text.strip())
+        if match is None:
+            raise ValueError(f"expected tiles as BMxBN/wWARPS/sSTAGES (e.g. 64x64/w8/s2), got {text!r}")
+        return cls(*(int(group) for group in match.groups()))
+
+
+@dataclass(frozen=True)
 class _Config:
     kind: int  # a _KIND_* value
     alpha: float
@@ -689,51 +723,52 @@ class _Config:
     radius: int
     global_tokens: int
     head_dim: int
-    block_m: int
-    block_n: int
+    tiles: Tiles
     block_d: int
-    num_warps: int
-    num_stages: int
     precision: str
     tau_method: int  # a _TAU_* value
     tau_tol: float  # |Σ p − 1| accepted; 0 for α > 2
 
     def tile_constants(self, t_q: int, t_k: int) -> dict[str, object]:
         """Compile-time constants and launch options shared by the query- and key-major kernels."""
+        tiles = self.tiles
         return dict(
             KIND=self.kind, CAUSAL=self.causal, T_Q=t_q, T_K=t_k, HEAD_DIM=self.head_dim,
-            BLOCK_D=self.block_d, BLOCK_M=self.block_m, BLOCK_N=self.block_n, PRECISION=self.precision,
-            num_warps=self.num_warps, num_stages=self.num_stages,
+            BLOCK_D=self.block_d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PRECISION=self.precision,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )
 
 
+def default_tiles(head_dim: int, buckets_per_token: int, dtype: torch.dtype, device: torch.device) -> Tiles:
+    """The tiles a call gets unless it names its own (``python -m kernels.tune`` measures alternatives)."""
+    if device.type != "cuda":
+        # the interpreter pays per tile operation, not per element: fewer, larger tiles run faster
+        return Tiles(32, 32, num_warps=1, num_stages=1)
+    # From sm_90 builds (``python -m kernels.build_report``): every tile holds a (BM, BN) mask per pair of
+    # bucket slots, so register pressure grows with T as well as d. 8 warps on 64×64 tiles for d ≤ 64 and
+    # T ≤ 2, 32×64 for T > 2, 32×32 past d = 64 keep fp16/bf16 passes within 255 registers, spilling at
+    # most 72 bytes (the entmax output pass with Σ g v at T = 2); 4 warps or 128-row blocks spill hundreds.
+    # Exact fp32 products run on CUDA cores and need 32×32 tiles.
+    if dtype == torch.float32 or head_dim > 64:
+        return Tiles(32, 32, num_warps=8, num_stages=2)
+    if buckets_per_token <= 2:
+        return Tiles(64, 64, num_warps=8, num_stages=2)
+    return Tiles(32, 64, num_warps=8, num_stages=2)
+
+
 def _make_config(
-    alpha: float, scale: float, causal: bool, radius: int, global_tokens: int, head_dim: int,
-    buckets_per_token: int, dtype: torch.dtype, device: torch.device,
+    alpha: float, scale: float, causal: bool, radius: int, global_tokens: int, head_dim: int, tiles: Tiles,
+    dtype: torch.dtype,
 ) -> _Config:
     if alpha == 1.0:
         kind, qk_scale, p_exp, g_exp = _KIND_SOFTMAX.value, scale * _LOG2E, 1.0, 1.0
     else:
         kind = {1.5: _KIND_ENTMAX15, 2.0: _KIND_SPARSEMAX}.get(alpha, _KIND_ENTMAX).value
         qk_scale, p_exp, g_exp = scale * (alpha - 1.0), 1.0 / (alpha - 1.0), (2.0 - alpha) / (alpha - 1.0)
-    if device.type == "cuda":
-        # From sm_90 builds (``python -m kernels.build_report``): every tile holds a (BM, BN) mask per
-        # pair of bucket slots, so register pressure grows with T as well as d. 8 warps on 64×64 tiles
-        # for d ≤ 64 and T ≤ 2, 32×64 for T > 2, 32×32 past d = 64 keep fp16/bf16 passes within 255
-        # registers, spilling at most 72 bytes (the entmax output pass with Σ g v at T = 2); 4 warps or
-        # 128-row blocks spill hundreds. Exact fp32 products run on CUDA cores and need 32×32 tiles.
-        if dtype == torch.float32 or head_dim > 64:
-            block_m, block_n = 32, 32
-        else:
-            block_m, block_n = (64, 64) if buckets_per_token <= 2 else (32, 64)
-        num_warps, num_stages = 8, 2
-    else:
-        # the interpreter pays per tile operation, not per element: fewer, larger tiles run faster
-        block_m, block_n, num_warps, num_stages = 32, 32, 1, 1
     return _Config(
         kind=kind, alpha=alpha, scale=scale, qk_scale=qk_scale, p_exp=p_exp, g_exp=g_exp, causal=causal,
-        radius=radius, global_tokens=global_tokens, head_dim=head_dim, block_m=block_m, block_n=block_n,
-        block_d=max(16, triton.next_power_of_2(head_dim)), num_warps=num_warps, num_stages=num_stages,
+        radius=radius, global_tokens=global_tokens, head_dim=head_dim, tiles=tiles,
+        block_d=max(16, triton.next_power_of_2(head_dim)),
         # fp32 inputs get full-precision products; fp16/bf16 ignore this and use their tensor cores
         precision="ieee" if dtype == torch.float32 else "tf32",
         tau_method=(_TAU_HALLEY if alpha == 1.5 else _TAU_NEWTON if alpha <= 2.0 else _TAU_BISECT).value,
@@ -760,11 +795,12 @@ def _make_plan(q_buckets: torch.Tensor, k_buckets: torch.Tensor, cfg: _Config) -
     qs = _build_side(q_buckets, -1, pattern)
     ks = _build_side(k_buckets, -2, pattern)
     n, m = q_buckets.shape[1], k_buckets.shape[1]
-    row_pattern = _pattern_ranges(n, m, cfg.block_m, radius=cfg.radius, global_tokens=cfg.global_tokens,
+    block = cfg.tiles.block_m
+    row_pattern = _pattern_ranges(n, m, block, radius=cfg.radius, global_tokens=cfg.global_tokens,
                                   causal=cfg.causal, key_major=False, device=q_buckets.device)
     if not pattern:
         row_pattern = row_pattern[:0]
-    return _Plan(qs, ks, pattern, row_pattern, _bucket_ranges(qs, ks, cfg.block_m))
+    return _Plan(qs, ks, pattern, row_pattern, _bucket_ranges(qs, ks, block))
 
 
 def _per_token(x: torch.Tensor, side: _Side) -> torch.Tensor:
@@ -887,11 +923,12 @@ def _grad_kv(
     m = k.shape[2]
     bh = batch * heads
     qs, ks = plan.qs, plan.ks
-    col_pattern = _pattern_ranges(m, n, cfg.block_n, radius=cfg.radius, global_tokens=cfg.global_tokens,
+    block = cfg.tiles.block_n
+    col_pattern = _pattern_ranges(m, n, block, radius=cfg.radius, global_tokens=cfg.global_tokens,
                                   causal=cfg.causal, key_major=True, device=q.device)
     if not plan.pattern:
         col_pattern = col_pattern[:0]
-    col_bucket = _bucket_ranges(ks, qs, cfg.block_n)
+    col_bucket = _bucket_ranges(ks, qs, block)
     dk = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
     dv = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
     dk[:, -1] = 0.0
@@ -954,6 +991,7 @@ def triton_bucketed_attention(
     radius: int = -1,
     global_tokens: int = 0,
     scale: float | None = None,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """Bucketed sparse attention (softmax for ``alpha`` = 1, α-entmax for ``alpha`` > 1) in Triton.
 
@@ -961,13 +999,15 @@ def triton_bucketed_attention(
     attention, keys and values never copied per query head); q_buckets (batch, heads, n, T) and k_buckets
     (batch, heads, m, T') integer bucket ids, −1 for none. Returns (batch, heads, n, d) in q's dtype;
     differentiable in q, k and v. Runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``.
+    ``tiles`` overrides :func:`default_tiles` (the results differ by the order of fp32 sums only).
     Arguments are not validated here: ``kernels.bucketed_attention(..., backend="triton")`` does that.
     """
     batch, heads, n, d = q.shape
     kv_heads, m = k.shape[1], k.shape[2]
     scale = d**-0.5 if scale is None else float(scale)
     t = max(q_buckets.shape[-1], k_buckets.shape[-1])
-    cfg = _make_config(float(alpha), scale, causal, radius, global_tokens, d, t, q.dtype, q.device)
+    tiles = default_tiles(d, t, q.dtype, q.device) if tiles is None else tiles
+    cfg = _make_config(float(alpha), scale, causal, radius, global_tokens, d, tiles, q.dtype)
     q_buckets, k_buckets = q_buckets.to(torch.int32), k_buckets.to(torch.int32)
     if kv_heads < heads:
         # Grouped-query attention as plain attention: the query heads sharing a key/value head become the

@@ -32,6 +32,24 @@ def test_variants_cover_every_pass_and_tile_configuration():
     assert {(64, 64), (32, 64), (32, 32)} <= tiles  # the three tile shapes _make_config picks on CUDA
 
 
+def test_candidate_tiles_replace_the_defaults_in_every_variant_of_the_chosen_dtype():
+    from kernels.triton_bucketed import Tiles
+
+    candidates = [Tiles(128, 64, num_warps=8, num_stages=3), Tiles(64, 128, num_warps=4, num_stages=2)]
+    built = [v for v in build_report.variants(candidates, "bf16") if v["kernel"] != "_tau_kernel"]
+    defaults = [v for v in build_report.variants(None, "bf16") if v["kernel"] != "_tau_kernel"]
+    assert len(built) == len(candidates) * len(defaults)
+    for tiles in candidates:
+        mine = [v for v in built if v["label"].endswith(f" {tiles}")]
+        assert len(mine) == len(defaults)
+        for v in mine:
+            assert v["dtype"] == "bf16"
+            assert (v["constants"]["BLOCK_M"], v["constants"]["BLOCK_N"]) == (tiles.block_m, tiles.block_n)
+            assert (v["num_warps"], v["num_stages"]) == (tiles.num_warps, tiles.num_stages)
+    with pytest.raises(SystemExit):
+        build_report.main(["--tiles", "64x64/w8"])
+
+
 def test_spills_past_the_budget_and_excess_shared_memory_are_problems():
     row = {"local": 0, "stack": build_report.SPILL_BUDGET, "shared": 1024}
     assert build_report.problems(row, 90) == []

@@ -19,7 +19,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are decorated
 
 from kernels import bucketed_attention
+from kernels.attended import window_radius
 from kernels.reference import attended_mask, dense_bucketed_attention, normalize
+from kernels.triton_bucketed import Tiles, triton_bucketed_attention
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -132,9 +134,9 @@ def _assert_within_reference_error(kernel, reference, truth, dtype, names=("out"
         assert error <= tol, f"{name}: error {error:.3g} > {tol:.3g} (reference error {ref_error:.3g})"
 
 
-def _check_against_reference(case: Case, q, k, v, q_buckets, k_buckets, grad_out):
+def _check_against_reference(case: Case, q, k, v, q_buckets, k_buckets, grad_out, attention=triton_attention):
     options = dict(alpha=case.alpha, causal=case.causal, window=case.window, global_tokens=case.global_tokens)
-    kernel = _with_grads(triton_attention, q, k, v, q_buckets, k_buckets, grad_out, **options)
+    kernel = _with_grads(attention, q, k, v, q_buckets, k_buckets, grad_out, **options)
     reference = _with_grads(dense_bucketed_attention, q, k, v, q_buckets, k_buckets, grad_out, **options)
     truth = _with_grads(_dense64, q, k, v, q_buckets, k_buckets, grad_out, cast=torch.float64, **options)
     _assert_within_reference_error(kernel, reference, truth, case.dtype)
@@ -144,6 +146,24 @@ def _check_against_reference(case: Case, q, k, v, q_buckets, k_buckets, grad_out
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_reference_forward_and_backward(case: Case):
     _check_against_reference(case, *_inputs(case))
+
+
+# tiles other than the defaults: narrower and wider than the sequence's blocks, in both directions
+OTHER_TILES = [Tiles(16, 16, 1, 1), Tiles(16, 64, 1, 1), Tiles(64, 32, 1, 1)]
+
+
+@pytest.mark.parametrize("tiles", OTHER_TILES, ids=str)
+@pytest.mark.parametrize(
+    "case", [Case(97, 32, 2, 1.5, True, 5, 1, f32, 4), Case(70, 32, 1, 1.25, False, 0, 0, f16, 3)], ids=str
+)
+def test_other_tiles_match_reference(case: Case, tiles: Tiles):
+    """Any tiles compute the same attention (``python -m kernels.tune`` relies on it to compare them)."""
+
+    def attention(q, k, v, q_buckets, k_buckets, *, window, **options):
+        radius = window_radius(window)
+        return triton_bucketed_attention(q, k, v, q_buckets, k_buckets, radius=radius, tiles=tiles, **options)
+
+    _check_against_reference(case, *_inputs(case, seed=3), attention=attention)
 
 
 @pytest.mark.parametrize(
