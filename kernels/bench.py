@@ -1,5 +1,5 @@
 """Benchmark of bucketed attention: ``python -m kernels.bench [--device auto|cpu|cuda] [--suite auto|cpu|gpu]
-[--out DIR] [--quick] [--only indexed]``
+[--out DIR] [--quick] [--only indexed|bucketed] [--sizes 4096,16384]``
 
 Workload. Balanced buckets: each of ``top`` independent assignments ranks the tokens by a random permutation
 and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 uses two assignments in the same
@@ -46,7 +46,9 @@ GPU. For n ∈ {1k, …, 32k}, d = 64, 8 heads, bf16, B ∈ {8, 16, 32}, top-1 a
 forward+backward times (CUDA events, warm-up then median) and peak allocated memory of ours (Triton, α = 1.5
 and α = 1), dense SDPA restricted to the flash backend, FlexAttention with the equivalent mask (a
 ``mask_mod`` looking up the bucket ids), dense α-entmax through the ``entmax`` package (until it runs out
-of memory) and AdaSplash when it is installed. Speedup = SDPA time / our time; efficiency = speedup × density:
+of memory) and AdaSplash when it is installed (``adasplash.adasplash`` with the package's own iteration
+counts; in 0.2 that is AdaSplash-2 with one τ refinement for causal α = 1.5, and its first, block-mask
+version with ten otherwise). Speedup = SDPA time / our time; efficiency = speedup × density:
 1 means ours turns sparsity into speed as well as flash attention uses dense FLOPs; our entmax rows also
 carry their time over our softmax time. ``--suite gpu --device cpu`` runs the same comparison on CPU tensors
 (float32, tiny sizes, wall clock, no memory figures) as a smoke test of the suite.
@@ -178,7 +180,7 @@ def _pattern(spec: dict[str, Any]) -> dict[str, int]:
     return {"window": CPU_WINDOW, "global_tokens": CPU_GLOBAL} if spec["pattern"] else {}
 
 
-def _count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens: int = 0) -> int:
+def count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens: int = 0) -> int:
     """Exact attended pairs, one head at a time to bound the enumeration's memory."""
     from kernels.attended import window_radius
     from kernels.torch_bucketed import plan_attention
@@ -212,7 +214,7 @@ def _measure_cpu(
         row["forward_backward_ms"] = _median_wall_ms(step, reps)
         row["peak_rss_mb_forward_backward"] = _peak_rss_mb()
     except (RuntimeError, MemoryError) as err:
-        row["status"] = "oom" if _is_oom(err) else _failure(err)
+        row["status"] = "oom" if _is_oom(err) else failure_status(err)
     return row
 
 
@@ -305,7 +307,7 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 row[f"extra_mb_{phase}"] = row[f"peak_rss_mb_{phase}"] - baseline
         rows.append(row)
     # after the measurements: counting must not raise their baseline
-    pairs = _count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
+    pairs = count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
     overhead = _predictor_overhead(q, k, ids, spec, reps) if spec["method"] == "ours" else {}
     for row in rows:
         row["pairs"] = pairs
@@ -473,7 +475,7 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
                             row["max_abs_error"] = float((out - dense_out).abs().max())
                     row["status"] = "ok"
                 except (RuntimeError, MemoryError) as err:
-                    row["status"] = "oom" if _is_oom(err) else _failure(err)
+                    row["status"] = "oom" if _is_oom(err) else failure_status(err)
                 rows.append(row)
     finally:
         torch.set_num_threads(threads)
@@ -506,22 +508,22 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def indexed_table(section: dict[str, Any]) -> str:
     columns = [
-        _text("inputs", "inputs", "<9"),
-        _text("n", "n", ">6"),
-        _text("causal", "causal", ">6"),
-        _text("method", "method", "<30"),
-        _number("fwd ms", "forward_ms", "9.1f"),
-        _number("f+b ms", "forward_backward_ms", "9.1f"),
-        _number("pass1", "indexer_ms", "7.1f"),
-        _number("bounds", "bounds_ms", "7.1f"),
-        _number("sparse", "sparse_ms", "7.1f"),
-        _number("skip", "blocks_skipped", "6.3f"),
-        _number("|S|", "predicted_mean", "5.1f"),
-        _number("x sdpa", "speedup_forward_vs_sdpa", "7.2f"),
-        _number("x entmax", "speedup_forward_vs_dense_entmax", "8.1f"),
-        _number("err", "max_abs_error", "8.1e"),
+        text_column("inputs", "inputs", "<9"),
+        text_column("n", "n", ">6"),
+        text_column("causal", "causal", ">6"),
+        text_column("method", "method", "<30"),
+        number_column("fwd ms", "forward_ms", "9.1f"),
+        number_column("f+b ms", "forward_backward_ms", "9.1f"),
+        number_column("pass1", "indexer_ms", "7.1f"),
+        number_column("bounds", "bounds_ms", "7.1f"),
+        number_column("sparse", "sparse_ms", "7.1f"),
+        number_column("skip", "blocks_skipped", "6.3f"),
+        number_column("|S|", "predicted_mean", "5.1f"),
+        number_column("x sdpa", "speedup_forward_vs_sdpa", "7.2f"),
+        number_column("x entmax", "speedup_forward_vs_dense_entmax", "8.1f"),
+        number_column("err", "max_abs_error", "8.1e"),
     ]
-    return "\n".join(_table(section["results"], columns))
+    return "\n".join(table_lines(section["results"], columns))
 
 
 def _spawn_cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -644,43 +646,43 @@ def _fmt(x: Any, spec: str) -> str:
 Column = tuple[str, str, Callable[[dict[str, Any]], str]]  # title, its alignment, the cell of a row
 
 
-def _text(title: str, key: str, align: str) -> Column:
-    return title, align, lambda row: format(str(row[key]), align)
+def text_column(title: str, key: str, align: str) -> Column:
+    return title, align, lambda row: format(str(row.get(key, "-")), align)
 
 
-def _number(title: str, key: str, spec: str) -> Column:
+def number_column(title: str, key: str, spec: str) -> Column:
     """A number column formatted by ``spec``, its title right-aligned to the same width."""
     return title, ">" + spec.split(".")[0].rstrip("def"), lambda row: _fmt(row.get(key), spec)
 
 
-def _table(rows: list[dict[str, Any]], columns: list[Column]) -> list[str]:
+def table_lines(rows: list[dict[str, Any]], columns: list[Column]) -> list[str]:
     """A header line and one line per row, each ending in the row's status."""
     header = " ".join(format(title, align) for title, align, _ in columns) + "  status"
     return [header] + [" ".join(cell(row) for _, _, cell in columns) + f"  {row['status']}" for row in rows]
 
 
 def cpu_table(report: dict[str, Any]) -> str:
-    lines = _table(
+    lines = table_lines(
         report["results"],
         [
-            _text("n", "n", ">6"),
-            _text("causal", "causal", ">6"),
-            _number("top", "top", "3d"),
-            _text("pattern", "pattern", ">7"),
-            _text("method", "method", "<13"),
-            _number("alpha", "alpha", "5.1f"),
-            _number("density", "density", "8.4f"),
-            _number("fwd ms", "forward_ms", "9.1f"),
-            _number("f+b ms", "forward_backward_ms", "9.1f"),
-            _number("x sdpa", "speedup_forward", "7.2f"),
-            _number("eff fwd", "efficiency_forward", "8.2f"),
-            _number("eff f+b", "efficiency_forward_backward", "8.2f"),
-            _number("GF/s fwd", "pair_gflops_forward", "8.1f"),
-            _number("ent/sm", "entmax_over_softmax_forward", "7.2f"),
-            _number("ent/sm f+b", "entmax_over_softmax_forward_backward", "10.2f"),
-            _number("overhead", "overhead_forward", "8.2f"),
-            _number("ovh lin", "overhead_linear_forward", "7.2f"),
-            _number("f+b MiB", "extra_mb_forward_backward", "8.1f"),
+            text_column("n", "n", ">6"),
+            text_column("causal", "causal", ">6"),
+            number_column("top", "top", "3d"),
+            text_column("pattern", "pattern", ">7"),
+            text_column("method", "method", "<13"),
+            number_column("alpha", "alpha", "5.1f"),
+            number_column("density", "density", "8.4f"),
+            number_column("fwd ms", "forward_ms", "9.1f"),
+            number_column("f+b ms", "forward_backward_ms", "9.1f"),
+            number_column("x sdpa", "speedup_forward", "7.2f"),
+            number_column("eff fwd", "efficiency_forward", "8.2f"),
+            number_column("eff f+b", "efficiency_forward_backward", "8.2f"),
+            number_column("GF/s fwd", "pair_gflops_forward", "8.1f"),
+            number_column("ent/sm", "entmax_over_softmax_forward", "7.2f"),
+            number_column("ent/sm f+b", "entmax_over_softmax_forward_backward", "10.2f"),
+            number_column("overhead", "overhead_forward", "8.2f"),
+            number_column("ovh lin", "overhead_linear_forward", "7.2f"),
+            number_column("f+b MiB", "extra_mb_forward_backward", "8.1f"),
         ],
     )
     if not report["results"]:  # --only indexed
@@ -771,7 +773,7 @@ def _elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
     return start.elapsed_time(end)
 
 
-def _measure_gpu(
+def measure_gpu(
     attention: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], cfg: dict[str, Any]
 ) -> dict[str, Any]:
     """Forward (no grad, on detached inputs) and forward+backward of ``attention(q, k, v)``: median ms and,
@@ -809,7 +811,7 @@ def _measure_gpu(
                 row[f"peak_mb_{phase}"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         except Exception as err:  # a method that cannot run is a result, not a crash
             oom = (on_cuda and isinstance(err, torch.cuda.OutOfMemoryError)) or _is_oom(err)
-            row["status"] = "oom" if oom else _failure(err, phase)
+            row["status"] = "oom" if oom else failure_status(err, phase)
             break
     for x in inputs:
         x.grad = None
@@ -857,7 +859,7 @@ def _flex_mask_mod(
     return mask_mod
 
 
-def _failure(err: BaseException, phase: str = "") -> str:
+def failure_status(err: BaseException, phase: str = "") -> str:
     """One-line status for a method that could not run (in ``phase`` when given)."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
     where = f" in {phase.replace('_', '+')}" if phase else ""
@@ -895,7 +897,7 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
         block_mask = torch.compile(create_block_mask)
         flex_error = None
     except Exception as err:
-        flex_error = _failure(err)
+        flex_error = failure_status(err)
     try:
         from adasplash import adasplash
     except ImportError:
@@ -914,27 +916,27 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
         )
         base = {"n": n, "causal": causal, "buckets": None, "top": None, "density": 1.0}
         sdpa = functools.partial(_sdpa_flash, causal=causal)
-        sdpa_row = {**base, "method": "sdpa_flash", **_measure_gpu(sdpa, (q, k, v), cfg)}
+        sdpa_row = {**base, "method": "sdpa_flash", **measure_gpu(sdpa, (q, k, v), cfg)}
         rows.append(sdpa_row)
         bar.update()
         if entmax_oom:  # larger n cannot fit either
             rows.append({**base, "method": "dense_entmax", "status": "oom"})
         else:
-            entmax_row = _measure_gpu(functools.partial(_dense_entmax, causal=causal), (q, k, v), cfg)
+            entmax_row = measure_gpu(functools.partial(_dense_entmax, causal=causal), (q, k, v), cfg)
             entmax_oom = entmax_row["status"] == "oom"
             rows.append({**base, "method": "dense_entmax", **entmax_row})
         bar.update()
         if adasplash is None:
             rows.append({**base, "method": "adasplash", "status": "failed: adasplash is not installed"})
         else:
-            fn = functools.partial(adasplash, alpha=ALPHA, niter=10, is_causal=causal)
-            rows.append({**base, "method": "adasplash", **_measure_gpu(fn, (q, k, v), cfg)})
+            fn = functools.partial(adasplash, alpha=ALPHA, is_causal=causal)
+            rows.append({**base, "method": "adasplash", **measure_gpu(fn, (q, k, v), cfg)})
         bar.update()
 
         for buckets in cfg["buckets"]:
             for top in cfg["tops"]:
                 ids = balanced_buckets(1, heads, n, buckets, top, seed=buckets * 10 + top, device=device)
-                pairs = _count_pairs(ids, causal)
+                pairs = count_pairs(ids, causal)
                 spec = {
                     **base,
                     "buckets": buckets,
@@ -946,7 +948,7 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
                     fn = functools.partial(
                         bucketed_attention, q_buckets=ids, k_buckets=ids, alpha=alpha, causal=causal
                     )
-                    row = ours[method] = {**spec, "method": method, **_measure_gpu(fn, (q, k, v), cfg)}
+                    row = ours[method] = {**spec, "method": method, **measure_gpu(fn, (q, k, v), cfg)}
                     for key in ("forward", "forward_backward"):
                         if f"{key}_ms" in row and f"{key}_ms" in sdpa_row:
                             row[f"speedup_{key}"] = sdpa_row[f"{key}_ms"] / row[f"{key}_ms"]
@@ -963,9 +965,9 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
                     try:
                         mask = block_mask(_flex_mask_mod(ids, causal), 1, heads, n, n, device=device)
                         fn = functools.partial(flex, block_mask=mask)
-                        rows.append({**spec, "method": "flex", **_measure_gpu(fn, (q, k, v), cfg)})
+                        rows.append({**spec, "method": "flex", **measure_gpu(fn, (q, k, v), cfg)})
                     except Exception as err:  # compilation or mask construction failures are results too
-                        rows.append({**spec, "method": "flex", "status": _failure(err)})
+                        rows.append({**spec, "method": "flex", "status": failure_status(err)})
                 bar.update()
         del q, k, v
         if on_cuda:
@@ -993,21 +995,21 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def gpu_table(report: dict[str, Any]) -> str:
-    lines = _table(
+    lines = table_lines(
         report["results"],
         [
-            _text("n", "n", ">6"),
-            _text("causal", "causal", ">6"),
-            _number("B", "buckets", "3d"),
-            _number("top", "top", "3d"),
-            _text("method", "method", "<13"),
-            _number("density", "density", "8.4f"),
-            _number("fwd ms", "forward_ms", "9.2f"),
-            _number("fwd+bwd ms", "forward_backward_ms", "10.2f"),
-            _number("x sdpa", "speedup_forward", "7.2f"),
-            _number("eff fwd", "efficiency_forward", "8.2f"),
-            _number("eff f+b", "efficiency_forward_backward", "8.2f"),
-            _number("ent/sm", "entmax_over_softmax_forward", "7.2f"),
+            text_column("n", "n", ">6"),
+            text_column("causal", "causal", ">6"),
+            number_column("B", "buckets", "3d"),
+            number_column("top", "top", "3d"),
+            text_column("method", "method", "<13"),
+            number_column("density", "density", "8.4f"),
+            number_column("fwd ms", "forward_ms", "9.2f"),
+            number_column("fwd+bwd ms", "forward_backward_ms", "10.2f"),
+            number_column("x sdpa", "speedup_forward", "7.2f"),
+            number_column("eff fwd", "efficiency_forward", "8.2f"),
+            number_column("eff f+b", "efficiency_forward_backward", "8.2f"),
+            number_column("ent/sm", "entmax_over_softmax_forward", "7.2f"),
         ],
     )
     return "\n".join(lines)
@@ -1062,7 +1064,7 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
     write_json(out / "bench.json", report)
 
 
-def _sizes(text: str) -> list[int]:
+def sizes_list(text: str) -> list[int]:
     """``--sizes``: comma-separated sequence lengths ≥ 16."""
     try:
         sizes = [int(part) for part in text.split(",")]
@@ -1091,8 +1093,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sizes",
-        type=_sizes,
-        help="CPU suite: sequence lengths to run instead of the suite's, comma-separated (e.g. 1024,4096)",
+        type=sizes_list,
+        help="sequence lengths to run instead of the suite's, comma-separated (e.g. 1024,4096)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one CPU measurement, in its own process
     args = parser.parse_args(argv)
@@ -1106,13 +1108,13 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     suite = args.suite if args.suite != "auto" else ("gpu" if device == "cuda" else "cpu")
-    if (args.only or args.sizes) and suite != "cpu":
-        parser.error("--only and --sizes belong to the CPU suite")
+    if args.only and suite != "cpu":
+        parser.error("--only belongs to the CPU suite")
     if suite == "cpu" and device == "cuda":
         parser.error("--suite cpu measures the PyTorch path on CPU tensors: use --device cpu")
     if suite == "gpu":
-        sizes = GPU_ON_CPU if device == "cpu" else GPU_QUICK if args.quick else GPU_FULL
-        report = run_gpu(sizes, torch.device(device))
+        cfg = GPU_ON_CPU if device == "cpu" else GPU_QUICK if args.quick else GPU_FULL
+        report = run_gpu(cfg if args.sizes is None else {**cfg, "sizes": args.sizes}, torch.device(device))
     else:
         report = run_cpu(args.quick, only=args.only, sizes=args.sizes)
     report["quick"] = args.quick

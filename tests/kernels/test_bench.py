@@ -117,7 +117,7 @@ def test_only_bucketed_at_chosen_sizes(tmp_path, capsys):
     assert bench.main(args) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert "indexed" not in report and {r["n"] for r in report["results"]} == {64}
-    assert bench._sizes("1024,4096") == [1024, 4096]
+    assert bench.sizes_list("1024,4096") == [1024, 4096]
     assert "indexed attention" not in capsys.readouterr().out
     for bad in ("8", "64,x", ""):
         with pytest.raises(SystemExit):
@@ -134,13 +134,15 @@ def test_structured_inputs_have_small_local_support():
 
 
 def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys):
-    """The GPU comparison's plumbing (every method, speedups, efficiencies, table, figure) on CPU tensors."""
-    assert bench.main(["--device", "cpu", "--suite", "gpu", "--out", str(tmp_path)]) == 0
+    """The GPU comparison's plumbing (every method, speedups, efficiencies, table, figure) on CPU tensors, at
+    the length ``--sizes`` names."""
+    assert bench.main(["--device", "cpu", "--suite", "gpu", "--sizes", "48", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["suite"] == "gpu" and report["device"] == "cpu" and report["settings"]["dtype"] == "float32"
     rows = report["results"]
     cfg = bench.GPU_ON_CPU
-    for n in cfg["sizes"]:
+    assert {r["n"] for r in rows} == {48}
+    for n in [48]:
         for causal in (False, True):
             here = {
                 (r["method"], r["buckets"], r["top"]): r for r in rows if (r["n"], r["causal"]) == (n, causal)

@@ -1,0 +1,306 @@
+"""Tile tuning of the Triton bucketed kernel: ``python -m kernels.tune [--device auto|cpu|cuda]
+[--sizes 4096,16384] [--tiles 64x64/w8/s2,...] [--budget-s 480] [--out DIR]``
+
+Every workload of the grid (balanced buckets as in :mod:`kernels.bench`: 16 buckets, top-1 and top-2,
+α = 1 and 1.5, causal or not; 8 heads, d = 64, bf16 on CUDA) runs with the tiles :func:`default_tiles`
+picks and then with each candidate (:class:`~kernels.triton_bucketed.Tiles`: block shape, warps, pipeline
+stages). Tiles change only the order of the fp32 sums, so a candidate is measured only once its output and
+its gradients match the default tiles' to rounding: ‖x − x_default‖ / ‖x_default‖ ≤ ``TOLERANCE`` for each of
+out, dq, dk, dv; a larger gap is a bug (a race, a mask that depends on the block) and the row says so. Times
+are forward (no grad) and forward+backward medians as :func:`kernels.bench.measure_gpu` takes them (CUDA
+events after warm-up); on CPU tensors the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), on a
+tiny grid, as a smoke test of the sweep itself.
+
+The candidates default to the tile shapes that ``python -m kernels.build_report --dtype bf16 --tiles ...``
+built for sm_90 without spilling (that check needs no GPU). ``--budget-s`` bounds the sweep: once it is
+spent, the remaining rows are marked skipped and the report is written with what was measured. Writes
+``tune.json`` atomically and prints, per workload, the default's times and the fastest tiles forward and
+forward+backward, then every candidate's geometric-mean time over the default's across the workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm import tqdm
+
+from kernels.bench import (
+    balanced_buckets,
+    count_pairs,
+    density,
+    failure_status,
+    measure_gpu,
+    number_column,
+    sizes_list,
+    table_lines,
+    text_column,
+)
+
+if TYPE_CHECKING:  # the kernels module is imported once the interpreter is chosen (main)
+    from kernels.triton_bucketed import Tiles
+
+CUDA_GRID = {
+    "sizes": [4096, 16384],
+    "buckets": 16,
+    "tops": [1, 2],
+    "alphas": [1.0, 1.5],
+    "heads": 8,
+    "dim": 64,
+    "warmup": 3,
+    "reps": 10,
+}
+# the interpreter: a few tiny workloads, one repetition (the times mean nothing there)
+CPU_GRID = {
+    "sizes": [64],
+    "buckets": 4,
+    "tops": [1, 2],
+    "alphas": [1.5],
+    "heads": 2,
+    "dim": 32,
+    "warmup": 0,
+    "reps": 1,
+}
+CUDA_CANDIDATES = [
+    "32x64/w4/s2",
+    "32x64/w8/s3",
+    "64x32/w4/s2",
+    "64x32/w8/s2",
+    "64x64/w4/s2",
+    "64x64/w8/s3",
+    "64x128/w8/s2",
+    "128x64/w8/s2",
+    "128x64/w8/s3",
+    "128x128/w8/s2",
+]
+CPU_CANDIDATES = ["16x16/w1/s1", "16x32/w1/s1"]
+# ‖x − x_default‖ / ‖x_default‖ allowed per tensor: the outputs are rounded to the input dtype, so two
+# orders of fp32 sums may differ by an ulp of it in many elements; a wrong mask moves them by 1e-1 or more
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+
+
+def relative_error(got: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """The largest ‖a − b‖ / ‖b‖ over pairs of tensors (0 where both are zero; inf where only b is)."""
+    worst = 0.0
+    for a, b in zip(got, reference, strict=True):
+        gap = (a.double() - b.double()).norm().item()
+        size = b.double().norm().item()
+        worst = max(worst, gap / size if size > 0 else (0.0 if gap == 0 else math.inf))
+    return worst
+
+
+def _outputs_and_grads(
+    attention, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor
+) -> list[torch.Tensor]:
+    """[out, dq, dk, dv] of ``attention(q, k, v)`` for the output gradient ``grad_out``."""
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    out = attention(*leaves)
+    return [out.detach(), *torch.autograd.grad(out, leaves, grad_out)]
+
+
+def workloads(grid: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"n": n, "buckets": grid["buckets"], "top": top, "alpha": alpha, "causal": causal}
+        for n in grid["sizes"]
+        for top in grid["tops"]
+        for alpha in grid["alphas"]
+        for causal in (False, True)
+    ]
+
+
+def run(
+    grid: dict[str, Any], candidates: list[Tiles], device: torch.device, budget_s: float
+) -> dict[str, Any]:
+    """Rows of (workload, tiles) with their status, error against the default tiles and times."""
+    from kernels.triton_bucketed import default_tiles, triton_bucketed_attention
+
+    on_cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if on_cuda else torch.float32  # the interpreter lacks bf16 products
+    heads, dim = grid["heads"], grid["dim"]
+    jobs = workloads(grid)
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=len(jobs) * (1 + len(candidates)), desc="tune", unit="run")
+    for job in jobs:
+        n, causal = job["n"], job["causal"]
+        gen = torch.Generator().manual_seed(n + job["top"])
+        q, k, v, grad_out = (torch.randn(1, heads, n, dim, generator=gen).to(device, dtype) for _ in range(4))
+        ids = balanced_buckets(1, heads, n, job["buckets"], job["top"], seed=job["top"], device=device)
+        spec = {**job, "density": density(count_pairs(ids, causal), 1, heads, n, causal)}
+        default = default_tiles(dim, job["top"], dtype, device)
+        reference = None
+        for tiles in [default, *(t for t in candidates if t != default)]:
+            row = {**spec, "tiles": str(tiles), "default": tiles == default}
+            rows.append(row)
+            bar.update()
+            if time.monotonic() - started > budget_s:
+                row["status"] = "skipped: the time budget is spent"
+                continue
+            if reference is None and tiles != default:
+                row["status"] = "skipped: the default tiles failed, so there is nothing to check against"
+                continue
+            attention = functools.partial(
+                triton_bucketed_attention,
+                q_buckets=ids,
+                k_buckets=ids,
+                alpha=job["alpha"],
+                causal=causal,
+                tiles=tiles,
+            )
+            try:
+                got = _outputs_and_grads(attention, (q, k, v), grad_out)
+            except Exception as err:  # a candidate the compiler or the device refuses is a result
+                row["status"] = failure_status(err)
+                continue
+            if reference is None:
+                reference = got
+            row["error"] = relative_error(got, reference)
+            if row["error"] > TOLERANCE[dtype]:
+                row["status"] = f"wrong: relative error {row['error']:.3g} against the default tiles"
+                continue
+            row.update(measure_gpu(attention, tuple(x.requires_grad_() for x in (q, k, v)), grid))
+        del q, k, v, grad_out
+    bar.close()
+    return {
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if on_cuda else platform.machine(),
+        "torch": torch.__version__,
+        "settings": {
+            "dtype": str(dtype).removeprefix("torch."),
+            "tolerance": TOLERANCE[dtype],
+            **{key: grid[key] for key in ("heads", "dim", "warmup", "reps")},
+        },
+        "candidates": [str(t) for t in candidates],
+        "budget_s": budget_s,
+        "results": rows,
+        "summary": summarize(rows),
+    }
+
+
+def _workload_key(row: dict[str, Any]) -> tuple:
+    return row["n"], row["buckets"], row["top"], row["alpha"], row["causal"]
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per workload: the default's times and the fastest measured tiles, forward and forward+backward.
+    Per tiles: the geometric mean over workloads of its time over the default's, where both were measured."""
+    by_workload: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_workload.setdefault(_workload_key(row), []).append(row)
+    workloads_out, ratios = [], {}
+    for key, group in by_workload.items():
+        measured = [r for r in group if r.get("status") == "ok"]
+        default = next((r for r in measured if r["default"]), None)
+        entry = dict(zip(("n", "buckets", "top", "alpha", "causal"), key, strict=True))
+        entry["default"] = group[0]["tiles"]
+        for phase in ("forward", "forward_backward"):
+            timed = [r for r in measured if f"{phase}_ms" in r]
+            if default is None or f"{phase}_ms" not in default or not timed:
+                continue
+            best = min(timed, key=lambda r: r[f"{phase}_ms"])
+            entry[f"default_{phase}_ms"] = default[f"{phase}_ms"]
+            entry[f"best_{phase}"] = best["tiles"]
+            entry[f"best_{phase}_ms"] = best[f"{phase}_ms"]
+            entry[f"speedup_{phase}"] = default[f"{phase}_ms"] / best[f"{phase}_ms"]
+            for r in timed:
+                ratios.setdefault((r["tiles"], phase), []).append(r[f"{phase}_ms"] / default[f"{phase}_ms"])
+        workloads_out.append(entry)
+    tiles_out: dict[str, dict[str, Any]] = {}
+    for (tiles, phase), values in ratios.items():
+        tiles_out.setdefault(tiles, {})[f"{phase}_over_default"] = math.exp(
+            sum(math.log(x) for x in values) / len(values)
+        )
+        tiles_out[tiles][f"{phase}_workloads"] = len(values)
+    return {"workloads": workloads_out, "tiles": tiles_out}
+
+
+def table(report: dict[str, Any]) -> str:
+    """Per workload, the default and the fastest tiles; then each tiles' time over the default's."""
+    per_workload = [
+        {**w, "status": "ok" if "best_forward" in w else "-"} for w in report["summary"]["workloads"]
+    ]
+    lines = table_lines(
+        per_workload,
+        [
+            text_column("n", "n", ">6"),
+            text_column("top", "top", ">3"),
+            text_column("alpha", "alpha", ">5"),
+            text_column("causal", "causal", ">6"),
+            text_column("default", "default", ">14"),
+            number_column("fwd ms", "default_forward_ms", "8.3f"),
+            text_column("best fwd", "best_forward", ">14"),
+            number_column("x", "speedup_forward", "5.2f"),
+            number_column("f+b ms", "default_forward_backward_ms", "8.3f"),
+            text_column("best f+b", "best_forward_backward", ">14"),
+            number_column("x", "speedup_forward_backward", "5.2f"),
+        ],
+    )
+    ranked = sorted(
+        ({"tiles": tiles, "status": "ok", **entry} for tiles, entry in report["summary"]["tiles"].items()),
+        key=lambda row: row.get("forward_backward_over_default", math.inf),
+    )
+    lines.append("")
+    lines += table_lines(
+        ranked,
+        [
+            text_column("tiles", "tiles", ">14"),
+            number_column("fwd / default", "forward_over_default", "13.3f"),
+            number_column("f+b / default", "forward_backward_over_default", "13.3f"),
+            number_column("workloads", "forward_backward_workloads", "9d"),
+        ],
+    )
+    for r in report["results"]:
+        if r["status"] != "ok":
+            lines.append(
+                f"n={r['n']} top={r['top']} α={r['alpha']} causal={r['causal']} {r['tiles']}: {r['status']}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernels.build_report import tiles_list
+
+    parser = argparse.ArgumentParser(prog="python -m kernels.tune", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--sizes", type=sizes_list, help="sequence lengths instead of the grid's, e.g. 16384")
+    parser.add_argument(
+        "--tiles", type=tiles_list, help="candidates instead of the defaults: 64x64/w8/s2,..."
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=480.0, help="stop measuring after this many seconds"
+    )
+    parser.add_argument("--out", type=Path, default=Path("artifacts/tune"), help="output folder")
+    args = parser.parse_args(argv)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.budget_s < 0:
+        parser.error(f"--budget-s must be ≥ 0, got {args.budget_s}")
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        # triton.language's own helpers are compiled or interpreted as it is first imported, before this runs
+        parser.error("--device cpu runs the kernels in Triton's interpreter: run with TRITON_INTERPRET=1")
+    from kernels.triton_bucketed import Tiles
+
+    grid = CUDA_GRID if device == "cuda" else CPU_GRID
+    grid = grid if args.sizes is None else {**grid, "sizes": args.sizes}
+    candidates = args.tiles or [
+        Tiles.parse(t) for t in (CUDA_CANDIDATES if device == "cuda" else CPU_CANDIDATES)
+    ]
+    report = run(grid, candidates, torch.device(device), args.budget_s)
+    print(table(report))
+    from pipeline.atomic import write_json
+
+    write_json(args.out / "tune.json", report)
+    print(f"wrote {args.out / 'tune.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""``python -m kernels.tune``: the tile sweep run in Triton's interpreter on tiny workloads (its times mean
+nothing there; what is checked is that every candidate is run, checked against the default tiles, timed and
+summarised, and that a candidate computing something else is caught)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from kernels import triton_bucketed, tune
+from kernels.triton_bucketed import Tiles
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_tiles_print_and_parse_back_and_refuse_impossible_shapes():
+    tiles = Tiles(64, 128, num_warps=8, num_stages=3)
+    assert str(tiles) == "64x128/w8/s3" and Tiles.parse(str(tiles)) == tiles
+    refusals = {
+        "64x64": "expected tiles as BMxBN/wWARPS/sSTAGES",
+        "48x64/w8/s2": "block_m must be a power of two; got 48",
+        "64x8/w4/s2": "block_m and block_n must be at least 16; got 64×8",
+        "64x64/w3/s2": "num_warps must be a power of two; got 3",
+        "64x64/w4/s0": "num_stages must be a positive integer; got 0",
+    }
+    for text, message in refusals.items():
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            Tiles.parse(text)
+
+
+def test_relative_error_is_the_worst_norm_ratio():
+    ones = torch.ones(4)
+    assert tune.relative_error([ones, ones], [ones, ones]) == 0.0
+    assert tune.relative_error([ones, 1.5 * ones], [ones, ones]) == pytest.approx(0.5)
+    assert tune.relative_error([torch.zeros(4)], [torch.zeros(4)]) == 0.0
+    assert tune.relative_error([ones], [torch.zeros(4)]) == math.inf
+
+
+def test_sweep_checks_and_times_every_candidate_on_every_workload(tmp_path, capsys):
+    assert tune.main(["--device", "cpu", "--sizes", "32", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    jobs = tune.workloads({**tune.CPU_GRID, "sizes": [32]})
+    candidates = [Tiles.parse(t) for t in tune.CPU_CANDIDATES]
+    default = triton_bucketed.default_tiles(32, 1, torch.float32, torch.device("cpu"))
+    assert default not in candidates
+    rows = report["results"]
+    assert len(rows) == len(jobs) * (1 + len(candidates))
+    assert {(r["n"], r["top"], r["alpha"], r["causal"]) for r in rows} == {
+        (j["n"], j["top"], j["alpha"], j["causal"]) for j in jobs
+    }
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert row["default"] == (row["tiles"] == str(default))
+        assert row["error"] <= tune.TOLERANCE[torch.float32]
+        assert row["error"] == 0.0 or not row["default"]  # the default is its own reference
+        assert row["forward_ms"] > 0 and row["forward_backward_ms"] > 0
+        assert 0 < row["density"] < 1
+    summary = report["summary"]
+    assert len(summary["workloads"]) == len(jobs)
+    for entry in summary["workloads"]:
+        here = [
+            r
+            for r in rows
+            if (r["n"], r["top"], r["alpha"], r["causal"])
+            == tuple(entry[key] for key in ("n", "top", "alpha", "causal"))
+        ]
+        fastest = min(here, key=lambda r: r["forward_backward_ms"])
+        assert entry["best_forward_backward"] == fastest["tiles"]
+        assert entry["speedup_forward_backward"] == pytest.approx(
+            entry["default_forward_backward_ms"] / fastest["forward_backward_ms"]
+        )
+    tiles = summary["tiles"]
+    assert set(tiles) == {str(default), *map(str, candidates)}
+    assert tiles[str(default)]["forward_backward_over_default"] == pytest.approx(1.0)
+    assert all(entry["forward_backward_workloads"] == len(jobs) for entry in tiles.values())
+    printed = capsys.readouterr().out
+    assert "best f+b" in printed and all(str(t) in printed for t in candidates)
+
+
+def test_a_candidate_that_computes_something_else_is_reported_not_timed(tmp_path, monkeypatch):
+    attention = triton_bucketed.triton_bucketed_attention
+
+    def off_for_narrow_tiles(*args, tiles, **options):
+        out = attention(*args, tiles=tiles, **options)
+        return out * 1.1 if tiles.block_m == 16 else out
+
+    monkeypatch.setattr(triton_bucketed, "triton_bucketed_attention", off_for_narrow_tiles)
+    monkeypatch.setattr(tune, "CPU_GRID", {**tune.CPU_GRID, "tops": [1], "alphas": [1.0]})
+    args = ["--device", "cpu", "--sizes", "32", "--tiles", "16x32/w1/s1,64x32/w1/s1", "--out", str(tmp_path)]
+    assert tune.main(args) == 0
+    rows = json.loads((tmp_path / "tune.json").read_text())["results"]
+    wrong = [r for r in rows if r["tiles"] == "16x32/w1/s1"]
+    assert wrong and all(r["status"].startswith("wrong: relative error 0.1") for r in wrong)
+    assert all("forward_ms" not in r for r in wrong)
+    assert all(r["status"] == "ok" for r in rows if r["tiles"] != "16x32/w1/s1")
+
+
+def test_a_spent_budget_skips_what_is_left_and_still_writes_the_report(tmp_path, capsys):
+    assert tune.main(["--device", "cpu", "--budget-s", "0", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert {r["status"] for r in report["results"]} == {"skipped: the time budget is spent"}
+    assert report["summary"]["tiles"] == {}
+    assert "skipped: the time budget is spent" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tiles", "64x48/w4/s2"], "block_n must be a power of two; got 48"),
+        (["--budget-s", "-1"], "--budget-s must be ≥ 0"),
+        (["--sizes", "8"], "expected lengths ≥ 16"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        tune.main(["--device", "cpu", "--out", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "tune.json").exists()
