@@ -50,8 +50,10 @@ of memory) and AdaSplash when it is installed (``adasplash.adasplash`` with the 
 counts; in 0.2 that is AdaSplash-2 with one τ refinement for causal α = 1.5, and its first, block-mask
 version with ten otherwise). Speedup = SDPA time / our time; efficiency = speedup × density:
 1 means ours turns sparsity into speed as well as flash attention uses dense FLOPs; our entmax rows also
-carry their time over our softmax time. ``--suite gpu --device cpu`` runs the same comparison on CPU tensors
-(float32, tiny sizes, wall clock, no memory figures) as a smoke test of the suite.
+carry their time over our softmax time. Our rows carry the predictor's overhead as on the CPU suite (its
+``B`` centroids; the planning timed is the Triton path's, which its forward includes). ``--suite gpu
+--device cpu`` runs the same comparison on CPU tensors (float32, tiny sizes, wall clock, no memory figures)
+as a smoke test of the suite.
 
 Every process of the benchmark keeps freed memory for reuse (:mod:`pipeline.allocator`), so large
 temporaries cost no page faults at each call, for every method alike; ``bench.json`` says whether that took
@@ -308,38 +310,64 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(row)
     # after the measurements: counting must not raise their baseline
     pairs = count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
-    overhead = _predictor_overhead(q, k, ids, spec, reps) if spec["method"] == "ours" else {}
+    overhead = {}
+    if spec["method"] == "ours":
+        from kernels.attended import window_radius
+        from kernels.torch_bucketed import plan_attention
+
+        pattern = _pattern(spec)
+        opts = dict(
+            causal=causal,
+            radius=window_radius(pattern.get("window", 0)),
+            global_tokens=pattern.get("global_tokens", 0),
+        )
+        overhead = _predictor_overhead(
+            q,
+            k,
+            CPU_BUCKETS,
+            spec["top"],
+            lambda: plan_attention(ids, ids, **opts),
+            lambda fn: _median_wall_ms(fn, max(reps, OVERHEAD_REPS)),
+        )
     for row in rows:
         row["pairs"] = pairs
         row["density"] = 1.0 if pairs is None else density(pairs, 1, heads, n, causal)
         if "forward_ms" in row:  # the pairs' two products, 4·dim FLOPs each: how fast pairs become output
             attended = row["density"] * heads * (n * (n + 1) // 2 if causal else n * n)
             row["pair_gflops_forward"] = 4 * dim * attended / (row["forward_ms"] * 1e6)
-        row.update(overhead)
-        if "forward_ms" in row and overhead:
-            for name, key in OVERHEADS.items():
-                row[name] = (overhead[key] + overhead["plan_ms"]) / row["forward_ms"]
+        _add_overhead(row, overhead)
     return rows
 
 
+def _add_overhead(row: dict[str, Any], overhead: dict[str, Any]) -> None:
+    """A row of ours gains the predictor's times and, per projector, (predict + plan) / forward."""
+    row.update(overhead)
+    if "forward_ms" in row and "plan_ms" in overhead:
+        for name, key in OVERHEADS.items():
+            row[name] = (overhead[key] + overhead["plan_ms"]) / row["forward_ms"]
+
+
 def _predictor_overhead(
-    q: torch.Tensor, k: torch.Tensor, ids: torch.Tensor, spec: dict[str, Any], reps: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    buckets: int,
+    top: int,
+    plan: Callable[[], object],
+    timer: Callable[[Callable[[], object]], float],
 ) -> dict[str, float]:
-    """Median ms of what a learned predictor adds to an attention call, with the k-means predictor's shapes:
-    ``predict_ms`` projects queries and keys per head through the projector of the default and long-context
-    profiles (the pipeline's own :class:`~pipeline.projection.model.HeadProjections`, a shared tanh MLP of
-    ``PREDICTOR_HIDDEN`` units to rank ``PREDICTOR_RANK``) and gives each its ``top`` nearest of
-    ``CPU_BUCKETS`` centroids (the pipeline's :func:`~pipeline.predictors.kmeans.nearest_centroids`);
+    """Median ms (by ``timer``) of what a learned predictor adds to an attention call, with the k-means
+    predictor's shapes: ``predict_ms`` projects queries and keys per head through the projector of the
+    default and long-context profiles (the pipeline's own :class:`~pipeline.projection.model.HeadProjections`,
+    a shared tanh MLP of ``PREDICTOR_HIDDEN`` units to rank ``PREDICTOR_RANK``) and gives each its ``top``
+    nearest of ``buckets`` centroids (the pipeline's :func:`~pipeline.predictors.kmeans.nearest_centroids`);
     ``predict_linear_ms`` the same through the paper's projector (the GPU profile's: a linear map to rank
-    ``PREDICTOR_RANK`` for queries and one for keys); ``plan_ms`` lays the pairs of the measured bucket ids
-    ``ids`` out in blocks (the planning the forward time already includes; random centroids would give
-    other, unbalanced buckets)."""
-    from kernels.attended import window_radius
-    from kernels.torch_bucketed import plan_attention
+    ``PREDICTOR_RANK`` for queries and one for keys); ``plan_ms`` runs ``plan``, which lays the pairs of the
+    measured bucket ids out in blocks (the planning the forward time already includes; random centroids
+    would give other, unbalanced buckets)."""
     from pipeline.predictors.kmeans import nearest_centroids
     from pipeline.projection.model import HeadProjections
 
-    heads, dim, top = q.shape[1], q.shape[3], spec["top"]
+    heads, dim = q.shape[1], q.shape[3]
     gen = torch.Generator().manual_seed(1)
     projectors = {
         "predict_ms": HeadProjections(
@@ -347,9 +375,11 @@ def _predictor_overhead(
         ),
         "predict_linear_ms": HeadProjections(heads, dim, PREDICTOR_RANK, generator=gen),
     }
-    centroids = torch.randn(heads, CPU_BUCKETS, PREDICTOR_RANK, generator=gen)  # (h, B, r)
+    centroids = torch.randn(heads, buckets, PREDICTOR_RANK, generator=gen).to(q.device, q.dtype)  # (h, B, r)
 
     def predictor(project: HeadProjections) -> Callable[[], list[torch.Tensor]]:
+        project = project.to(q.device, q.dtype)
+
         @torch.no_grad()
         def predict() -> list[torch.Tensor]:
             """Bucket ids (1, h, n, top) of the queries, then of the keys."""
@@ -357,15 +387,8 @@ def _predictor_overhead(
 
         return predict
 
-    pattern = _pattern(spec)
-    opts = dict(
-        causal=spec["causal"],
-        radius=window_radius(pattern.get("window", 0)),
-        global_tokens=pattern.get("global_tokens", 0),
-    )
-    reps = max(reps, OVERHEAD_REPS)
-    timed = {key: _median_wall_ms(predictor(project), reps) for key, project in projectors.items()}
-    return timed | {"plan_ms": _median_wall_ms(lambda: plan_attention(ids, ids, **opts), reps)}
+    timed = {key: timer(predictor(project)) for key, project in projectors.items()}
+    return timed | {"plan_ms": timer(plan)}
 
 
 def structured_inputs(
@@ -878,6 +901,46 @@ def _dense_entmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return entmax15(scores, dim=-1).to(v.dtype) @ v
 
 
+def _add_gpu_overhead(
+    rows: list[dict[str, Any]],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    ids: torch.Tensor,
+    buckets: int,
+    causal: bool,
+    cfg: dict[str, Any],
+) -> None:
+    """The predictor's overhead columns of our rows (as on the CPU suite): the projection, the nearest
+    centroids and the planning the call would run for these bucket ids, over the forward time."""
+    device, dim, top = q.device, q.shape[-1], ids.shape[-1]
+    if device.type == "cuda":
+        from kernels import triton_bucketed as tb
+
+        tiles = tb.default_tiles(dim, top, q.dtype, device)
+        plan_cfg = tb._make_config(ALPHA, dim**-0.5, causal, -1, 0, dim, tiles, q.dtype)
+        flat = ids.flatten(0, 1)
+
+        def plan() -> object:
+            return tb._make_plan(flat, flat, plan_cfg)
+    else:  # the smoke test on CPU tensors runs the PyTorch path
+        from kernels.torch_bucketed import plan_attention
+
+        def plan() -> object:
+            return plan_attention(ids, ids, causal=causal)
+
+    def timer(fn: Callable[[], object]) -> float:
+        for _ in range(cfg["warmup"] + 1):
+            fn()
+        return statistics.median(_elapsed_ms(fn, device) for _ in range(max(cfg["reps"], OVERHEAD_REPS)))
+
+    try:
+        overhead = _predictor_overhead(q, k, buckets, top, plan, timer)
+    except Exception as err:  # the pipeline's predictor code may not import where only the kernels run
+        overhead = {"overhead_status": failure_status(err)}
+    for row in rows:
+        _add_overhead(row, overhead)
+
+
 def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """The GPU comparison (module docstring) with sizes from ``cfg``; on a CPU ``device`` it runs in
     float32 as a smoke test of the suite."""
@@ -955,6 +1018,7 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
                             row[f"efficiency_{key}"] = row[f"speedup_{key}"] * spec["density"]
                     rows.append(row)
                     bar.update()
+                _add_gpu_overhead(list(ours.values()), q.detach(), k.detach(), ids, buckets, causal, cfg)
                 entmax, softmax = ours["ours_entmax"], ours["ours_softmax"]
                 for key in ("forward", "forward_backward"):
                     if f"{key}_ms" in entmax and f"{key}_ms" in softmax:
@@ -1010,6 +1074,8 @@ def gpu_table(report: dict[str, Any]) -> str:
             number_column("eff fwd", "efficiency_forward", "8.2f"),
             number_column("eff f+b", "efficiency_forward_backward", "8.2f"),
             number_column("ent/sm", "entmax_over_softmax_forward", "7.2f"),
+            number_column("overhead", "overhead_forward", "8.3f"),
+            number_column("ovh lin", "overhead_linear_forward", "7.3f"),
         ],
     )
     return "\n".join(lines)

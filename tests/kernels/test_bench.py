@@ -158,6 +158,10 @@ def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys):
                     assert 0 < entmax["density"] < 1
                     for row in (entmax, softmax):
                         assert row["speedup_forward"] == pytest.approx(sdpa["forward_ms"] / row["forward_ms"])
+                        assert row["predict_ms"] > 0 and row["predict_linear_ms"] > 0 and row["plan_ms"] > 0
+                        assert row["overhead_forward"] == pytest.approx(
+                            (row["predict_ms"] + row["plan_ms"]) / row["forward_ms"]
+                        )
                         assert row["efficiency_forward"] == pytest.approx(
                             row["speedup_forward"] * row["density"]
                         )
