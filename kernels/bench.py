@@ -670,6 +670,7 @@ Column = tuple[str, str, Callable[[dict[str, Any]], str]]  # title, its alignmen
 
 
 def text_column(title: str, key: str, align: str) -> Column:
+    """A column of ``str(row[key])`` aligned by ``align`` (a dash where the row has no such key)."""
     return title, align, lambda row: format(str(row.get(key, "-")), align)
 
 
@@ -782,6 +783,15 @@ def _plot_series(ax, series: dict[str, list[tuple[int, float]]]) -> None:
 # ----------------------------------------------------------------------------------------------- GPU
 
 
+def _median_device_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` calls after ``warmup`` calls (see :func:`_elapsed_ms`)."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(_elapsed_ms(fn, device) for _ in range(reps))
+
+
 def _elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
     """Milliseconds of one call: CUDA events on a GPU, the wall clock elsewhere."""
     if device.type != "cuda":
@@ -813,13 +823,6 @@ def measure_gpu(
         for x in inputs:
             x.grad = None
 
-    def timed(fn: Callable[[], object]) -> float:
-        for _ in range(cfg["warmup"]):
-            fn()
-        if on_cuda:
-            torch.cuda.synchronize()
-        return statistics.median(_elapsed_ms(fn, device) for _ in range(cfg["reps"]))
-
     row: dict[str, Any] = {"status": "ok"}
     if on_cuda:
         torch.cuda.synchronize()
@@ -829,7 +832,7 @@ def measure_gpu(
             if on_cuda:
                 torch.cuda.reset_peak_memory_stats()
             with torch.set_grad_enabled(phase != "forward"):
-                row[f"{phase}_ms"] = timed(fn)
+                row[f"{phase}_ms"] = _median_device_ms(fn, device, cfg["warmup"], cfg["reps"])
             if on_cuda:
                 row[f"peak_mb_{phase}"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         except Exception as err:  # a method that cannot run is a result, not a crash
@@ -929,9 +932,7 @@ def _add_gpu_overhead(
             return plan_attention(ids, ids, causal=causal)
 
     def timer(fn: Callable[[], object]) -> float:
-        for _ in range(cfg["warmup"] + 1):
-            fn()
-        return statistics.median(_elapsed_ms(fn, device) for _ in range(max(cfg["reps"], OVERHEAD_REPS)))
+        return _median_device_ms(fn, device, cfg["warmup"] + 1, max(cfg["reps"], OVERHEAD_REPS))
 
     try:
         overhead = _predictor_overhead(q, k, buckets, top, plan, timer)
@@ -1053,12 +1054,18 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
             "memory": "peak torch.cuda allocated bytes above the inputs" if on_cuda else "not measured",
             "speedup": "sdpa_flash time / our time",
             "efficiency": "speedup × density",
+            "overhead": "(predict + plan) / our forward time, k-means shapes: shared tanh MLP of "
+            f"{PREDICTOR_HIDDEN} units to rank {PREDICTOR_RANK}, B centroids; plan: the Triton path's, "
+            "which the forward includes",
+            "overhead_linear": "the same through a linear map to rank "
+            f"{PREDICTOR_RANK} for queries and one for keys (the paper's projector)",
         },
         "results": rows,
     }
 
 
 def gpu_table(report: dict[str, Any]) -> str:
+    """The comparison, a line per (method, configuration), then why the overhead is missing, if it is."""
     lines = table_lines(
         report["results"],
         [
@@ -1077,6 +1084,9 @@ def gpu_table(report: dict[str, Any]) -> str:
             number_column("overhead", "overhead_forward", "8.3f"),
             number_column("ovh lin", "overhead_linear_forward", "7.3f"),
         ],
+    )
+    lines += sorted(
+        {f"predictor overhead: {r['overhead_status']}" for r in report["results"] if "overhead_status" in r}
     )
     return "\n".join(lines)
 

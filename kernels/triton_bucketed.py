@@ -253,7 +253,7 @@ def _rows_range(
     qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
     IS_BUCKET: tl.constexpr, MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr,
     CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, SKIP_EMPTY: tl.constexpr,
 ):
     """Accumulate one block of query rows over key columns [lo, hi): key entries (bucket part) or key
     positions (pattern part)."""
@@ -271,8 +271,9 @@ def _rows_range(
             col_tok = cols
             mask = _pattern_mask(row_tok, row_ok, row_ids, col_tok, col_ok, k_ids + col_tok * T_K, radius,
                                  global_tokens, CAUSAL, T_Q, T_K)
-        # tiles with no attended pair (other buckets in range, causal cut) cost no K/V traffic
-        if tl.max(mask.to(tl.int32)) > 0:
+        # Tiles with no attended pair (other buckets in range, causal cut) cost no K/V traffic when skipped,
+        # but a load under a branch is not software-pipelined: SKIP_EMPTY = False trades one for the other.
+        if (not SKIP_EMPTY) or tl.max(mask.to(tl.int32)) > 0:
             kv_mask = col_ok[:, None] & d_ok[None, :]
             k = tl.load(k_base + col_tok[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BM, BN) fp32
@@ -333,7 +334,7 @@ def _rows_block(
     IS_BUCKET: tl.constexpr, MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr,
     TAU_METHOD: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, SKIP_EMPTY: tl.constexpr,
 ):
     """Load a block of query rows, run it over its one or two column ranges, store per-entry results."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -367,7 +368,7 @@ def _rows_block(
             acc, acc2, zero + float("-inf"), zero, zero, lo_a, hi_a, q, do, stat, delta, row_tok, row_bkt,
             row_rank, row_ok, row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab,
             K_RANK + k_tab, k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
-            IS_BUCKET, _ENTMAX_MAX, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+            IS_BUCKET, _ENTMAX_MAX, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION, SKIP_EMPTY)
         tau, lo, hi, done = _tau_start(x_max, count, alpha)
         done = done | ~row_ok
         steps = 0
@@ -376,27 +377,27 @@ def _rows_block(
                 acc, acc2, zero, zero, zero, lo_a, hi_a, q, do, tau, delta, row_tok, row_bkt, row_rank,
                 row_ok, row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab,
                 K_RANK + k_tab, k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
-                IS_BUCKET, _ENTMAX_TAU, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+                IS_BUCKET, _ENTMAX_TAU, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION, SKIP_EMPTY)
             tau, lo, hi, done = _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, tau_tol, TAU_METHOD)
             steps += 1
         acc, acc2, r0, r1, _ = _rows_range(
             acc, acc2, r0, r1, r2, lo_a, hi_a, q, do, tau, delta, row_tok, row_bkt, row_rank, row_ok,
             row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
             k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
-            IS_BUCKET, _ENTMAX_OUT, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+            IS_BUCKET, _ENTMAX_OUT, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION, SKIP_EMPTY)
         r2 = tau
     else:
         acc, acc2, r0, r1, r2 = _rows_range(
             acc, acc2, r0, r1, r2, lo_a, hi_a, q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok,
             row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
             k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
-            IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+            IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION, SKIP_EMPTY)
     if not IS_BUCKET:
         acc, acc2, r0, r1, r2 = _rows_range(
             acc, acc2, r0, r1, r2, lo_b, hi_b, q, do, stat, delta, row_tok, row_bkt, row_rank, row_ok,
             row_ids, k_base, v_base, stride_kn, stride_vn, K_TOK + k_tab, K_BKT + k_tab, K_RANK + k_tab,
             k_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
-            IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION)
+            IS_BUCKET, MODE, KIND, NEED_U, CAUSAL, T_Q, T_K, BLOCK_N, PRECISION, SKIP_EMPTY)
 
     out = bh.to(tl.int64) * N_OUT + out_rows  # (BM,) rows of the per-entry outputs
     out_d = out[:, None] * HEAD_DIM + offs_d[None, :]
@@ -426,6 +427,7 @@ def _rows_kernel(
     MODE: tl.constexpr, KIND: tl.constexpr, NEED_U: tl.constexpr, TAU_METHOD: tl.constexpr,
     CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
 ):
     """One program = one block of query rows: pattern blocks (original order) first, then blocks of
     sorted query entries. Grid: (NB_PATTERN + NB_BUCKET, batch·heads)."""
@@ -446,7 +448,7 @@ def _rows_kernel(
                 stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                 N, M, NE_K, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp, alpha, tau_tol,
                 False, MODE, KIND, NEED_U, TAU_METHOD, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                PRECISION)
+                PRECISION, SKIP_EMPTY)
     else:
         rows, row_tok, row_bkt, row_rank, in_range, lo, hi = _entry_block(
             Q_TOK, Q_BKT, Q_RANK, B_RANGES, bh, pid - NB_PATTERN, NE_Q, NB_BUCKET, offs_m, -1, BLOCK_M)
@@ -457,7 +459,7 @@ def _rows_kernel(
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
             N, M, NE_K, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp, alpha, tau_tol,
             True, MODE, KIND, NEED_U, TAU_METHOD, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-            PRECISION)
+            PRECISION, SKIP_EMPTY)
 
 
 # -------------------------------------------------------------------------------------- key-major pass
@@ -469,7 +471,7 @@ def _cols_range(
     q_base, do_base, stride_qn, stride_on, row_stat, row_delta, q_tok_tab, q_bkt_tab, q_rank_tab,
     q_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
     IS_BUCKET: tl.constexpr, KIND: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr,
-    T_K: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+    T_K: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr, SKIP_EMPTY: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over query rows [lo, hi): query entries or query positions."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -486,7 +488,7 @@ def _cols_range(
             row_tok = rows
             mask = _pattern_mask(row_tok, row_ok, q_ids + row_tok * T_Q, col_tok, col_ok, col_ids, radius,
                                  global_tokens, CAUSAL, T_Q, T_K)
-        if tl.max(mask.to(tl.int32)) > 0:
+        if (not SKIP_EMPTY) or tl.max(mask.to(tl.int32)) > 0:  # (see _rows_range)
             row_d_mask = row_ok[:, None] & d_ok[None, :]
             q = tl.load(q_base + row_tok[:, None] * stride_qn + offs_d[None, :], mask=row_d_mask, other=0.0)
             do = tl.load(do_base + row_tok[:, None] * stride_on + offs_d[None, :], mask=row_d_mask, other=0.0)
@@ -510,7 +512,7 @@ def _cols_block(
     N, M, NE_Q, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp,
     IS_BUCKET: tl.constexpr, KIND: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr,
     T_K: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SKIP_EMPTY: tl.constexpr,
 ):
     """Load a block of key columns, run it over its one or two query ranges, store per-entry dk, dv."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -531,13 +533,13 @@ def _cols_block(
         dk, dv, lo_a, hi_a, k, v, col_tok, col_bkt, col_rank, col_ok, col_ids, q_base, do_base, stride_qn,
         stride_on, ROW_STAT + bh * N, ROW_DELTA + bh * N, Q_TOK + q_tab, Q_BKT + q_tab, Q_RANK + q_tab, q_ids,
         qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
-        IS_BUCKET, KIND, CAUSAL, T_Q, T_K, BLOCK_M, PRECISION)
+        IS_BUCKET, KIND, CAUSAL, T_Q, T_K, BLOCK_M, PRECISION, SKIP_EMPTY)
     if not IS_BUCKET:
         dk, dv = _cols_range(
             dk, dv, lo_b, hi_b, k, v, col_tok, col_bkt, col_rank, col_ok, col_ids, q_base, do_base,
             stride_qn, stride_on, ROW_STAT + bh * N, ROW_DELTA + bh * N, Q_TOK + q_tab, Q_BKT + q_tab,
             Q_RANK + q_tab, q_ids, qk_scale, radius, global_tokens, p_exp, g_exp, offs_d, d_ok,
-            IS_BUCKET, KIND, CAUSAL, T_Q, T_K, BLOCK_M, PRECISION)
+            IS_BUCKET, KIND, CAUSAL, T_Q, T_K, BLOCK_M, PRECISION, SKIP_EMPTY)
     out = (bh.to(tl.int64) * N_OUT + out_cols)[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, dk, mask=col_d_mask)
     tl.store(DV + out, dv, mask=col_d_mask)
@@ -554,7 +556,7 @@ def _cols_kernel(
     qk_scale, radius, global_tokens, p_exp, g_exp,
     KIND: tl.constexpr, CAUSAL: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, SKIP_EMPTY: tl.constexpr,
 ):
     """One program = one block of key columns (pattern blocks, then sorted key entries), the transpose of
     ``_rows_kernel``. Grid: (NB_PATTERN + NB_BUCKET, batch·heads)."""
@@ -573,7 +575,7 @@ def _cols_kernel(
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
             N, M, NE_Q, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp,
-            False, KIND, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+            False, KIND, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, SKIP_EMPTY)
     else:
         cols, col_tok, col_bkt, col_rank, in_range, lo, hi = _entry_block(
             K_TOK, K_BKT, K_RANK, B_RANGES, bh, pid - NB_PATTERN, NE_K, NB_BUCKET, offs_n, -2, BLOCK_N)
@@ -583,7 +585,7 @@ def _cols_kernel(
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
             N, M, NE_Q, N_OUT, qk_scale, radius, global_tokens, p_exp, g_exp,
-            True, KIND, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+            True, KIND, CAUSAL, T_Q, T_K, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, SKIP_EMPTY)
 
 
 # ----------------------------------------------------------------------------------------- host side
@@ -682,12 +684,15 @@ def _pattern_ranges(
 class Tiles:
     """How the query- and key-major kernels are launched: tiles of ``block_m`` query entries by ``block_n``
     key entries (powers of two ≥ 16, as ``tl.dot`` needs), ``num_warps`` warps per program and
-    ``num_stages`` software-pipelining stages (both ignored by the interpreter)."""
+    ``num_stages`` software-pipelining stages (both ignored by the interpreter). With ``skip_empty`` a tile
+    whose mask is empty loads no keys and values; without it every tile loads them, which lets the compiler
+    pipeline the loads (it does not pipeline loads under a branch)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    skip_empty: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -700,15 +705,20 @@ class Tiles:
             raise ValueError(f"num_stages must be a positive integer; got {self.num_stages!r}")
 
     def __str__(self) -> str:
-        return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}"
+        every = "" if self.skip_empty else "/all"
+        return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}{every}"
 
     @classmethod
     def parse(cls, text: str) -> Tiles:
-        """The inverse of ``str``: ``"64x64/w8/s2"``; raises ValueError naming the expected form."""
-        match = re.fullmatch(r"(\d+)x(\d+)/w(\d+)/s(\d+)", text.strip())
+        """The inverse of ``str``: ``"64x64/w8/s2"``, ``"64x64/w8/s3/all"`` (every tile loads); raises
+        ValueError naming the expected form."""
+        match = re.fullmatch(r"(\d+)x(\d+)/w(\d+)/s(\d+)(/all)?", text.strip())
         if match is None:
-            raise ValueError(f"expected tiles as BMxBN/wWARPS/sSTAGES (e.g. 64x64/w8/s2), got {text!r}")
-        return cls(*(int(group) for group in match.groups()))
+            raise ValueError(
+                f"expected tiles as BMxBN/wWARPS/sSTAGES[/all] (e.g. 64x64/w8/s2), got {text!r}"
+            )
+        *numbers, every = match.groups()
+        return cls(*(int(number) for number in numbers), skip_empty=every is None)
 
 
 @dataclass(frozen=True)
@@ -735,7 +745,7 @@ class _Config:
         return dict(
             KIND=self.kind, CAUSAL=self.causal, T_Q=t_q, T_K=t_k, HEAD_DIM=self.head_dim,
             BLOCK_D=self.block_d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PRECISION=self.precision,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            SKIP_EMPTY=tiles.skip_empty, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )
 
 

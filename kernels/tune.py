@@ -1,21 +1,24 @@
 """Tile tuning of the Triton bucketed kernel: ``python -m kernels.tune [--device auto|cpu|cuda]
-[--sizes 4096,16384] [--tiles 64x64/w8/s2,...] [--budget-s 480] [--out DIR]``
+[--sizes 16384] [--tiles 64x64/w8/s2,...] [--budget-s 480] [--out DIR]``
 
 Every workload of the grid (balanced buckets as in :mod:`kernels.bench`: 16 buckets, top-1 and top-2,
-α = 1 and 1.5, causal or not; 8 heads, d = 64, bf16 on CUDA) runs with the tiles :func:`default_tiles`
-picks and then with each candidate (:class:`~kernels.triton_bucketed.Tiles`: block shape, warps, pipeline
-stages). Tiles change only the order of the fp32 sums, so a candidate is measured only once its output and
-its gradients match the default tiles' to rounding: ‖x − x_default‖ / ‖x_default‖ ≤ ``TOLERANCE`` for each of
-out, dq, dk, dv; a larger gap is a bug (a race, a mask that depends on the block) and the row says so. Times
-are forward (no grad) and forward+backward medians as :func:`kernels.bench.measure_gpu` takes them (CUDA
-events after warm-up); on CPU tensors the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), on a
-tiny grid, as a smoke test of the sweep itself.
+α = 1 and 1.5, causal or not; 8 heads, d = 64, bf16 on CUDA) runs first with the tiles
+:func:`~kernels.triton_bucketed.default_tiles` picks, then with each candidate
+(:class:`~kernels.triton_bucketed.Tiles`: block shape, warps, pipeline stages) in turn. Tiles change only
+the order of the fp32 sums, so a candidate is timed only once its output and gradients match the default
+tiles' to rounding (:func:`deviation` ≤ ``TOLERANCE`` for each of out, dq, dk, dv); a larger gap is a bug
+(a race, a mask that depends on the block) and the row says so. Times are forward (no grad) and
+forward+backward medians as :func:`kernels.bench.measure_gpu` takes them (CUDA events after warm-up); on
+CPU tensors the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), on a tiny grid, as a smoke
+test of the sweep itself.
 
-The candidates default to the tile shapes that ``python -m kernels.build_report --dtype bf16 --tiles ...``
-built for sm_90 without spilling (that check needs no GPU). ``--budget-s`` bounds the sweep: once it is
-spent, the remaining rows are marked skipped and the report is written with what was measured. Writes
-``tune.json`` atomically and prints, per workload, the default's times and the fastest tiles forward and
-forward+backward, then every candidate's geometric-mean time over the default's across the workloads.
+The default candidates are tile shapes that ``python -m kernels.build_report --dtype bf16 --tiles ...``
+built for sm_90 within its spill budget at d = 64, T ≤ 2 (that check needs no GPU). Compiling a candidate's
+kernels costs seconds per (α, T, causal), so ``--budget-s`` bounds the sweep: once it is spent, the
+remaining rows are marked skipped, and as candidates run one at a time over every workload, those measured
+are measured everywhere. ``tune.json`` is written atomically after each candidate; the table printed at the
+end gives, per workload, the default's times and the fastest tiles forward and forward+backward, then every
+candidate's geometric-mean time over the default's across the workloads.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,14 +48,15 @@ from kernels.bench import (
     text_column,
 )
 
-if TYPE_CHECKING:  # the kernels module is imported once the interpreter is chosen (main)
+if TYPE_CHECKING:  # imported where used, so that tests can replace the kernel's entry point
     from kernels.triton_bucketed import Tiles
 
 CUDA_GRID = {
-    "sizes": [4096, 16384],
+    "sizes": [16384],
     "buckets": 16,
     "tops": [1, 2],
     "alphas": [1.0, 1.5],
+    "causal": [False, True],
     "heads": 8,
     "dim": 64,
     "warmup": 3,
@@ -63,36 +68,36 @@ CPU_GRID = {
     "buckets": 4,
     "tops": [1, 2],
     "alphas": [1.5],
+    "causal": [False, True],
     "heads": 2,
     "dim": 32,
     "warmup": 0,
     "reps": 1,
 }
 CUDA_CANDIDATES = [
-    "32x64/w4/s2",
-    "32x64/w8/s3",
-    "64x32/w4/s2",
-    "64x32/w8/s2",
-    "64x64/w4/s2",
-    "64x64/w8/s3",
-    "64x128/w8/s2",
-    "128x64/w8/s2",
-    "128x64/w8/s3",
-    "128x128/w8/s2",
-]
+    "32x64/w4/s2", "32x64/w8/s3", "64x32/w4/s2", "64x32/w8/s2", "64x64/w4/s2", "64x64/w8/s3",
+    "64x128/w8/s2", "128x64/w8/s2", "128x64/w8/s3", "128x128/w8/s2",
+]  # fmt: skip
 CPU_CANDIDATES = ["16x16/w1/s1", "16x32/w1/s1"]
-# ‖x − x_default‖ / ‖x_default‖ allowed per tensor: the outputs are rounded to the input dtype, so two
-# orders of fp32 sums may differ by an ulp of it in many elements; a wrong mask moves them by 1e-1 or more
+# allowed deviation from the default tiles' results (see ``deviation``): the outputs are rounded to the
+# input dtype, so two orders of fp32 sums may differ by an ulp of it in many elements, each at most an ulp
+# of the largest; a wrong row or block moves its elements by a sizeable share of the largest
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
 
 
-def relative_error(got: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
-    """The largest ‖a − b‖ / ‖b‖ over pairs of tensors (0 where both are zero; inf where only b is)."""
+def deviation(got: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """The worst, over pairs of tensors, of ‖a − b‖ / ‖b‖ (drift spread over many elements) and
+    max |a − b| / max |b| (a few wrong rows); 0 where both are zero, inf where only b is or where a is not
+    finite."""
     worst = 0.0
     for a, b in zip(got, reference, strict=True):
-        gap = (a.double() - b.double()).norm().item()
-        size = b.double().norm().item()
-        worst = max(worst, gap / size if size > 0 else (0.0 if gap == 0 else math.inf))
+        a, b = a.double(), b.double()
+        if not torch.isfinite(a).all():
+            return math.inf
+        gap = a - b
+        for spread, size in ((gap.norm(), b.norm()), (gap.abs().max(), b.abs().max())):
+            spread, size = spread.item(), size.item()
+            worst = max(worst, spread / size if size > 0 else (0.0 if spread == 0 else math.inf))
     return worst
 
 
@@ -106,69 +111,35 @@ def _outputs_and_grads(
 
 
 def workloads(grid: dict[str, Any]) -> list[dict[str, Any]]:
+    """The grid's workloads: every (length, top, α, causal)."""
     return [
         {"n": n, "buckets": grid["buckets"], "top": top, "alpha": alpha, "causal": causal}
         for n in grid["sizes"]
         for top in grid["tops"]
         for alpha in grid["alphas"]
-        for causal in (False, True)
+        for causal in grid["causal"]
     ]
 
 
 def run(
-    grid: dict[str, Any], candidates: list[Tiles], device: torch.device, budget_s: float
+    grid: dict[str, Any],
+    candidates: list[Tiles],
+    device: torch.device,
+    budget_s: float,
+    save: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Rows of (workload, tiles) with their status, error against the default tiles and times."""
+    """Rows of (workload, tiles) with their status, deviation from the default tiles and times.
+
+    The default tiles run first on every workload (the references), then each candidate on every workload
+    in turn, so that a spent budget leaves whole candidates measured, not some workloads of each. ``save``
+    receives the report so far after each pass, so a run cut short keeps what it measured. A CUDA error (an
+    illegal address, say) leaves the device unusable: the rest of the sweep is then skipped."""
     from kernels.triton_bucketed import default_tiles, triton_bucketed_attention
 
     on_cuda = device.type == "cuda"
     dtype = torch.bfloat16 if on_cuda else torch.float32  # the interpreter lacks bf16 products
     heads, dim = grid["heads"], grid["dim"]
-    jobs = workloads(grid)
-    started = time.monotonic()
-    rows: list[dict[str, Any]] = []
-    bar = tqdm(total=len(jobs) * (1 + len(candidates)), desc="tune", unit="run")
-    for job in jobs:
-        n, causal = job["n"], job["causal"]
-        gen = torch.Generator().manual_seed(n + job["top"])
-        q, k, v, grad_out = (torch.randn(1, heads, n, dim, generator=gen).to(device, dtype) for _ in range(4))
-        ids = balanced_buckets(1, heads, n, job["buckets"], job["top"], seed=job["top"], device=device)
-        spec = {**job, "density": density(count_pairs(ids, causal), 1, heads, n, causal)}
-        default = default_tiles(dim, job["top"], dtype, device)
-        reference = None
-        for tiles in [default, *(t for t in candidates if t != default)]:
-            row = {**spec, "tiles": str(tiles), "default": tiles == default}
-            rows.append(row)
-            bar.update()
-            if time.monotonic() - started > budget_s:
-                row["status"] = "skipped: the time budget is spent"
-                continue
-            if reference is None and tiles != default:
-                row["status"] = "skipped: the default tiles failed, so there is nothing to check against"
-                continue
-            attention = functools.partial(
-                triton_bucketed_attention,
-                q_buckets=ids,
-                k_buckets=ids,
-                alpha=job["alpha"],
-                causal=causal,
-                tiles=tiles,
-            )
-            try:
-                got = _outputs_and_grads(attention, (q, k, v), grad_out)
-            except Exception as err:  # a candidate the compiler or the device refuses is a result
-                row["status"] = failure_status(err)
-                continue
-            if reference is None:
-                reference = got
-            row["error"] = relative_error(got, reference)
-            if row["error"] > TOLERANCE[dtype]:
-                row["status"] = f"wrong: relative error {row['error']:.3g} against the default tiles"
-                continue
-            row.update(measure_gpu(attention, tuple(x.requires_grad_() for x in (q, k, v)), grid))
-        del q, k, v, grad_out
-    bar.close()
-    return {
+    report = {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if on_cuda else platform.machine(),
         "torch": torch.__version__,
@@ -179,12 +150,66 @@ def run(
         },
         "candidates": [str(t) for t in candidates],
         "budget_s": budget_s,
-        "results": rows,
-        "summary": summarize(rows),
+        "results": [],
     }
+    jobs = []  # (spec, default tiles, inputs, bucket ids)
+    for job in workloads(grid):
+        n, causal = job["n"], job["causal"]
+        gen = torch.Generator().manual_seed(n + job["top"])
+        inputs = tuple(torch.randn(1, heads, n, dim, generator=gen).to(device, dtype) for _ in range(4))
+        ids = balanced_buckets(1, heads, n, job["buckets"], job["top"], seed=job["top"], device=device)
+        spec = {**job, "density": density(count_pairs(ids, causal), 1, heads, n, causal)}
+        jobs.append((spec, default_tiles(dim, job["top"], dtype, device), inputs, ids))
+    references: dict[int, list[torch.Tensor]] = {}  # job index → the default tiles' [out, dq, dk, dv]
+    passes = [None, *candidates]  # None: each workload's default tiles
+    started = time.monotonic()
+    broken = None  # the CUDA error that ended the sweep
+    bar = tqdm(total=len(passes) * len(jobs), desc="tune", unit="run")
+    for candidate in passes:
+        for index, (spec, default, (q, k, v, grad_out), ids) in enumerate(jobs):
+            bar.update()
+            tiles = default if candidate is None else candidate
+            if candidate is not None and candidate == default:
+                continue  # measured in the first pass
+            row = {**spec, "tiles": str(tiles), "default": candidate is None}
+            report["results"].append(row)
+            if broken is not None:
+                row["status"] = f"skipped: an earlier CUDA error ({broken}) left the device unusable"
+                continue
+            if time.monotonic() - started > budget_s:
+                row["status"] = "skipped: the time budget is spent"
+                continue
+            if candidate is not None and index not in references:
+                row["status"] = "skipped: the default tiles failed, so there is nothing to check against"
+                continue
+            attention = functools.partial(
+                triton_bucketed_attention,
+                q_buckets=ids,
+                k_buckets=ids,
+                alpha=spec["alpha"],
+                causal=spec["causal"],
+                tiles=tiles,
+            )
+            try:
+                got = _outputs_and_grads(attention, (q, k, v), grad_out)
+                row["deviation"] = deviation(got, references.get(index, got))
+            except Exception as err:  # a candidate the compiler or the device refuses is a result
+                row["status"] = failure_status(err)
+                if on_cuda and "CUDA error" in str(err):
+                    broken = str(err).strip().splitlines()[0][:120]
+                continue
+            if row["deviation"] > TOLERANCE[dtype]:  # for the default tiles: an output that is not finite
+                row["status"] = f"wrong: deviation {row['deviation']:.3g} from the default tiles"
+                continue
+            references.setdefault(index, got)
+            row.update(measure_gpu(attention, tuple(x.requires_grad_() for x in (q, k, v)), grid))
+        report["summary"] = summarize(report["results"])
+        save(report)
+    bar.close()
+    return report
 
 
-def _workload_key(row: dict[str, Any]) -> tuple:
+def _workload_key(row: dict[str, Any]) -> tuple[int, int, int, float, bool]:
     return row["n"], row["buckets"], row["top"], row["alpha"], row["causal"]
 
 
@@ -222,7 +247,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(report: dict[str, Any]) -> str:
-    """Per workload, the default and the fastest tiles; then each tiles' time over the default's."""
+    """Per workload, the default and the fastest tiles; then each tiles' time over the default's, tiles
+    measured on the most workloads first."""
     per_workload = [
         {**w, "status": "ok" if "best_forward" in w else "-"} for w in report["summary"]["workloads"]
     ]
@@ -244,7 +270,11 @@ def table(report: dict[str, Any]) -> str:
     )
     ranked = sorted(
         ({"tiles": tiles, "status": "ok", **entry} for tiles, entry in report["summary"]["tiles"].items()),
-        key=lambda row: row.get("forward_backward_over_default", math.inf),
+        # a geometric mean over fewer workloads (a budget spent, a failure) is not comparable: those rank last
+        key=lambda row: (
+            -row.get("forward_backward_workloads", 0),
+            row.get("forward_backward_over_default", math.inf),
+        ),
     )
     lines.append("")
     lines += table_lines(
@@ -283,9 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device is available")
     if args.budget_s < 0:
         parser.error(f"--budget-s must be ≥ 0, got {args.budget_s}")
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        # triton.language's own helpers are compiled or interpreted as it is first imported, before this runs
+    # triton.language's own helpers are compiled or interpreted as it is first imported, before this runs
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if device == "cpu" and not interpreted:
         parser.error("--device cpu runs the kernels in Triton's interpreter: run with TRITON_INTERPRET=1")
+    if device == "cuda" and interpreted:
+        parser.error(
+            "TRITON_INTERPRET=1 would time the interpreter on CUDA tensors: unset it for --device cuda"
+        )
     from kernels.triton_bucketed import Tiles
 
     grid = CUDA_GRID if device == "cuda" else CPU_GRID
@@ -293,12 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     candidates = args.tiles or [
         Tiles.parse(t) for t in (CUDA_CANDIDATES if device == "cuda" else CPU_CANDIDATES)
     ]
-    report = run(grid, candidates, torch.device(device), args.budget_s)
-    print(table(report))
     from pipeline.atomic import write_json
 
-    write_json(args.out / "tune.json", report)
-    print(f"wrote {args.out / 'tune.json'}")
+    out = args.out / "tune.json"
+    report = run(
+        grid, candidates, torch.device(device), args.budget_s, lambda report: write_json(out, report)
+    )
+    print(table(report))
+    print(f"wrote {out}")
     return 0
 
 

@@ -142,37 +142,33 @@ def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys):
     rows = report["results"]
     cfg = bench.GPU_ON_CPU
     assert {r["n"] for r in rows} == {48}
-    for n in [48]:
-        for causal in (False, True):
-            here = {
-                (r["method"], r["buckets"], r["top"]): r for r in rows if (r["n"], r["causal"]) == (n, causal)
-            }
-            sdpa = here[("sdpa_flash", None, None)]
-            assert sdpa["status"] == "ok" and here[("dense_entmax", None, None)]["status"] == "ok"
-            assert here[("adasplash", None, None)]["status"].startswith("failed")  # not installed on CPU
-            for buckets in cfg["buckets"]:
-                for top in cfg["tops"]:
-                    entmax = here[("ours_entmax", buckets, top)]
-                    softmax = here[("ours_softmax", buckets, top)]
-                    assert entmax["status"] == softmax["status"] == "ok"
-                    assert 0 < entmax["density"] < 1
-                    for row in (entmax, softmax):
-                        assert row["speedup_forward"] == pytest.approx(sdpa["forward_ms"] / row["forward_ms"])
-                        assert row["predict_ms"] > 0 and row["predict_linear_ms"] > 0 and row["plan_ms"] > 0
-                        assert row["overhead_forward"] == pytest.approx(
-                            (row["predict_ms"] + row["plan_ms"]) / row["forward_ms"]
-                        )
-                        assert row["efficiency_forward"] == pytest.approx(
-                            row["speedup_forward"] * row["density"]
-                        )
-                    assert entmax["entmax_over_softmax_forward"] == pytest.approx(
-                        entmax["forward_ms"] / softmax["forward_ms"]
+    n = 48
+    for causal in (False, True):
+        here = {
+            (r["method"], r["buckets"], r["top"]): r for r in rows if (r["n"], r["causal"]) == (n, causal)
+        }
+        sdpa = here[("sdpa_flash", None, None)]
+        assert sdpa["status"] == "ok" and here[("dense_entmax", None, None)]["status"] == "ok"
+        assert here[("adasplash", None, None)]["status"].startswith("failed")  # not installed on CPU
+        for buckets in cfg["buckets"]:
+            for top in cfg["tops"]:
+                entmax = here[("ours_entmax", buckets, top)]
+                softmax = here[("ours_softmax", buckets, top)]
+                assert entmax["status"] == softmax["status"] == "ok"
+                assert 0 < entmax["density"] < 1
+                for row in (entmax, softmax):
+                    assert row["speedup_forward"] == pytest.approx(sdpa["forward_ms"] / row["forward_ms"])
+                    assert row["predict_ms"] > 0 and row["predict_linear_ms"] > 0 and row["plan_ms"] > 0
+                    assert row["overhead_forward"] == pytest.approx(
+                        (row["predict_ms"] + row["plan_ms"]) / row["forward_ms"]
                     )
-                    flex = here[("flex", buckets, top)]
-                    assert (
-                        flex["forward_ms"] > 0
-                    )  # FlexAttention compiles its forward on CPU, not its backward
-                    assert "backward on CPU" in flex["status"]
+                    assert row["efficiency_forward"] == pytest.approx(row["speedup_forward"] * row["density"])
+                assert entmax["entmax_over_softmax_forward"] == pytest.approx(
+                    entmax["forward_ms"] / softmax["forward_ms"]
+                )
+                flex = here[("flex", buckets, top)]
+                assert flex["forward_ms"] > 0  # FlexAttention compiles its forward on CPU, not its backward
+                assert "backward on CPU" in flex["status"]
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
     assert "ours_entmax" in capsys.readouterr().out
 

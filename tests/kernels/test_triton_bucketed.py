@@ -148,13 +148,26 @@ def test_matches_reference_forward_and_backward(case: Case):
     _check_against_reference(case, *_inputs(case))
 
 
-# tiles other than the defaults: narrower and wider than the sequence's blocks, in both directions
-OTHER_TILES = [Tiles(16, 16, 1, 1), Tiles(16, 64, 1, 1), Tiles(64, 32, 1, 1)]
+# tiles other than the defaults: narrower and wider than the sequence's blocks, in both directions, and
+# tiles that load keys and values even where their mask is empty (an empty tile must add nothing)
+OTHER_TILES = [
+    Tiles(16, 16, 1, 1),
+    Tiles(16, 64, 1, 1),
+    Tiles(64, 32, 1, 1),
+    Tiles(32, 32, 1, 1, skip_empty=False),
+    Tiles(16, 64, 1, 1, skip_empty=False),
+]
 
 
 @pytest.mark.parametrize("tiles", OTHER_TILES, ids=str)
 @pytest.mark.parametrize(
-    "case", [Case(97, 32, 2, 1.5, True, 5, 1, f32, 4), Case(70, 32, 1, 1.25, False, 0, 0, f16, 3)], ids=str
+    "case",
+    [
+        Case(97, 32, 2, 1.5, True, 5, 1, f32, 4),
+        Case(70, 32, 1, 1.25, False, 0, 0, f16, 3),
+        Case(61, 32, 2, 1.0, True, 0, 0, f32, 5),  # causal softmax with rows that meet no key at all
+    ],
+    ids=str,
 )
 def test_other_tiles_match_reference(case: Case, tiles: Tiles):
     """Any tiles compute the same attention (``python -m kernels.tune`` relies on it to compare them)."""

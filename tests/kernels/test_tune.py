@@ -1,11 +1,12 @@
-"""``python -m kernels.tune``: the tile sweep run in Triton's interpreter on tiny workloads (its times mean
-nothing there; what is checked is that every candidate is run, checked against the default tiles, timed and
-summarised, and that a candidate computing something else is caught)."""
+"""``python -m kernels.tune``: the tile sweep on tiny workloads, in Triton's interpreter without a GPU (its
+times mean nothing there; what is checked is that every candidate is run, checked against the default tiles,
+timed and summarised, and that a candidate computing something else is caught)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -15,37 +16,54 @@ from kernels.triton_bucketed import Tiles
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+CUDA = torch.cuda.is_available()
+DEVICE, DTYPE = ("cuda", torch.bfloat16) if CUDA else ("cpu", torch.float32)
+CANDIDATES = ["16x16/w1/s1", "16x32/w1/s1"]
+
+
+@pytest.fixture(autouse=True)
+def tiny_grid(monkeypatch):
+    """The interpreter's tiny grid on whichever device runs the tests."""
+    monkeypatch.setattr(tune, "CUDA_GRID", tune.CPU_GRID)
+
 
 def test_tiles_print_and_parse_back_and_refuse_impossible_shapes():
     tiles = Tiles(64, 128, num_warps=8, num_stages=3)
     assert str(tiles) == "64x128/w8/s3" and Tiles.parse(str(tiles)) == tiles
+    every = Tiles(64, 64, num_warps=8, num_stages=3, skip_empty=False)
+    assert str(every) == "64x64/w8/s3/all" and Tiles.parse(str(every)) == every
     refusals = {
-        "64x64": "expected tiles as BMxBN/wWARPS/sSTAGES",
+        "64x64": "expected tiles as BMxBN/wWARPS/sSTAGES[/all]",
+        "64x64/w8/s3/none": "expected tiles as",
         "48x64/w8/s2": "block_m must be a power of two; got 48",
         "64x8/w4/s2": "block_m and block_n must be at least 16; got 64×8",
         "64x64/w3/s2": "num_warps must be a power of two; got 3",
         "64x64/w4/s0": "num_stages must be a positive integer; got 0",
     }
     for text, message in refusals.items():
-        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        with pytest.raises(ValueError, match=re.escape(message)):
             Tiles.parse(text)
 
 
-def test_relative_error_is_the_worst_norm_ratio():
+def test_deviation_is_the_worst_of_spread_and_largest_error():
     ones = torch.ones(4)
-    assert tune.relative_error([ones, ones], [ones, ones]) == 0.0
-    assert tune.relative_error([ones, 1.5 * ones], [ones, ones]) == pytest.approx(0.5)
-    assert tune.relative_error([torch.zeros(4)], [torch.zeros(4)]) == 0.0
-    assert tune.relative_error([ones], [torch.zeros(4)]) == math.inf
+    assert tune.deviation([ones, ones], [ones, ones]) == 0.0
+    assert tune.deviation([ones, 1.5 * ones], [ones, ones]) == pytest.approx(0.5)
+    one_wrong = torch.tensor([1.0, 1.0, 1.0, 2.0])  # the norm ratio is 0.5, the largest error 1 of 1
+    assert tune.deviation([one_wrong], [ones]) == pytest.approx(1.0)
+    assert tune.deviation([torch.zeros(4)], [torch.zeros(4)]) == 0.0
+    assert tune.deviation([ones], [torch.zeros(4)]) == math.inf
+    assert tune.deviation([torch.tensor([1.0, float("nan"), 1.0, 1.0])], [ones]) == math.inf
 
 
 def test_sweep_checks_and_times_every_candidate_on_every_workload(tmp_path, capsys):
-    assert tune.main(["--device", "cpu", "--sizes", "32", "--out", str(tmp_path)]) == 0
+    args = ["--device", DEVICE, "--sizes", "32", "--tiles", ",".join(CANDIDATES), "--out", str(tmp_path)]
+    assert tune.main(args) == 0
     report = json.loads((tmp_path / "tune.json").read_text())
     jobs = tune.workloads({**tune.CPU_GRID, "sizes": [32]})
-    candidates = [Tiles.parse(t) for t in tune.CPU_CANDIDATES]
-    default = triton_bucketed.default_tiles(32, 1, torch.float32, torch.device("cpu"))
-    assert default not in candidates
+    candidates = [Tiles.parse(t) for t in CANDIDATES]
+    default = triton_bucketed.default_tiles(tune.CPU_GRID["dim"], 1, DTYPE, torch.device(DEVICE))
+    assert default not in candidates and str(candidates[0]) in tune.CPU_CANDIDATES
     rows = report["results"]
     assert len(rows) == len(jobs) * (1 + len(candidates))
     assert {(r["n"], r["top"], r["alpha"], r["causal"]) for r in rows} == {
@@ -54,8 +72,8 @@ def test_sweep_checks_and_times_every_candidate_on_every_workload(tmp_path, caps
     for row in rows:
         assert row["status"] == "ok", row
         assert row["default"] == (row["tiles"] == str(default))
-        assert row["error"] <= tune.TOLERANCE[torch.float32]
-        assert row["error"] == 0.0 or not row["default"]  # the default is its own reference
+        assert row["deviation"] <= tune.TOLERANCE[DTYPE] == report["settings"]["tolerance"]
+        assert row["deviation"] == 0.0 or not row["default"]  # the default is its own reference
         assert row["forward_ms"] > 0 and row["forward_backward_ms"] > 0
         assert 0 < row["density"] < 1
     summary = report["summary"]
@@ -89,21 +107,33 @@ def test_a_candidate_that_computes_something_else_is_reported_not_timed(tmp_path
 
     monkeypatch.setattr(triton_bucketed, "triton_bucketed_attention", off_for_narrow_tiles)
     monkeypatch.setattr(tune, "CPU_GRID", {**tune.CPU_GRID, "tops": [1], "alphas": [1.0]})
-    args = ["--device", "cpu", "--sizes", "32", "--tiles", "16x32/w1/s1,64x32/w1/s1", "--out", str(tmp_path)]
+    args = ["--device", DEVICE, "--sizes", "32", "--tiles", "16x32/w1/s1,64x32/w1/s1", "--out", str(tmp_path)]
     assert tune.main(args) == 0
     rows = json.loads((tmp_path / "tune.json").read_text())["results"]
     wrong = [r for r in rows if r["tiles"] == "16x32/w1/s1"]
-    assert wrong and all(r["status"].startswith("wrong: relative error 0.1") for r in wrong)
+    assert wrong and all(r["status"].startswith("wrong: deviation 0.1") for r in wrong)
     assert all("forward_ms" not in r for r in wrong)
     assert all(r["status"] == "ok" for r in rows if r["tiles"] != "16x32/w1/s1")
 
 
 def test_a_spent_budget_skips_what_is_left_and_still_writes_the_report(tmp_path, capsys):
-    assert tune.main(["--device", "cpu", "--budget-s", "0", "--out", str(tmp_path)]) == 0
+    assert tune.main(["--device", DEVICE, "--budget-s", "0", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "tune.json").read_text())
     assert {r["status"] for r in report["results"]} == {"skipped: the time budget is spent"}
     assert report["summary"]["tiles"] == {}
     assert "skipped: the time budget is spent" in capsys.readouterr().out
+
+
+def test_the_report_so_far_is_saved_after_every_pass_defaults_first():
+    saved = []
+    grid = {**tune.CPU_GRID, "sizes": [32, 48]}
+    tiles = [Tiles.parse(t) for t in CANDIDATES]
+    report = tune.run(
+        grid, tiles, torch.device(DEVICE), 0.0, lambda report: saved.append(len(report["results"]))
+    )
+    jobs = len(tune.workloads(grid))
+    assert saved == [jobs * (i + 1) for i in range(1 + len(tiles))]
+    assert [row["default"] for row in report["results"]] == [True] * jobs + [False] * (jobs * len(tiles))
 
 
 @pytest.mark.parametrize(
@@ -116,7 +146,7 @@ def test_a_spent_budget_skips_what_is_left_and_still_writes_the_report(tmp_path,
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        tune.main(["--device", "cpu", "--out", str(tmp_path), *args])
+        tune.main(["--device", DEVICE, "--out", str(tmp_path), *args])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "tune.json").exists()
