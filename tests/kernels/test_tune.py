@@ -45,6 +45,15 @@ def test_tiles_print_and_parse_back_and_refuse_impossible_shapes():
             Tiles.parse(text)
 
 
+def test_the_default_candidates_parse_and_differ_from_the_default_tiles():
+    cuda = torch.device("cuda")
+    defaults = {triton_bucketed.default_tiles(64, t, torch.bfloat16, cuda) for t in (1, 2)}
+    candidates = [Tiles.parse(text) for text in tune.CUDA_CANDIDATES]
+    assert len(set(candidates)) == len(candidates) and not defaults & set(candidates)
+    assert any(not tiles.skip_empty for tiles in candidates)  # the pipelined loads are among them
+    assert all(Tiles.parse(text) for text in tune.CPU_CANDIDATES)
+
+
 def test_deviation_is_the_worst_of_spread_and_largest_error():
     ones = torch.ones(4)
     assert tune.deviation([ones, ones], [ones, ones]) == 0.0
