@@ -641,14 +641,33 @@ def _build_side(buckets: torch.Tensor, none: int, pattern: bool) -> _Side:
     )
 
 
-def _bucket_ranges(rows: _Side, cols: _Side, block: int) -> torch.Tensor:
+def _bucket_ranges(rows: _Side, cols: _Side, tiles: Tiles, *, causal: bool, key_major: bool) -> torch.Tensor:
     """(BH, NB, 2) int32 [lo, hi) range of ``cols`` entries whose bucket lies within the buckets of each
-    block of ``block`` sorted ``rows`` entries (both sides sorted by bucket, so the range is contiguous)."""
+    block of sorted ``rows`` entries (both sides sorted by bucket, so the range is contiguous): blocks of
+    ``tiles.block_m`` queries, or of ``tiles.block_n`` keys when ``key_major``.
+
+    When causal, the range is cut at the block's own positions in its edge bucket, comparing (bucket,
+    position): a block of queries needs no key of its last bucket after its last query (j ≤ i), a block of
+    keys no query of its first bucket before its first key. Its other buckets keep their whole range, and
+    entries of different buckets never pair, so the cut drops only pairs the mask drops. A cut start moves
+    by whole tiles, so the tiles that remain, and the order of every sum, are those of the uncut range."""
+    block, col_block = (tiles.block_n, tiles.block_m) if key_major else (tiles.block_m, tiles.block_n)
     n_entries = rows.bucket_key.shape[1]
     starts = torch.arange(0, n_entries, block, device=rows.tok.device)  # (NB,)
     last = torch.minimum(starts + block - 1, rows.count - 1).clamp_min(0)  # (BH, NB) last valid entry
     lo = torch.searchsorted(cols.bucket_key, rows.bucket_key[:, starts].contiguous())
     hi = torch.searchsorted(cols.bucket_key, rows.bucket_key.gather(1, last), right=True)
+    if causal:
+        span = max(rows.ids.shape[1], cols.ids.shape[1])  # every position of either side is below it
+        row_key, col_key = (
+            torch.where(side.bucket_key != _INT64_MAX, side.bucket_key * span + side.tok, _INT64_MAX)
+            for side in (rows, cols)
+        )  # (bucket, position) as one sortable int64 per entry
+        if key_major:
+            first = torch.searchsorted(col_key, row_key[:, starts].contiguous())
+            lo = lo + (first - lo) // col_block * col_block
+        else:
+            hi = torch.searchsorted(col_key, row_key.gather(1, last), right=True)
     empty = starts >= rows.count  # (BH, NB) blocks holding padding entries only
     return torch.stack([lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)], -1).int().contiguous()
 
@@ -810,7 +829,8 @@ def _make_plan(q_buckets: torch.Tensor, k_buckets: torch.Tensor, cfg: _Config) -
                                   causal=cfg.causal, key_major=False, device=q_buckets.device)
     if not pattern:
         row_pattern = row_pattern[:0]
-    return _Plan(qs, ks, pattern, row_pattern, _bucket_ranges(qs, ks, block))
+    row_bucket = _bucket_ranges(qs, ks, cfg.tiles, causal=cfg.causal, key_major=False)
+    return _Plan(qs, ks, pattern, row_pattern, row_bucket)
 
 
 def _per_token(x: torch.Tensor, side: _Side) -> torch.Tensor:
@@ -938,7 +958,7 @@ def _grad_kv(
                                   causal=cfg.causal, key_major=True, device=q.device)
     if not plan.pattern:
         col_pattern = col_pattern[:0]
-    col_bucket = _bucket_ranges(ks, qs, block)
+    col_bucket = _bucket_ranges(ks, qs, cfg.tiles, causal=cfg.causal, key_major=True)
     dk = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
     dv = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
     dk[:, -1] = 0.0

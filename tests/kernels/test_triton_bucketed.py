@@ -179,6 +179,38 @@ def test_other_tiles_match_reference(case: Case, tiles: Tiles):
     _check_against_reference(case, *_inputs(case, seed=3), attention=attention)
 
 
+@pytest.mark.parametrize("key_major", [False, True], ids=["query-major", "key-major"])
+@pytest.mark.parametrize(("n", "m"), [(97, 97), (61, 90), (90, 61)])
+def test_causal_ranges_drop_only_masked_pairs_and_whole_tiles(n: int, m: int, key_major: bool):
+    """A causal block's entry range ends (queries) or starts (keys) at its own positions: every pair sharing
+    a bucket with j ≤ i stays inside, the start moves by whole tiles, and fewer tiles are visited."""
+    from kernels import triton_bucketed as tb
+
+    gen = torch.Generator().manual_seed(5)
+    q_ids = torch.randint(-1, 4, (2, n, 2), generator=gen, dtype=torch.int32)
+    k_ids = torch.randint(-1, 4, (2, m, 2), generator=gen, dtype=torch.int32)
+    tiles = Tiles(16, 32, 1, 1)
+    qs, ks = tb._build_side(q_ids, -1, False), tb._build_side(k_ids, -2, False)
+    rows, cols = (ks, qs) if key_major else (qs, ks)
+    block, col_block = (tiles.block_n, tiles.block_m) if key_major else (tiles.block_m, tiles.block_n)
+    cut = tb._bucket_ranges(rows, cols, tiles, causal=True, key_major=key_major)
+    whole = tb._bucket_ranges(rows, cols, tiles, causal=False, key_major=key_major)
+    assert (cut[..., 0] >= whole[..., 0]).all() and (cut[..., 1] <= whole[..., 1]).all()
+    assert ((cut[..., 0] - whole[..., 0]) % col_block == 0).all()
+    tiles_visited = ((cut[..., 1] - cut[..., 0]).clamp_min(0) + col_block - 1) // col_block
+    tiles_whole = ((whole[..., 1] - whole[..., 0]).clamp_min(0) + col_block - 1) // col_block
+    assert tiles_visited.sum() < tiles_whole.sum()
+    for bh in range(2):
+        row_count, col_count = int(rows.count[bh]), int(cols.count[bh])
+        for r in range(row_count):
+            lo, hi = cut[bh, r // block].tolist()
+            for c in range(col_count):
+                q_entry, k_entry = (c, r) if key_major else (r, c)
+                same = qs.bkt[bh, q_entry] == ks.bkt[bh, k_entry]
+                if same and ks.tok[bh, k_entry] <= qs.tok[bh, q_entry]:
+                    assert lo <= c < hi, (bh, r, c)
+
+
 @pytest.mark.parametrize(
     ("t", "window", "whole_rows"), [(1, 0, True), (2, 0, False), (1, 5, False)], ids=["T1", "T2", "window"]
 )
