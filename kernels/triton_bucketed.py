@@ -20,7 +20,9 @@ query is split into disjoint parts, each computed by one program row and merged 
   work is Σ_b |queries in b|·|keys in b| up to block granularity, never n × m;
 * pattern part (window band and global rows/columns), in original token order: pairs that share no bucket.
 
-Causality always compares original positions. Tiles whose mask is empty are skipped before touching K/V.
+Causality always compares original positions, and a causal block's bucket range ends (queries) or starts
+(keys) at its own positions in its edge bucket. Tiles whose mask is still empty are skipped before touching
+K/V, unless the tiles say otherwise (``Tiles.skip_empty``).
 Softmax runs flash-style online per part; parts merge by log-sum-exp. α-entmax needs τ over the whole row:
 a safeguarded Halley (α = 1.5), Newton (other α ≤ 2) or bisection (α > 2) search on the bracket
 τ ∈ [max x − 1, max x − |A_i|^{1−α}], x = (α − 1)s, each step evaluating Σ_j [x_ij − τ_i]₊^{1/(α−1)} (and
@@ -705,7 +707,9 @@ class Tiles:
     key entries (powers of two ≥ 16, as ``tl.dot`` needs), ``num_warps`` warps per program and
     ``num_stages`` software-pipelining stages (both ignored by the interpreter). With ``skip_empty`` a tile
     whose mask is empty loads no keys and values; without it every tile loads them, which lets the compiler
-    pipeline the loads (it does not pipeline loads under a branch)."""
+    pipeline the loads (it does not pipeline loads under a branch). An empty tile adds exactly zero for
+    finite inputs (an inf or NaN in a key or value that no query of the tile attends reaches its rows, as
+    it does in a tile that is partly attended)."""
 
     block_m: int
     block_n: int
