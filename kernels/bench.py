@@ -1,5 +1,5 @@
 """Benchmark of bucketed attention: ``python -m kernels.bench [--device auto|cpu|cuda] [--suite auto|cpu|gpu]
-[--out DIR] [--quick] [--only indexed|bucketed] [--sizes 4096,16384]``
+[--out DIR] [--quick] [--only indexed|bucketed] [--sizes 4096,16384] [--buckets 16]``
 
 Workload. Balanced buckets: each of ``top`` independent assignments ranks the tokens by a random permutation
 and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 uses two assignments in the same
@@ -942,9 +942,11 @@ def _add_gpu_overhead(
         _add_overhead(row, overhead)
 
 
-def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def run_gpu(
+    cfg: dict[str, Any], device: torch.device, save: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """The GPU comparison (module docstring) with sizes from ``cfg``; on a CPU ``device`` it runs in
-    float32 as a smoke test of the suite."""
+    float32 as a smoke test of the suite. ``save`` receives the report so far after each (n, causal)."""
     from kernels import bucketed_attention
 
     on_cuda = device.type == "cuda"
@@ -968,6 +970,30 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
         adasplash = None
 
     rows: list[dict[str, Any]] = []
+    report = {
+        "device": device.type,
+        "suite": "gpu",
+        "device_name": torch.cuda.get_device_name(device) if on_cuda else platform.machine(),
+        "torch": torch.__version__,
+        "settings": {
+            "batch": 1,
+            "heads": heads,
+            "dim": dim,
+            "dtype": str(dtype).removeprefix("torch."),
+            "alpha": ALPHA,
+            "warmup": cfg["warmup"],
+            "reps": cfg["reps"],
+            "memory": "peak torch.cuda allocated bytes above the inputs" if on_cuda else "not measured",
+            "speedup": "sdpa_flash time / our time",
+            "efficiency": "speedup × density",
+            "overhead": "(predict + plan) / our forward time, k-means shapes: shared tanh MLP of "
+            f"{PREDICTOR_HIDDEN} units to rank {PREDICTOR_RANK}, B centroids; plan: the Triton path's, "
+            "which the forward includes",
+            "overhead_linear": "the same through a linear map to rank "
+            f"{PREDICTOR_RANK} for queries and one for keys (the paper's projector)",
+        },
+        "results": rows,
+    }
     entmax_oom = False
     combos = [(n, c) for n in cfg["sizes"] for c in (False, True)]
     total = len(combos) * (3 + 3 * len(cfg["buckets"]) * len(cfg["tops"]))
@@ -1037,31 +1063,10 @@ def run_gpu(cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
         del q, k, v
         if on_cuda:
             torch.cuda.empty_cache()
+        if save is not None:
+            save(report)
     bar.close()
-    return {
-        "device": device.type,
-        "suite": "gpu",
-        "device_name": torch.cuda.get_device_name(device) if on_cuda else platform.machine(),
-        "torch": torch.__version__,
-        "settings": {
-            "batch": 1,
-            "heads": heads,
-            "dim": dim,
-            "dtype": str(dtype).removeprefix("torch."),
-            "alpha": ALPHA,
-            "warmup": cfg["warmup"],
-            "reps": cfg["reps"],
-            "memory": "peak torch.cuda allocated bytes above the inputs" if on_cuda else "not measured",
-            "speedup": "sdpa_flash time / our time",
-            "efficiency": "speedup × density",
-            "overhead": "(predict + plan) / our forward time, k-means shapes: shared tanh MLP of "
-            f"{PREDICTOR_HIDDEN} units to rank {PREDICTOR_RANK}, B centroids; plan: the Triton path's, "
-            "which the forward includes",
-            "overhead_linear": "the same through a linear map to rank "
-            f"{PREDICTOR_RANK} for queries and one for keys (the paper's projector)",
-        },
-        "results": rows,
-    }
+    return report
 
 
 def gpu_table(report: dict[str, Any]) -> str:
@@ -1140,15 +1145,23 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
     write_json(out / "bench.json", report)
 
 
-def sizes_list(text: str) -> list[int]:
-    """``--sizes``: comma-separated sequence lengths ≥ 16."""
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 16:
-        raise argparse.ArgumentTypeError(f"expected lengths ≥ 16 separated by commas, got {text!r}")
-    return sizes
+def _int_list(what: str, minimum: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers ≥ ``minimum`` (``what`` names them in the error)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what} ≥ {minimum} separated by commas, got {text!r}")
+        return values
+
+    return parse
+
+
+sizes_list = _int_list("lengths", 16)  # --sizes
+buckets_list = _int_list("bucket counts", 1)  # --buckets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1172,6 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
         type=sizes_list,
         help="sequence lengths to run instead of the suite's, comma-separated (e.g. 1024,4096)",
     )
+    parser.add_argument("--buckets", type=buckets_list, help="GPU suite: bucket counts instead of 8,16,32")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one CPU measurement, in its own process
     args = parser.parse_args(argv)
     kept = keep_freed_memory()  # every method measured in a process that reuses freed memory alike
@@ -1186,11 +1200,20 @@ def main(argv: list[str] | None = None) -> int:
     suite = args.suite if args.suite != "auto" else ("gpu" if device == "cuda" else "cpu")
     if args.only and suite != "cpu":
         parser.error("--only belongs to the CPU suite")
+    if args.buckets and suite != "gpu":
+        parser.error("--buckets belongs to the GPU suite (the CPU suite uses 16)")
     if suite == "cpu" and device == "cuda":
         parser.error("--suite cpu measures the PyTorch path on CPU tensors: use --device cpu")
     if suite == "gpu":
         cfg = GPU_ON_CPU if device == "cpu" else GPU_QUICK if args.quick else GPU_FULL
-        report = run_gpu(cfg if args.sizes is None else {**cfg, "sizes": args.sizes}, torch.device(device))
+        chosen = {"sizes": args.sizes, "buckets": args.buckets}
+        cfg = {**cfg, **{key: value for key, value in chosen.items() if value is not None}}
+        from pipeline.atomic import write_json
+
+        # the results so far after each length, so that a run cut short keeps what it measured
+        report = run_gpu(
+            cfg, torch.device(device), lambda partial: write_json(args.out / "bench.json", partial)
+        )
     else:
         report = run_cpu(args.quick, only=args.only, sizes=args.sizes)
     report["quick"] = args.quick

@@ -122,6 +122,10 @@ def test_only_bucketed_at_chosen_sizes(tmp_path, capsys):
     for bad in ("8", "64,x", ""):
         with pytest.raises(SystemExit):
             bench.main(["--device", "cpu", "--sizes", bad, "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # the CPU suite's bucket count is fixed
+        bench.main(["--device", "cpu", "--buckets", "8", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--suite", "gpu", "--buckets", "0", "--out", str(tmp_path)])
 
 
 def test_structured_inputs_have_small_local_support():
@@ -133,15 +137,25 @@ def test_structured_inputs_have_small_local_support():
     assert support.min() >= 1 and support.max() <= 64
 
 
-def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys):
+def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys, monkeypatch):
     """The GPU comparison's plumbing (every method, speedups, efficiencies, table, figure) on CPU tensors, at
-    the length ``--sizes`` names."""
-    assert bench.main(["--device", "cpu", "--suite", "gpu", "--sizes", "48", "--out", str(tmp_path)]) == 0
+    the length and bucket count ``--sizes`` and ``--buckets`` name, the results so far saved as they come."""
+    from pipeline import atomic
+
+    saved = []
+    write_json = atomic.write_json
+    monkeypatch.setattr(atomic, "write_json", lambda path, obj: saved.append(json.loads(json.dumps(obj))))
+    args = ["--device", "cpu", "--suite", "gpu", "--sizes", "48", "--buckets", "3", "--out", str(tmp_path)]
+    assert bench.main(args) == 0
+    assert len(saved) == 3  # after n = 48 without, then with causality, then the final report
+    assert {r["causal"] for r in saved[0]["results"]} == {False}
+    assert saved[1]["results"] == saved[2]["results"]
+    write_json(tmp_path / "bench.json", saved[-1])
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["suite"] == "gpu" and report["device"] == "cpu" and report["settings"]["dtype"] == "float32"
     rows = report["results"]
-    cfg = bench.GPU_ON_CPU
-    assert {r["n"] for r in rows} == {48}
+    cfg = {**bench.GPU_ON_CPU, "buckets": [3]}
+    assert {r["n"] for r in rows} == {48} and {r["buckets"] for r in rows} == {None, 3}
     n = 48
     for causal in (False, True):
         here = {
