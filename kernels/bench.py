@@ -154,14 +154,9 @@ def density(pairs: int, batch: int, heads: int, n: int, causal: bool) -> float:
 
 
 def _median_wall_ms(fn: Callable[[], object], reps: int) -> float:
-    """Median wall-clock milliseconds of ``fn`` over ``reps`` calls after one warm-up call."""
-    fn()  # warm-up: lazy initialisation, allocator growth
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    """Median wall-clock milliseconds of ``fn`` over ``reps`` calls after one warm-up call (lazy
+    initialisation, allocator growth)."""
+    return _median_device_ms(fn, torch.device("cpu"), 1, reps)
 
 
 def _peak_rss_mb() -> float:
@@ -182,12 +177,18 @@ def _pattern(spec: dict[str, Any]) -> dict[str, int]:
     return {"window": CPU_WINDOW, "global_tokens": CPU_GLOBAL} if spec["pattern"] else {}
 
 
+def _plan_options(causal: bool, window: int = 0, global_tokens: int = 0) -> dict[str, Any]:
+    """``plan_attention``'s keyword arguments for a window size and a count of global tokens."""
+    from kernels.attended import window_radius
+
+    return dict(causal=causal, radius=window_radius(window), global_tokens=global_tokens)
+
+
 def count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens: int = 0) -> int:
     """Exact attended pairs, one head at a time to bound the enumeration's memory."""
-    from kernels.attended import window_radius
     from kernels.torch_bucketed import plan_attention
 
-    opts = dict(causal=causal, radius=window_radius(window), global_tokens=global_tokens)
+    opts = _plan_options(causal, window, global_tokens)
     return sum(
         plan_attention(ids[:, h : h + 1], ids[:, h : h + 1], **opts).num_pairs for h in range(ids.shape[1])
     )
@@ -312,15 +313,9 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     pairs = count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
     overhead = {}
     if spec["method"] == "ours":
-        from kernels.attended import window_radius
         from kernels.torch_bucketed import plan_attention
 
-        pattern = _pattern(spec)
-        opts = dict(
-            causal=causal,
-            radius=window_radius(pattern.get("window", 0)),
-            global_tokens=pattern.get("global_tokens", 0),
-        )
+        opts = _plan_options(causal, **_pattern(spec))
         overhead = _predictor_overhead(
             q,
             k,

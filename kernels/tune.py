@@ -176,7 +176,7 @@ def run(
             row = {**spec, "tiles": str(tiles), "default": candidate is None}
             report["results"].append(row)
             if broken is not None:
-                row["status"] = f"skipped: an earlier CUDA error ({broken}) left the device unusable"
+                row["status"] = f"skipped: an earlier CUDA error left the device unusable ({broken})"
                 continue
             if time.monotonic() - started > budget_s:
                 row["status"] = "skipped: the time budget is spent"
@@ -198,7 +198,7 @@ def run(
             except Exception as err:  # a candidate the compiler or the device refuses is a result
                 row["status"] = failure_status(err)
                 if on_cuda and "CUDA error" in str(err):
-                    broken = str(err).strip().splitlines()[0][:120]
+                    broken = row["status"]
                 continue
             if row["deviation"] > TOLERANCE[dtype]:  # for the default tiles: an output that is not finite
                 row["status"] = f"wrong: deviation {row['deviation']:.3g} from the default tiles"
@@ -211,8 +211,11 @@ def run(
     return report
 
 
-def _workload_key(row: dict[str, Any]) -> tuple[int, int, int, float, bool]:
-    return row["n"], row["buckets"], row["top"], row["alpha"], row["causal"]
+WORKLOAD_FIELDS = ("n", "buckets", "top", "alpha", "causal")  # what tells workloads apart
+
+
+def _workload_key(row: dict[str, Any]) -> tuple:
+    return tuple(row[field] for field in WORKLOAD_FIELDS)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,7 +228,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for key, group in by_workload.items():
         measured = [r for r in group if r.get("status") == "ok"]
         default = next((r for r in measured if r["default"]), None)
-        entry = dict(zip(("n", "buckets", "top", "alpha", "causal"), key, strict=True))
+        entry = dict(zip(WORKLOAD_FIELDS, key, strict=True))
         entry["default"] = group[0]["tiles"]
         for phase in ("forward", "forward_backward"):
             timed = [r for r in measured if f"{phase}_ms" in r]
