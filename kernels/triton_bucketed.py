@@ -34,7 +34,9 @@ token before the step (``_tau_kernel``), and the host stops once every row has c
 Backward (ds_ij is the gradient with respect to s_ij):
     softmax:  ds_ij = p_ij (dp_ij − D_i),  D_i = dO_i·o_i
     entmax:   ds_ij = g_ij (dp_ij − D_i),  g_ij = p_ij^{2−α},  D_i = dO_i·(Σ_j g_ij v_j) / Σ_j g_ij
-with dp_ij = dO_i·v_j; Σ_j g_ij v_j and Σ_j g_ij are accumulated by the forward output pass. dq is computed
+with dp_ij = dO_i·v_j; Σ_j g_ij v_j and Σ_j g_ij are accumulated by the forward output pass. For α > 2,
+where g is unbounded, the products with g and ds run in fp32 whatever the input dtype (``_weighted_dot``).
+dq is computed
 query-major, dk and dv key-major (no atomics, deterministic); per-entry partial sums are gathered back to
 tokens with torch ops.
 """
@@ -61,7 +63,8 @@ _ENTMAX_SOLVE = tl.constexpr(5)  # MAX, then TAU passes and τ steps in register
 _KIND_SOFTMAX = tl.constexpr(0)
 _KIND_ENTMAX15 = tl.constexpr(1)
 _KIND_SPARSEMAX = tl.constexpr(2)
-_KIND_ENTMAX = tl.constexpr(3)
+_KIND_ENTMAX = tl.constexpr(3)  # 1 < α < 2, other than 1.5
+_KIND_ENTMAX_STEEP = tl.constexpr(4)  # α > 2: g = p^{2−α} grows without bound at the support's edge
 
 # τ update rules: Halley for α = 1.5, Newton for other α ≤ 2, bisection for α > 2.
 _TAU_HALLEY = tl.constexpr(0)
@@ -75,12 +78,10 @@ _MAX_TAU_ITERS = tl.constexpr(64)
 TAU_BLOCK = 1024  # rows per program of the elementwise τ step
 # |Σ p − 1| at which τ is accepted; the output is renormalized by Σ p, so half-precision inputs, whose
 # output rounding is ~1e-3, stop earlier. For α > 2 a small |f| does not bound the error of p ∝ u^{1/(α−1)}
-# where u is small, so only the step size stops the bisection.
+# where u is small, so the bisection runs until its bracket holds no float (``_tau_step``).
 _TAU_F_TOL = {torch.float32: 1e-6, torch.float16: 1e-4, torch.bfloat16: 1e-4}
-# relative τ step at which the iteration stops: Newton/Halley steps that small are fp32 noise; bisection
-# goes on to the resolution of fp32 τ (for α > 2, p is very sensitive to τ near the threshold)
+# relative τ step at which Newton/Halley stop: steps that small are fp32 noise
 _TAU_STEP_TOL = tl.constexpr(2.0**-22)
-_TAU_BISECT_TOL = tl.constexpr(2.0**-24)
 
 
 # ----------------------------------------------------------------------------------------------- masks
@@ -148,6 +149,18 @@ def _entmax_weights(u, p_exp, g_exp, KIND: tl.constexpr):
 
 
 @triton.jit
+def _weighted_dot(w, x, KIND: tl.constexpr, PRECISION: tl.constexpr):
+    """w x for fp32 weights w (BM, BN) and x (BN, D): w rounded to x's dtype (tensor cores for fp16/bf16),
+    except for α > 2, where the product runs in fp32. There g = p^{2−α} ≥ 1 is unbounded, and both
+    D_i = dO_i·Σ g v / Σ g and ds = g (dp − D) need g's full precision: rounding g to fp16 moves D by
+    2⁻¹¹ |dO||v|, which ds multiplies by g again (dq and dk then err tens of times more than the dense
+    reference's fp16 evaluation does), and past 65504 an fp16 g is infinite."""
+    if KIND == _KIND_ENTMAX_STEEP:
+        return tl.dot(w, x.to(tl.float32), input_precision="ieee")
+    return tl.dot(w.to(x.dtype), x, input_precision=PRECISION)
+
+
+@triton.jit
 def _probs_and_grad_weights(s, mask, stat, p_exp, g_exp, KIND: tl.constexpr):
     """(p, w) for a score tile given the row statistic: softmax w = p; entmax w = g = p^{2−α}."""
     if KIND == _KIND_SOFTMAX:
@@ -179,15 +192,20 @@ def _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, f_tol, METHOD: tl.constexpr)
     f = s0 − 1 is decreasing; for α ≤ 2 it is convex, so Newton (f′ = −s1/(α−1)) or Halley (α = 1.5:
     f′ = −2 s1, f″ = 2 s2) steps from the lower end climb monotonically to the root. A step leaving the
     shrinking bracket, or NaN, bisects instead. For α > 2 |f′| explodes as some u → 0⁺ and Newton stalls, so
-    the bracket is bisected. Converged rows (|f| ≤ f_tol, or a negligible step) keep their τ; the residual
-    is absorbed by the output pass renormalizing by Σ p."""
+    the bracket is bisected until no float lies strictly inside it, and τ settles on its lower end (where
+    f > 0 was seen), as entmax's bisection does: p ∝ u^{1/(α−1)} is so steep at the support's edge that a τ
+    a few ulps from the root moves the output several times more than the reference's rounding. Converged
+    rows (|f| ≤ f_tol, a negligible Newton step, a collapsed bracket) keep their τ; the residual is absorbed
+    by the output pass renormalizing by Σ p."""
     f = s0 - 1.0
     done = done | (tl.abs(f) <= f_tol)
     lo = tl.where(f > 0.0, tau, lo)
     hi = tl.where(f > 0.0, hi, tau)
     new = 0.5 * (lo + hi)
     if METHOD == _TAU_BISECT:
-        step_tol = _TAU_BISECT_TOL
+        collapsed = (new <= lo) | (new >= hi)
+        tau = tl.where(done, tau, tl.where(collapsed, lo, new))
+        done = done | collapsed
     else:
         if METHOD == _TAU_HALLEY:  # step = 2 f f′ / (2 f′² − f f″)
             df = -2.0 * s1
@@ -199,9 +217,8 @@ def _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, f_tol, METHOD: tl.constexpr)
         usable = den != 0.0
         newton = tau - num / tl.where(usable, den, 1.0)
         new = tl.where(usable & (newton > lo) & (newton < hi), newton, new)
-        step_tol = _TAU_STEP_TOL
-    done = done | (tl.abs(new - tau) <= step_tol * (1.0 + tl.abs(tau)))
-    tau = tl.where(done, tau, new)
+        done = done | (tl.abs(new - tau) <= _TAU_STEP_TOL * (1.0 + tl.abs(tau)))
+        tau = tl.where(done, tau, new)
     return tau, lo, hi, done
 
 
@@ -313,14 +330,14 @@ def _rows_range(
                 acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 r0 += tl.sum(p, 1)
                 if NEED_U:
-                    acc2 += tl.dot(g.to(v.dtype), v, input_precision=PRECISION)
+                    acc2 += _weighted_dot(g, v, KIND, PRECISION)
                     r1 += tl.sum(g, 1)
             else:
                 p, w = _probs_and_grad_weights(s, mask, stat, p_exp, g_exp, KIND)
                 v = tl.load(v_base + col_tok[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
                 ds = w * (dp - delta[:, None])
-                acc += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+                acc += _weighted_dot(ds, k, KIND, PRECISION)
     return acc, acc2, r0, r1, r2
 
 
@@ -501,7 +518,7 @@ def _cols_range(
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
             ds = w * (dp - delta[:, None])
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+            dk += _weighted_dot(tl.trans(ds), q, KIND, PRECISION)
     return dk, dv
 
 
@@ -796,7 +813,8 @@ def _make_config(
     if alpha == 1.0:
         kind, qk_scale, p_exp, g_exp = _KIND_SOFTMAX.value, scale * _LOG2E, 1.0, 1.0
     else:
-        kind = {1.5: _KIND_ENTMAX15, 2.0: _KIND_SPARSEMAX}.get(alpha, _KIND_ENTMAX).value
+        general = _KIND_ENTMAX if alpha < 2.0 else _KIND_ENTMAX_STEEP
+        kind = {1.5: _KIND_ENTMAX15, 2.0: _KIND_SPARSEMAX}.get(alpha, general).value
         qk_scale, p_exp, g_exp = scale * (alpha - 1.0), 1.0 / (alpha - 1.0), (2.0 - alpha) / (alpha - 1.0)
     return _Config(
         kind=kind, alpha=alpha, scale=scale, qk_scale=qk_scale, p_exp=p_exp, g_exp=g_exp, causal=causal,

@@ -69,10 +69,15 @@ SMALL_CASES = [
     Case(97, 32, 2, 1.25, False, 5, 0, f32, 4),
     Case(257, 32, 2, 1.5, True, 7, 1, f32, 8),
     Case(40, 32, 2, 2.5, True, 5, 1, f32, 3),  # α > 2: the bisection branch of the τ search
+    # α > 2 in fp16, with keys a hair inside the support (u ≈ 5e-6 here, so g = u^{−1/2} ≈ 430): products
+    # with g or ds rounded to fp16, or τ left a few ulps from the root, err 10–50 times the reference
+    Case(40, 32, 2, 3.0, True, 5, 1, f16, 3),
+    Case(61, 32, 2, 2.5, False, 5, 0, f16, 4),
     # one bucket per query and no window/global part: the τ search runs inside the kernel
     Case(97, 32, 1, 1.5, True, 0, 0, f32, 4),
     Case(61, 64, 1, 1.25, False, 0, 0, f16, 3),
     Case(40, 32, 1, 2.5, False, 0, 0, f32, 3),
+    Case(40, 32, 1, 3.0, False, 0, 0, f16, 3),
 ]
 LARGE_CASES = [
     Case(257, 64, 2, 2.0, False, 9, 0, f32, 8, batch=2, heads=3),
@@ -238,6 +243,49 @@ def test_tau_search_runs_in_kernel_exactly_when_rows_are_whole(monkeypatch, t, w
     case = Case(70, 32, t, 1.5, True, window, 0, f32, 4)
     _check_against_reference(case, *_inputs(case, seed=7))
     assert bool(split_calls) != whole_rows
+
+
+@pytest.mark.parametrize("alpha", [2.5, 3.0, 4.0])
+@pytest.mark.parametrize("shift", [-5.0, -2.0, 0.0, 3.0])  # τ below, near and above zero
+def test_bisection_ends_on_the_last_float_with_mass_above_one(alpha: float, shift: float):
+    """For α > 2 the τ search bisects until no float lies between the ends of its bracket and returns the
+    lower end, as entmax's bisection does: F(τ) = Σ_j [x_j − τ]₊^{1/(α−1)} ≥ 1 there (= 1: a root in fp32,
+    accepted at once) and ≤ 1 at the next float up (the sums here are exact, rounded once to fp32, so the
+    answer is determined)."""
+    from kernels.triton_bucketed import _MAX_TAU_ITERS, _TAU_BISECT, TAU_BLOCK, _tau_kernel
+
+    rows, keys = 16, 40
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(rows, keys, generator=gen) + shift).double()  # fp32 values, held in float64
+
+    def mass(t: torch.Tensor) -> torch.Tensor:
+        return ((x - t.double()[:, None]).clamp_min(0) ** (1 / (alpha - 1))).sum(-1).float()
+
+    zeros = torch.zeros(rows)
+    sums = torch.stack([x.amax(-1).float(), torch.full((rows,), float(keys)), zeros], -1)  # (max x, |A|, ·)
+    tau, lo, hi = torch.empty(rows), torch.empty(rows), torch.empty(rows)
+    done = torch.empty(rows, dtype=torch.int8)
+    for step in range(_MAX_TAU_ITERS.value + 1):
+        _tau_kernel[(1,)](
+            sums,
+            tau,
+            lo,
+            hi,
+            done,
+            rows,
+            alpha,
+            1 / (alpha - 1),
+            0.0,
+            START=step == 0,
+            METHOD=_TAU_BISECT.value,
+            BLOCK=TAU_BLOCK,
+        )
+        if step and bool(done.all()):
+            break
+        sums = torch.stack([mass(tau), zeros, zeros], -1)
+    assert done.all()
+    assert (mass(tau) >= 1).all()
+    assert (mass(torch.nextafter(tau, torch.tensor(float("inf")))) <= 1).all()
 
 
 @pytest.mark.parametrize("window", [0, 5])
