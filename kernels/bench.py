@@ -914,7 +914,7 @@ def _add_gpu_overhead(
     if device.type == "cuda":
         from kernels import triton_bucketed as tb
 
-        tiles = tb.default_tiles(dim, top, q.dtype, device)
+        tiles = tb.default_tiles(dim, top, q.dtype, device, alpha=ALPHA)
         plan_cfg = tb._make_config(ALPHA, dim**-0.5, causal, -1, 0, dim, tiles, q.dtype)
         flat = ids.flatten(0, 1)
 

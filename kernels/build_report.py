@@ -51,7 +51,8 @@ _INT_TENSORS = {
 _FP32_SCALARS = {"qk_scale", "p_exp", "g_exp", "alpha", "tau_tol", "f_tol"}
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
-# (mode, α, NEED_U): every pass of the forward and backward, softmax and the three τ update rules
+# (mode, α, NEED_U): every pass of the forward and backward, softmax, the three τ update rules, and α > 2,
+# whose products with g and ds run in fp32
 ROW_PASSES = [
     ("softmax_fwd", tb._SOFTMAX_FWD, 1.0, False),
     ("entmax_max", tb._ENTMAX_MAX, 1.5, False),
@@ -59,12 +60,14 @@ ROW_PASSES = [
     ("entmax_tau", tb._ENTMAX_TAU, 1.25, False),
     ("entmax_out", tb._ENTMAX_OUT, 1.5, True),
     ("entmax_out", tb._ENTMAX_OUT, 1.25, True),
+    ("entmax_out", tb._ENTMAX_OUT, 3.0, True),
     ("entmax_solve", tb._ENTMAX_SOLVE, 1.5, True),
     ("entmax_solve", tb._ENTMAX_SOLVE, 2.5, False),
     ("dq", tb._DQ, 1.0, False),
     ("dq", tb._DQ, 1.5, False),
+    ("dq", tb._DQ, 3.0, False),
 ]
-COL_ALPHAS = [1.0, 1.5, 1.25]
+COL_ALPHAS = [1.0, 1.5, 1.25, 3.0]
 # (dtype, head dim, buckets per token): every tile configuration; fp16 shares bf16's tiles and code path
 SHAPES = [
     (torch.bfloat16, 64, 1),
@@ -86,17 +89,16 @@ def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None)
     for dtype, head_dim, t in SHAPES:
         if dtype_name not in (None, _DTYPES[dtype]):
             continue
-        default = tb.default_tiles(head_dim, t, dtype, torch.device("cuda"))
-        for each in tiles or [default]:
+        for each in tiles or [None]:
             shape = f"{_DTYPES[dtype]} d={head_dim} T={t}" + (f" {each}" if tiles else "")
             for name, mode, alpha, need_u in ROW_PASSES:
                 if mode == tb._ENTMAX_SOLVE and t > 1:
                     continue  # the in-kernel τ search serves one bucket per query
-                cfg = _config(alpha, dtype, head_dim, each)
+                cfg = _config(alpha, dtype, head_dim, t, each)
                 modes = dict(MODE=mode.value, NEED_U=need_u, TAU_METHOD=cfg.tau_method)
                 out.append(_variant("_rows_kernel", f"rows {name} α={alpha} {shape}", dtype, cfg, t, modes))
             for alpha in COL_ALPHAS:
-                cfg = _config(alpha, dtype, head_dim, each)
+                cfg = _config(alpha, dtype, head_dim, t, each)
                 out.append(_variant("_cols_kernel", f"cols α={alpha} {shape}", dtype, cfg, t, {}))
     for start in (True, False):
         constants = dict(START=start, METHOD=tb._TAU_HALLEY.value, BLOCK=tb.TAU_BLOCK)
@@ -113,7 +115,9 @@ def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None)
     return out
 
 
-def _config(alpha: float, dtype: torch.dtype, head_dim: int, tiles: tb.Tiles) -> tb._Config:
+def _config(alpha: float, dtype: torch.dtype, head_dim: int, t: int, tiles: tb.Tiles | None) -> tb._Config:
+    """The kernel's config for these tiles, or for the ones ``default_tiles`` picks on CUDA when None."""
+    tiles = tiles or tb.default_tiles(head_dim, t, dtype, torch.device("cuda"), alpha=alpha)
     return tb._make_config(alpha, head_dim**-0.5, True, 0, 0, head_dim, tiles, dtype)
 
 

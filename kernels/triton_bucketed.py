@@ -789,7 +789,9 @@ class _Config:
         )
 
 
-def default_tiles(head_dim: int, buckets_per_token: int, dtype: torch.dtype, device: torch.device) -> Tiles:
+def default_tiles(
+    head_dim: int, buckets_per_token: int, dtype: torch.dtype, device: torch.device, *, alpha: float
+) -> Tiles:
     """The tiles a call gets unless it names its own (``python -m kernels.tune`` measures alternatives)."""
     if device.type != "cuda":
         # the interpreter pays per tile operation, not per element: fewer, larger tiles run faster
@@ -798,8 +800,9 @@ def default_tiles(head_dim: int, buckets_per_token: int, dtype: torch.dtype, dev
     # bucket slots, so register pressure grows with T as well as d. 8 warps on 64×64 tiles for d ≤ 64 and
     # T ≤ 2, 32×64 for T > 2, 32×32 past d = 64 keep fp16/bf16 passes within 255 registers, spilling at
     # most 72 bytes (the entmax output pass with Σ g v at T = 2); 4 warps or 128-row blocks spill hundreds.
-    # Exact fp32 products run on CUDA cores and need 32×32 tiles.
-    if dtype == torch.float32 or head_dim > 64:
+    # Exact fp32 products (fp32 inputs; for α > 2 the products with g and ds, ``_weighted_dot``) run on CUDA
+    # cores and need 32×32 tiles: at 64×64 the α > 2 output and key-major passes spill 600–900 bytes.
+    if dtype == torch.float32 or alpha > 2.0 or head_dim > 64:
         return Tiles(32, 32, num_warps=8, num_stages=2)
     if buckets_per_token <= 2:
         return Tiles(64, 64, num_warps=8, num_stages=2)
@@ -1058,7 +1061,7 @@ def triton_bucketed_attention(
     kv_heads, m = k.shape[1], k.shape[2]
     scale = d**-0.5 if scale is None else float(scale)
     t = max(q_buckets.shape[-1], k_buckets.shape[-1])
-    tiles = default_tiles(d, t, q.dtype, q.device) if tiles is None else tiles
+    tiles = default_tiles(d, t, q.dtype, q.device, alpha=alpha) if tiles is None else tiles
     cfg = _make_config(float(alpha), scale, causal, radius, global_tokens, d, tiles, q.dtype)
     q_buckets, k_buckets = q_buckets.to(torch.int32), k_buckets.to(torch.int32)
     if kv_heads < heads:

@@ -161,7 +161,7 @@ def run(
         inputs = tuple(torch.randn(1, heads, n, dim, generator=gen).to(device, dtype) for _ in range(4))
         ids = balanced_buckets(1, heads, n, job["buckets"], job["top"], seed=job["top"], device=device)
         spec = {**job, "density": density(count_pairs(ids, causal), 1, heads, n, causal)}
-        jobs.append((spec, default_tiles(dim, job["top"], dtype, device), inputs, ids))
+        jobs.append((spec, default_tiles(dim, job["top"], dtype, device, alpha=job["alpha"]), inputs, ids))
     references: dict[int, list[torch.Tensor]] = {}  # job index → the default tiles' [out, dq, dk, dv]
     passes = [None, *candidates]  # None: each workload's default tiles
     started = time.monotonic()

@@ -47,7 +47,7 @@ def test_tiles_print_and_parse_back_and_refuse_impossible_shapes():
 
 def test_the_default_candidates_parse_and_differ_from_the_default_tiles():
     cuda = torch.device("cuda")
-    defaults = {triton_bucketed.default_tiles(64, t, torch.bfloat16, cuda) for t in (1, 2)}
+    defaults = {triton_bucketed.default_tiles(64, t, torch.bfloat16, cuda, alpha=1.5) for t in (1, 2)}
     candidates = [Tiles.parse(text) for text in tune.CUDA_CANDIDATES]
     assert len(set(candidates)) == len(candidates) and not defaults & set(candidates)
     assert any(not tiles.skip_empty for tiles in candidates)  # the pipelined loads are among them
@@ -71,7 +71,7 @@ def test_sweep_checks_and_times_every_candidate_on_every_workload(tmp_path, caps
     report = json.loads((tmp_path / "tune.json").read_text())
     jobs = tune.workloads({**tune.CPU_GRID, "sizes": [32]})
     candidates = [Tiles.parse(t) for t in CANDIDATES]
-    default = triton_bucketed.default_tiles(tune.CPU_GRID["dim"], 1, DTYPE, torch.device(DEVICE))
+    default = triton_bucketed.default_tiles(tune.CPU_GRID["dim"], 1, DTYPE, torch.device(DEVICE), alpha=1.5)
     assert default not in candidates and str(candidates[0]) in tune.CPU_CANDIDATES
     rows = report["results"]
     assert len(rows) == len(jobs) * (1 + len(candidates))
