@@ -36,9 +36,8 @@ Backward (ds_ij is the gradient with respect to s_ij):
     entmax:   ds_ij = g_ij (dp_ij − D_i),  g_ij = p_ij^{2−α},  D_i = dO_i·(Σ_j g_ij v_j) / Σ_j g_ij
 with dp_ij = dO_i·v_j; Σ_j g_ij v_j and Σ_j g_ij are accumulated by the forward output pass. For α > 2,
 where g is unbounded, the products with g and ds run in fp32 whatever the input dtype (``_weighted_dot``).
-dq is computed
-query-major, dk and dv key-major (no atomics, deterministic); per-entry partial sums are gathered back to
-tokens with torch ops.
+dq is computed query-major, dk and dv key-major (no atomics, deterministic); per-entry partial sums are
+gathered back to tokens with torch ops.
 """
 
 from __future__ import annotations
@@ -82,6 +81,9 @@ TAU_BLOCK = 1024  # rows per program of the elementwise τ step
 _TAU_F_TOL = {torch.float32: 1e-6, torch.float16: 1e-4, torch.bfloat16: 1e-4}
 # relative τ step at which Newton/Halley stop: steps that small are fp32 noise
 _TAU_STEP_TOL = tl.constexpr(2.0**-22)
+# bracket width at which the bisection stops even though floats remain inside (only for |τ| ≲ 2⁻²⁶, where
+# it bounds the steps at about 50 instead of up to 150)
+_TAU_BISECT_WIDTH = tl.constexpr(2.0**-50)
 
 
 # ----------------------------------------------------------------------------------------------- masks
@@ -192,18 +194,20 @@ def _tau_step(tau, lo, hi, done, s0, s1, s2, p_exp, f_tol, METHOD: tl.constexpr)
     f = s0 − 1 is decreasing; for α ≤ 2 it is convex, so Newton (f′ = −s1/(α−1)) or Halley (α = 1.5:
     f′ = −2 s1, f″ = 2 s2) steps from the lower end climb monotonically to the root. A step leaving the
     shrinking bracket, or NaN, bisects instead. For α > 2 |f′| explodes as some u → 0⁺ and Newton stalls, so
-    the bracket is bisected until no float lies strictly inside it, and τ settles on its lower end (where
-    f > 0 was seen), as entmax's bisection does: p ∝ u^{1/(α−1)} is so steep at the support's edge that a τ
-    a few ulps from the root moves the output several times more than the reference's rounding. Converged
-    rows (|f| ≤ f_tol, a negligible Newton step, a collapsed bracket) keep their τ; the residual is absorbed
-    by the output pass renormalizing by Σ p."""
+    the bracket is bisected until no float lies strictly inside it (or it is 2⁻⁵⁰ wide, which matters only
+    for |τ| ≲ 2⁻²⁶), and τ settles on its lower end, where f > 0 was seen, as entmax's bisection does: p ∝
+    u^{1/(α−1)} is so steep at the support's edge that a τ a few ulps from the root moves the output
+    several times more than the reference's rounding. Rows that converge (|f| ≤ f_tol, a negligible Newton
+    step, a collapsed bracket, which sets τ to its lower end) keep their τ from then on; the residual is
+    absorbed by the output pass renormalizing by Σ p."""
     f = s0 - 1.0
     done = done | (tl.abs(f) <= f_tol)
     lo = tl.where(f > 0.0, tau, lo)
     hi = tl.where(f > 0.0, hi, tau)
     new = 0.5 * (lo + hi)
     if METHOD == _TAU_BISECT:
-        collapsed = (new <= lo) | (new >= hi)
+        # no float strictly inside (a NaN row too), or as narrow as entmax's 50 halvings of a width ≤ 1
+        collapsed = ~((new > lo) & (new < hi)) | (hi - lo <= _TAU_BISECT_WIDTH)
         tau = tl.where(done, tau, tl.where(collapsed, lo, new))
         done = done | collapsed
     else:
@@ -809,15 +813,22 @@ def default_tiles(
     return Tiles(32, 64, num_warps=8, num_stages=2)
 
 
+def _normalizer(alpha: float) -> tuple[int, int]:
+    """(kind, τ update rule) of α: the ``_KIND_*`` and ``_TAU_*`` values the kernels are compiled for."""
+    general = _KIND_ENTMAX if alpha < 2.0 else _KIND_ENTMAX_STEEP
+    kind = {1.0: _KIND_SOFTMAX, 1.5: _KIND_ENTMAX15, 2.0: _KIND_SPARSEMAX}.get(alpha, general)
+    method = _TAU_HALLEY if alpha == 1.5 else _TAU_NEWTON if alpha <= 2.0 else _TAU_BISECT
+    return kind.value, method.value
+
+
 def _make_config(
     alpha: float, scale: float, causal: bool, radius: int, global_tokens: int, head_dim: int, tiles: Tiles,
     dtype: torch.dtype,
 ) -> _Config:
+    kind, tau_method = _normalizer(alpha)
     if alpha == 1.0:
-        kind, qk_scale, p_exp, g_exp = _KIND_SOFTMAX.value, scale * _LOG2E, 1.0, 1.0
+        qk_scale, p_exp, g_exp = scale * _LOG2E, 1.0, 1.0
     else:
-        general = _KIND_ENTMAX if alpha < 2.0 else _KIND_ENTMAX_STEEP
-        kind = {1.5: _KIND_ENTMAX15, 2.0: _KIND_SPARSEMAX}.get(alpha, general).value
         qk_scale, p_exp, g_exp = scale * (alpha - 1.0), 1.0 / (alpha - 1.0), (2.0 - alpha) / (alpha - 1.0)
     return _Config(
         kind=kind, alpha=alpha, scale=scale, qk_scale=qk_scale, p_exp=p_exp, g_exp=g_exp, causal=causal,
@@ -825,7 +836,7 @@ def _make_config(
         block_d=max(16, triton.next_power_of_2(head_dim)),
         # fp32 inputs get full-precision products; fp16/bf16 ignore this and use their tensor cores
         precision="ieee" if dtype == torch.float32 else "tf32",
-        tau_method=(_TAU_HALLEY if alpha == 1.5 else _TAU_NEWTON if alpha <= 2.0 else _TAU_BISECT).value,
+        tau_method=tau_method,
         tau_tol=_TAU_F_TOL[dtype] if alpha <= 2.0 else 0.0,
     )
 

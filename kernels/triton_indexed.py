@@ -71,14 +71,11 @@ import triton
 import triton.language as tl
 
 from kernels.triton_bucketed import (
-    _KIND_ENTMAX,
     _KIND_ENTMAX15,
     _KIND_SPARSEMAX,
     _MAX_TAU_ITERS,
-    _TAU_BISECT,
-    _TAU_HALLEY,
-    _TAU_NEWTON,
     _entmax_weights,
+    _normalizer,
     _tau_start,
     _tau_step,
 )
@@ -523,8 +520,7 @@ def certified_passes(
     )
     q_index, k_index = q_index.detach(), k_index.detach()
     valid = torch.ones(batch, m, dtype=torch.bool, device=dev) if key_valid is None else key_valid
-    kind = {1.5: _KIND_ENTMAX15, 2.0: _KIND_SPARSEMAX}.get(alpha, _KIND_ENTMAX).value
-    method = (_TAU_HALLEY if alpha == 1.5 else _TAU_NEWTON if alpha <= 2.0 else _TAU_BISECT).value
+    kind, method = _normalizer(alpha)
     qk_scale, p_exp = scale * (alpha - 1.0), 1.0 / (alpha - 1.0)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp16/bf16 ignore it (tensor cores)
     interpreted = dev.type != "cuda"
