@@ -43,6 +43,7 @@ gathered back to tokens with torch ops.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -915,18 +916,17 @@ def _run_rows(
     return acc, (acc2 if need_u else None), stats
 
 
-def _solve_tau_split(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan, cfg: _Config
-) -> torch.Tensor:
-    """τ (BH, N) for rows whose keys are spread over several programs (T > 1, window or global tokens).
-
-    Each iteration is a TAU pass whose per-part sums are added up per token, then one ``_tau_step`` per
-    row in ``_tau_kernel``; the host checks for convergence after each step (one synchronisation)."""
-    parts = _per_token(_run_rows(_ENTMAX_MAX, q, k, v, plan, cfg)[2], plan.qs)  # (BH, N, S, 3)
-    sums = torch.stack([parts[..., 0].amax(-1), parts[..., 1].sum(-1), parts[..., 2].sum(-1)], -1)
-    tau, lo, hi = (torch.empty(sums.shape[:2], device=q.device, dtype=torch.float32) for _ in range(3))
-    done = torch.empty(sums.shape[:2], device=q.device, dtype=torch.int8)
+def _host_tau_search(
+    start: torch.Tensor, sums_at: Callable[[torch.Tensor], torch.Tensor], cfg: _Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """τ per row, stepped from the host: ``start`` (…, 3) holds each row's (max x, |A|, ·), ``sums_at(τ)``
+    the TAU-pass sums (…, 3) at τ. After each, ``_tau_kernel`` takes one ``_tau_step`` per row; the host
+    stops once every row has converged (one synchronisation a step) or at the step cap. Returns τ and the
+    rows' converged flags (int8)."""
+    tau, lo, hi = (torch.empty(start.shape[:-1], device=start.device, dtype=torch.float32) for _ in range(3))
+    done = torch.empty(start.shape[:-1], device=start.device, dtype=torch.int8)
     numel = tau.numel()
+    sums = start
     for step in range(_MAX_TAU_ITERS.value + 1):
         _tau_kernel[(triton.cdiv(numel, TAU_BLOCK),)](
             sums.contiguous(), tau, lo, hi, done, numel, cfg.alpha, cfg.p_exp, cfg.tau_tol,
@@ -934,8 +934,22 @@ def _solve_tau_split(
         )
         if step > 0 and bool(done.all()):
             break
-        sums = _per_token(_run_rows(_ENTMAX_TAU, q, k, v, plan, cfg, row_stat=tau)[2], plan.qs).sum(-2)
-    return tau
+        sums = sums_at(tau)
+    return tau, done
+
+
+def _solve_tau_split(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan, cfg: _Config
+) -> torch.Tensor:
+    """τ (BH, N) for rows whose keys are spread over several programs (T > 1, window or global tokens):
+    each step's sums are a TAU pass whose per-part sums are added up per token."""
+    parts = _per_token(_run_rows(_ENTMAX_MAX, q, k, v, plan, cfg)[2], plan.qs)  # (BH, N, S, 3)
+    start = torch.stack([parts[..., 0].amax(-1), parts[..., 1].sum(-1), parts[..., 2].sum(-1)], -1)
+
+    def sums_at(tau: torch.Tensor) -> torch.Tensor:
+        return _per_token(_run_rows(_ENTMAX_TAU, q, k, v, plan, cfg, row_stat=tau)[2], plan.qs).sum(-2)
+
+    return _host_tau_search(start, sums_at, cfg)[0]
 
 
 def _forward(

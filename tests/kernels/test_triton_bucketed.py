@@ -254,7 +254,7 @@ def test_bisection_ends_on_the_last_float_with_mass_above_one(alpha: float, shif
     lower end, as entmax's bisection does: F(τ) = Σ_j [x_j − τ]₊^{1/(α−1)} ≥ 1 there (= 1: a root in fp32,
     accepted at once) and ≤ 1 at the next float up (the sums here are exact, rounded once to fp32, so the
     answer is determined)."""
-    from kernels.triton_bucketed import _MAX_TAU_ITERS, _TAU_BISECT, TAU_BLOCK, _tau_kernel
+    from kernels.triton_bucketed import _host_tau_search, _make_config
 
     rows, keys = 16, 40
     gen = torch.Generator().manual_seed(0)
@@ -265,27 +265,9 @@ def test_bisection_ends_on_the_last_float_with_mass_above_one(alpha: float, shif
         return ((x - t.double()[:, None]).clamp_min(0) ** (1 / (alpha - 1))).sum(-1).float()
 
     zeros = torch.zeros(rows, device=DEVICE)
-    sums = torch.stack([x.amax(-1).float(), zeros + keys, zeros], -1)  # (max x, |A|, ·)
-    tau, lo, hi = (torch.empty(rows, device=DEVICE) for _ in range(3))
-    done = torch.empty(rows, dtype=torch.int8, device=DEVICE)
-    for step in range(_MAX_TAU_ITERS.value + 1):
-        _tau_kernel[(1,)](
-            sums,
-            tau,
-            lo,
-            hi,
-            done,
-            rows,
-            alpha,
-            1 / (alpha - 1),
-            0.0,
-            START=step == 0,
-            METHOD=_TAU_BISECT.value,
-            BLOCK=TAU_BLOCK,
-        )
-        if step and bool(done.all()):
-            break
-        sums = torch.stack([mass(tau), zeros, zeros], -1)
+    start = torch.stack([x.amax(-1).float(), zeros + keys, zeros], -1)  # (max x, |A|, ·)
+    cfg = _make_config(alpha, 1.0, False, -1, 0, 16, Tiles(16, 16, 1, 1), torch.float32)  # α is what counts
+    tau, done = _host_tau_search(start, lambda t: torch.stack([mass(t), zeros, zeros], -1), cfg)
     assert done.all()
     assert (mass(tau) >= 1).all()
     assert (mass(torch.nextafter(tau, torch.full_like(tau, float("inf")))) <= 1).all()
