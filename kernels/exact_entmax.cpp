@@ -43,14 +43,21 @@ constexpr int kMaxSteps = 100;  // as the reference: more than float64 resolutio
 constexpr int kGroup = 8;       // queries whose search steps interleave
 constexpr int kStartSteps = 2;  // Newton steps on the lane maxima for the search's start (Query::start)
 
-// Vectors of 64 bytes (GCC's and Clang's vector extensions: the compiler picks the instructions), and the
-// float key positions and int32 tags of as many entries.
-typedef float Floats __attribute__((vector_size(64)));
-typedef float HalfFloats __attribute__((vector_size(32)));
-typedef double Doubles __attribute__((vector_size(64)));
-typedef int32_t Ints __attribute__((vector_size(64)));
-typedef int32_t HalfInts __attribute__((vector_size(32)));
-typedef int64_t Longs __attribute__((vector_size(64)));
+// Vectors of the registers' width (GCC's and Clang's vector extensions: the compiler picks the instructions),
+// and the float key positions and int32 tags of as many entries: 64 bytes with AVX-512, else 32. Wider
+// vectors than the registers hold would be split by the compiler, and their comparisons and selections
+// lowered lane by lane (AVX2: about 3 times the time of the whole search).
+#ifdef __AVX512F__
+constexpr int kBytes = 64;
+#else
+constexpr int kBytes = 32;
+#endif
+typedef float Floats __attribute__((vector_size(kBytes)));
+typedef float HalfFloats __attribute__((vector_size(kBytes / 2)));
+typedef double Doubles __attribute__((vector_size(kBytes)));
+typedef int32_t Ints __attribute__((vector_size(kBytes)));
+typedef int32_t HalfInts __attribute__((vector_size(kBytes / 2)));
+typedef int64_t Longs __attribute__((vector_size(kBytes)));
 template <typename Real>
 struct VectorOf;
 template <>
@@ -76,7 +83,7 @@ using Tags = typename VectorOf<Real>::tags;
 template <typename Real>
 using Mask = typename VectorOf<Real>::mask;
 template <typename Real>
-constexpr int kWidth = 64 / sizeof(Real);
+constexpr int kWidth = kBytes / sizeof(Real);
 
 // Scores below half the masked value (−max float / 2) belong to no key.
 constexpr double kNoKey = -0.5 * 3.4028234663852886e38;

@@ -72,33 +72,36 @@ Vec<Real> load(const Real* from, int64_t valid = kWidth<Real>) {
     return v;
 }
 
-// e^x lane by lane for x ≤ 88 (−∞ included): 0 below −87.3, where e^x leaves float's normal range. Cephes'
-// expf: x = k·ln 2 + r with k = round(x·log₂e) and ln 2 in two parts (so r is exact), e^r by a polynomial on
-// |r| ≤ ln 2 / 2 (relative error about 1e-7), 2^k put in the exponent bits.
-inline Vec<float> exp_lanes(Vec<float> x) {
-    const Vec<float> low = Vec<float>{} - 87.33654f;
-    const Vec<int32_t> underflow = x < low;
-    x = x < low ? low : x;
-    const Vec<float> round = Vec<float>{} + 12582912.0f;  // 1.5 · 2^23: adding it rounds to a whole number
-    const Vec<float> k = (x * 1.44269504088896341f + round) - round;
-    const Vec<float> r = x - k * 0.693359375f + k * 2.12194440e-4f;
-    Vec<float> y = Vec<float>{} + 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * (r * r) + r + 1.0f;
-    const Vec<int32_t> bits = (__builtin_convertvector(k, Vec<int32_t>) + 127) << 23;
-    Vec<float> two_k;
-    std::memcpy(&two_k, &bits, sizeof two_k);
-    return underflow ? 0.0f : y * two_k;
-}
-
-// In float64 (tests and gradient checks, not speed): the library's exp, lane by lane.
-inline Vec<double> exp_lanes(Vec<double> x) {
-    for (int lane = 0; lane < 8; ++lane) x[lane] = std::exp(x[lane]);
-    return x;
+// e^x lane by lane for x ≤ 88 (−∞ included), on a vector V of floats of any width: 0 below −87.3, where e^x
+// leaves float's normal range. Cephes' expf: x = k·ln 2 + r with k = round(x·log₂e) and ln 2 in two parts
+// (so r is exact), e^r by a polynomial on |r| ≤ ln 2 / 2 (relative error about 1e-7), 2^k put in the
+// exponent bits. In float64 (tests and gradient checks, not speed): the library's exp, lane by lane.
+template <typename V>
+V exp_lanes(V x) {
+    using Lane = std::remove_reference_t<decltype(x[0])>;
+    if constexpr (std::is_same_v<Lane, double>) {
+        for (size_t lane = 0; lane < sizeof x / sizeof(Lane); ++lane) x[lane] = std::exp(x[lane]);
+        return x;
+    } else {
+        using Ints = decltype(x < x);  // int32 lanes, as many
+        const V low = V{} - 87.33654f;
+        const Ints underflow = x < low;
+        x = x < low ? low : x;
+        const V round = V{} + 12582912.0f;  // 1.5 · 2^23: adding it rounds to a whole number
+        const V k = (x * 1.44269504088896341f + round) - round;
+        const V r = x - k * 0.693359375f + k * 2.12194440e-4f;
+        V y = V{} + 1.9875691500e-4f;
+        y = y * r + 1.3981999507e-3f;
+        y = y * r + 8.3334519073e-3f;
+        y = y * r + 4.1665795894e-2f;
+        y = y * r + 1.6666665459e-1f;
+        y = y * r + 5.0000001201e-1f;
+        y = y * (r * r) + r + 1.0f;
+        const Ints bits = (__builtin_convertvector(k, Ints) + 127) << 23;
+        V two_k;
+        std::memcpy(&two_k, &bits, sizeof two_k);
+        return underflow ? 0.0f : y * two_k;
+    }
 }
 
 // Lane i of the result = lane index_i of a then b, side by side (an index below the width picks a's lane,
