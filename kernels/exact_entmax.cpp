@@ -43,15 +43,9 @@ constexpr int kMaxSteps = 100;  // as the reference: more than float64 resolutio
 constexpr int kGroup = 8;       // queries whose search steps interleave
 constexpr int kStartSteps = 2;  // Newton steps on the lane maxima for the search's start (Query::start)
 
-// Vectors of the registers' width (GCC's and Clang's vector extensions: the compiler picks the instructions),
-// and the float key positions and int32 tags of as many entries: 64 bytes with AVX-512, else 32. Wider
-// vectors than the registers hold would be split by the compiler, and their comparisons and selections
-// lowered lane by lane (AVX2: about 3 times the time of the whole search).
-#ifdef __AVX512F__
-constexpr int kBytes = 64;
-#else
-constexpr int kBytes = 32;
-#endif
+// Vectors of the registers' width (vectors::kBytes; GCC's and Clang's vector extensions: the compiler picks the
+// instructions), and the float key positions and int32 tags of as many entries.
+using vectors::kBytes;
 typedef float Floats __attribute__((vector_size(kBytes)));
 typedef float HalfFloats __attribute__((vector_size(kBytes / 2)));
 typedef double Doubles __attribute__((vector_size(kBytes)));

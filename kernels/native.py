@@ -90,10 +90,11 @@ def library(name: str) -> ctypes.CDLL | None:
         return None
 
 
-def wide(kernel: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """``kernel`` where it was built for 512-bit vectors (``wide_vectors`` of kernels/vectors.h), else None:
-    elsewhere its tiles would not fit in the registers, and the tensor reference is as fast."""
-    return kernel if kernel is not None and kernel.wide_vectors() else None
+def wide(kernel: ctypes.CDLL | None, min_bytes: int) -> ctypes.CDLL | None:
+    """``kernel`` where it was built for vectors of at least ``min_bytes`` with fused multiply-add
+    (``vector_bytes`` of kernels/vectors.h: 64 with AVX-512, 32 with AVX2), else None: elsewhere its register
+    tiles would spill, and the tensor reference is as fast."""
+    return kernel if kernel is not None and kernel.vector_bytes() >= min_bytes else None
 
 
 def _argument(value: torch.Tensor | int | float | None) -> ctypes.c_void_p | ctypes.c_int64 | ctypes.c_double:

@@ -22,10 +22,10 @@
 
 namespace {
 
-using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::load,
-    vectors::shuffle, vectors::store, vectors::Vec;
+using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::lane_index,
+    vectors::load, vectors::shuffle, vectors::store, vectors::Vec;
 
-constexpr int64_t kChunk = 64;  // nearest_centroids: points a thread takes at once, 4 vectors of lanes
+constexpr int64_t kChunk = 64;  // nearest_centroids: points a thread takes at once, 4 or 8 vectors of lanes
 
 // σ(u) = 1 / (1 + e^{−u}), u clamped to ±87 so that e^{−u} stays finite (σ(87) is 1 in float, as is σ
 // above 17; σ(−87) ≈ 1.6e-38 stands for the smaller values below; NaN stays NaN). With AVX-512, e^{−u} =
@@ -52,7 +52,7 @@ inline Vec<float> sigmoid(Vec<float> u) {
 #endif
 }
 
-// The `count` (≤ 16) floats from[0], from[step], …, from[(count − 1) · step] in a vector, 0 after them.
+// The `count` (≤ kWidth) floats from[0], from[step], …, from[(count − 1) · step] in a vector, 0 after them.
 inline Vec<float> gather(const float* from, int64_t step, int64_t count) {
 #ifdef __AVX512F__
     const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -83,10 +83,10 @@ Vec<float> alternate(const Vec<float>& a, const Vec<float>& b, std::index_sequen
     return shuffle<float, (2 * int(lane) + odd)...>(a, b);
 }
 
-// rows[t · stride] = coordinate t of the 16 points from[0 … 16 · R) (rows of R, a power of two ≤ 16), point
-// p in lane p, with no gather: whole vectors, unzipped log₂ R times in registers. An unzip moves the sequence's
-// index i (of N) to (i mod 2) · N/2 + ⌊i / 2⌋, a rotation of its bits by one, so log₂ R of them take
-// p · R + t to t · 16 + p. Each unzip makes vector k < R/2 of the even lanes of vectors 2k and 2k + 1, and
+// rows[t · stride] = coordinate t of the w = kWidth points from[0 … w · R) (rows of R, a power of two ≤ 16),
+// point p in lane p, with no gather: whole vectors, unzipped log₂ R times in registers. An unzip moves the
+// sequence's index i (of N) to (i mod 2) · N/2 + ⌊i / 2⌋, a rotation of its bits by one, so log₂ R of them
+// take p · R + t to t · w + p. Each unzip makes vector k < R/2 of the even lanes of vectors 2k and 2k + 1, and
 // vector R/2 + k of their odd lanes.
 template <int R>
 void unzip_points(const float* from, Vec<float>* rows, int64_t stride) {
@@ -115,32 +115,42 @@ inline bool unzip_points(const float* from, int64_t rank, Vec<float>* rows, int6
     }
 }
 
-// The lane of a (below 16) or of b (16 on) that lane `lane` of a fold adds: its item's low half, or its high.
+// The lane of a (below kWidth) or of b (kWidth on) that lane `lane` of a fold adds: its item's low half, or
+// its high. Item i of a fold's result (width / 2 lanes from lane i · width / 2) is item i of a and b side by
+// side, which starts at lane i · width of the pair.
 constexpr int fold_source(int lane, int width, bool high) {
     const int half = width / 2;
-    return lane / 8 * 16 + lane % 8 / half * width + lane % half + (high ? half : 0);
+    return lane / half * width + lane % half + (high ? half : 0);
 }
 
-// The sums of the lanes of a and b, halved: a and b each hold 16 / width items of `width` lanes; the result
-// holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
+// The sums of the lanes of a and b, halved: a and b each hold kWidth / width items of `width` lanes; the
+// result holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
 template <int width, size_t... lane>
 Vec<float> fold(const Vec<float>& a, const Vec<float>& b, std::index_sequence<lane...>) {
     return shuffle<float, fold_source(lane, width, false)...>(a, b) +
            shuffle<float, fold_source(lane, width, true)...>(a, b);
 }
 
-// Lane k = the sum of v[k]'s lanes, for 16 vectors v (overwritten): a tree of 15 folds, two shuffles and an
-// addition each, where 16 reductions one by one would take 4 shuffles and additions apiece.
-inline Vec<float> lane_sums(Vec<float> (&v)[16]) {
-    constexpr auto lanes = std::make_index_sequence<kWidth<float>>{};
-    for (int k = 0; k < 8; ++k) v[k] = fold<16>(v[2 * k], v[2 * k + 1], lanes);
-    for (int k = 0; k < 4; ++k) v[k] = fold<8>(v[2 * k], v[2 * k + 1], lanes);
-    for (int k = 0; k < 2; ++k) v[k] = fold<4>(v[2 * k], v[2 * k + 1], lanes);
-    return fold<2>(v[0], v[1], lanes);
+// v[0 … width) each hold kWidth / width items of `width` lanes; afterwards v[0] holds every item's sum, in
+// order: folds of pairs, then of pairs of their results, down to items of one lane.
+template <int width>
+void fold_down(Vec<float>* v) {
+    for (int k = 0; k < width / 2; ++k) v[k] = fold<width>(v[2 * k], v[2 * k + 1], std::make_index_sequence<kWidth<float>>{});
+    if constexpr (width > 2) fold_down<width / 2>(v);
 }
 
-constexpr int kTokens = 12;  // a tile's tokens: with 2 vectors of hidden units each, 24 running sums
-constexpr int kSlice = 2;    // vectors of hidden units a tile sums at once
+// Lane k = the sum of v[k]'s lanes, for kWidth vectors v (overwritten): a tree of kWidth − 1 folds, two
+// shuffles and an addition each, where kWidth reductions one by one would take log₂ kWidth shuffles and
+// additions apiece.
+inline Vec<float> lane_sums(Vec<float> (&v)[kWidth<float>]) {
+    fold_down<kWidth<float>>(v);
+    return v[0];
+}
+
+// A tile's tokens, and the vectors of hidden units it sums at once: 24 running sums of AVX-512's 32 registers,
+// 12 of AVX2's 16.
+constexpr int kTokens = kWidth<float> == 16 ? 12 : 6;
+constexpr int kSlice = 2;
 constexpr int64_t kSliceUnits = kSlice * kWidth<float>;
 // Tiles between the one a linear map reads and the one it prefetches: once x outgrows the last-level cache
 // (q and k of 8 heads × 8k tokens), its tiles are too quick for the processor's own prefetching (4 tiles
@@ -148,7 +158,6 @@ constexpr int64_t kSliceUnits = kSlice * kWidth<float>;
 // 2k-4k, where the predictor's share of an attention call is largest, and gained 0-10 % at 8k-16k, from run
 // to run (the last-level cache is shared with whatever else runs).
 constexpr int64_t kAhead = 4;
-constexpr Vec<int32_t> kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // partial[r · rank + j] = (what it held, unless `first`) + Σ_v f[r][v] ⊙ W_j[v] for the kTokens rows' slice f
 // of features and the same slice of each map row W_j = maps[j · stride …]: lane-wise shares of the outputs
@@ -168,7 +177,7 @@ void add_partials(const Vec<float> (&f)[kTokens][V], const float* maps, int64_t 
 }
 
 // out[p] = the sum of partial[p]'s lanes + bias[p] for the `outputs` outputs of a tile, (r, j) in order as
-// they lie in memory: 16 at a time in one vector (partial readable and zero up to whole vectors of them).
+// they lie in memory: a vector's lanes at a time in one vector (partial readable and zero up to whole vectors of them).
 void finish_outputs(const Vec<float>* partial, const float* bias, int64_t outputs, float* out) {
     constexpr int64_t lanes = kWidth<float>;
     for (int64_t p = 0; p < outputs; p += lanes) {
@@ -178,7 +187,7 @@ void finish_outputs(const Vec<float>* partial, const float* bias, int64_t output
     }
 }
 
-// sum[r][v] = Σ_t x_rt M_t,s+16v+lane for the kTokens rows x_r = rows[r · d …] and V vectors of M's columns
+// sum[r][v] = Σ_t x_rt M_t,s+wv+lane (w = kWidth) for the kTokens rows x_r = rows[r · d …] and V vectors of M's columns
 // from s on (M given as its d rows of `width`): a broadcast product, each sum over x's coordinates in order.
 // With D > 0 (d known when compiled) a row's coordinate t is an offset from one pointer; for a d known only
 // at run time the rows' offsets take registers the sums need.
@@ -225,7 +234,7 @@ void tile(const float* rows, int64_t d, const HeadMaps& head, int64_t hidden, in
                 if (real >= lanes) continue;
                 // a padding unit must be 0, not σ(0): where x holds ±∞ its sum is 0 · ∞ = NaN, and a zero
                 // weight would carry that NaN into the outputs
-                const Vec<int32_t> unit = kLaneIndex < int32_t(real);
+                const Vec<int32_t> unit = lane_index<int32_t>() < int32_t(real);
                 for (int r = 0; r < kTokens; ++r) sum[r][v] = unit ? sum[r][v] : Vec<float>{};
             }
             add_partials<kSlice>(sum, head.maps + s, units, rank, s == 0, partial);
@@ -242,9 +251,9 @@ void tile(const float* rows, int64_t d, const HeadMaps& head, int64_t hidden, in
 }
 
 // A linear map's outputs for `count` rows x_r = rows[r · d …] (rows past count: the last row's sums, not
-// written), when the rank R divides 16: 16 / R rows give a vector of outputs (r, j) in their order in
-// memory, each the sum of the lanes of x_r ⊙ W_j over d's vectors, 16 running sums in registers (the
-// broadcast product would use R of a vector's 16 lanes). maps: W (R × stride, zero past d); bias: b
+// written), when the rank R divides a vector's w = kWidth lanes: w / R rows give a vector of outputs (r, j)
+// in their order in memory, each the sum of the lanes of x_r ⊙ W_j over d's vectors, w running sums in
+// registers (the broadcast product would use R of a vector's w lanes). maps: W (R × stride, zero past d); bias: b
 // repeated over a vector.
 template <int R>
 void linear_rows(const float* rows, int64_t d, const float* maps, int64_t stride, const float* bias, int64_t count,
@@ -279,7 +288,7 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
               const float* out_bias, int64_t groups, int64_t heads, int64_t n, int64_t d, int64_t hidden,
               int64_t rank, float* out, int threads) {
     constexpr int64_t lanes = kWidth<float>;
-    // a linear map of a rank dividing 16 runs as lane sums (linear_rows), any other through its transpose
+    // a linear map of a rank dividing a vector's lanes runs as lane sums (linear_rows), any other through its transpose
     const bool lane_sums_only = hidden == 0 && rank > 0 && lanes % rank == 0;
     const int64_t first_out = hidden > 0 ? hidden : rank;  // the first layer's outputs, and their count padded:
     const int64_t units = hidden > 0 ? (hidden + kSliceUnits - 1) / kSliceUnits * kSliceUnits  // whole slices
@@ -339,7 +348,12 @@ void head_mlp(const float* x, const float* hidden_weight, const float* hidden_bi
                     case 2: linear_rows<2>(rows, d, w, stride, b, count, to); continue;
                     case 4: linear_rows<4>(rows, d, w, stride, b, count, to); continue;
                     case 8: linear_rows<8>(rows, d, w, stride, b, count, to); continue;
-                    case 16: linear_rows<16>(rows, d, w, stride, b, count, to); continue;
+                    case 16:
+                        if constexpr (lanes == 16) {
+                            linear_rows<16>(rows, d, w, stride, b, count, to);
+                            continue;
+                        }
+                        break;
                     default: break;
                 }
                 switch (d) {

@@ -6,11 +6,12 @@
 The tensor references are :class:`pipeline.projection.model.HeadProjections` and
 :func:`pipeline.predictors.kmeans.nearest_centroids`, which call these first and run their own code where
 these return None: where gradients are asked for, off the CPU, in another dtype than float32, or where no
-wide kernel was built (no compiler, or no AVX-512; see :mod:`kernels.native`). A tile of tokens goes
-through every step of a map while it sits in registers or the cache, where the references pass over the
-whole sequence once per step: projecting queries and keys of 1k-8k tokens and 8 heads (64 → 32 → 4) and
-giving each its nearest of 16 centroids takes 0.33-0.41× their time on an AVX-512 core, most of it the MLP's
-first product near the core's peak (``python -m kernels.bench`` prints the whole as ``predict_ms``).
+wide kernel was built (no compiler, or neither AVX-512 nor AVX2 with FMA; see :mod:`kernels.native`). A tile
+of tokens goes through every step of a map while it sits in registers or the cache, where the references
+pass over the whole sequence once per step: projecting queries and keys of 1k-8k tokens and 8 heads (64 → 32
+→ 4) and giving each its nearest of 16 centroids takes 0.33-0.41× their time on an AVX-512 core and
+0.4-0.7× on an AVX2 one, most of it the MLP's first product (``python -m kernels.bench`` prints the whole as
+``predict_ms``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from kernels.native import call, library, wide
 
 
 def wide_kernel() -> ctypes.CDLL | None:
-    """The C++ library where it was built for 512-bit vectors, else None."""
-    return wide(library("predictor_maps"))
+    """The C++ library where it was built for 512-bit or 256-bit vectors with FMA, else None."""
+    return wide(library("predictor_maps"), 32)
 
 
 def _runs_native(*tensors: torch.Tensor | None) -> ctypes.CDLL | None:

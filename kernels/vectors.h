@@ -1,5 +1,5 @@
-// What the C++ kernels share on 64-byte vectors: a masked store, e^x lane by lane, and products C = A·B with
-// A's, B's and C's rows given by pointers (register tiles). Each sum of a product runs over the inner
+// What the C++ kernels share on vectors of the registers' width: masked loads and stores, e^x lane by lane,
+// and products C = A·B with A's, B's and C's rows given by pointers (register tiles). Each sum of a product runs over the inner
 // dimension in order, so a row of C depends on its row of A alone, whatever the tiling or the thread count.
 
 #pragma once
@@ -13,18 +13,41 @@
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace vectors {
 
-// Vectors of 64 bytes of float, double or integers (GCC's and Clang's vector extensions: the compiler picks the
+// The registers' width: 64 bytes with AVX-512, else 32 (AVX2). Wider vectors than the registers hold would be
+// split by the compiler, and their comparisons and selections lowered lane by lane (several times slower).
+#ifdef __AVX512F__
+constexpr int kBytes = 64;
+#else
+constexpr int kBytes = 32;
+#endif
+
+// Vectors of kBytes of float, double or integers (GCC's and Clang's vector extensions: the compiler picks the
 // instructions).
 template <typename Real>
-using Vec __attribute__((vector_size(64))) = Real;
+using Vec __attribute__((vector_size(kBytes))) = Real;
 template <typename Real>
-constexpr int64_t kWidth = 64 / sizeof(Real);
+constexpr int64_t kWidth = kBytes / sizeof(Real);
+
+// 0, 1, 2, … in the lanes of a vector of integers.
+template <typename Int>
+Vec<Int> lane_index() {
+    Vec<Int> v;
+    for (int64_t lane = 0; lane < kWidth<Int>; ++lane) v[lane] = Int(lane);
+    return v;
+}
+
+// All bits set in the first `valid` lanes of a vector of integers as wide as Real's lanes, none in the others.
+template <typename Real>
+auto first_lanes(int64_t valid) {
+    using Int = std::conditional_t<sizeof(Real) == 4, int32_t, int64_t>;
+    return lane_index<Int>() < Int(valid);
+}
 
 // The first `valid` (≤ kWidth) lanes of v, written from `to` on: one store, masked where the vector is not
 // whole (a copy of a size known only at run time would be a call).
@@ -41,6 +64,14 @@ void store(Real* to, const Vec<Real>& v, int64_t valid) {
         _mm512_mask_storeu_epi32(to, static_cast<__mmask16>(lanes), reinterpret_cast<const __m512i&>(v));
     } else {
         _mm512_mask_storeu_epi64(to, static_cast<__mmask8>(lanes), reinterpret_cast<const __m512i&>(v));
+    }
+#elif defined(__AVX2__)
+    const auto mask = first_lanes<Real>(valid);
+    const __m256i lanes = reinterpret_cast<const __m256i&>(mask);
+    if constexpr (sizeof(Real) == 4) {
+        _mm256_maskstore_epi32(reinterpret_cast<int*>(to), lanes, reinterpret_cast<const __m256i&>(v));
+    } else {
+        _mm256_maskstore_epi64(reinterpret_cast<long long*>(to), lanes, reinterpret_cast<const __m256i&>(v));
     }
 #else
     std::memcpy(to, &v, valid * sizeof(Real));
@@ -66,6 +97,16 @@ Vec<Real> load(const Real* from, int64_t valid = kWidth<Real>) {
         const __m512i loaded = _mm512_maskz_loadu_epi64(static_cast<__mmask8>(lanes), from);
         std::memcpy(&v, &loaded, sizeof v);
     }
+#elif defined(__AVX2__)
+    const auto mask = first_lanes<Real>(valid);
+    const __m256i lanes = reinterpret_cast<const __m256i&>(mask);
+    __m256i loaded;
+    if constexpr (sizeof(Real) == 4) {
+        loaded = _mm256_maskload_epi32(reinterpret_cast<const int*>(from), lanes);
+    } else {
+        loaded = _mm256_maskload_epi64(reinterpret_cast<const long long*>(from), lanes);
+    }
+    std::memcpy(&v, &loaded, sizeof v);
 #else
     std::memcpy(&v, from, valid * sizeof(Real));
 #endif
@@ -112,7 +153,7 @@ Vec<Real> shuffle(const Vec<Real>& a, const Vec<Real>& b) {
     return __builtin_shufflevector(a, b, index...);
 #else  // GCC's own shuffle, in every version (its __builtin_shufflevector came with GCC 12)
     using Index = std::conditional_t<sizeof(Real) == 4, int32_t, int64_t>;
-    typedef Index Indices __attribute__((vector_size(64)));
+    typedef Index Indices __attribute__((vector_size(kBytes)));
     return __builtin_shuffle(a, b, Indices{Index(index)...});
 #endif
 }
@@ -149,8 +190,9 @@ void pack_transposed(const Real* x, const int64_t* rows, int64_t count, int64_t 
         for (; t + n <= depth; t += n) {
             Vec<Real> square[n];
             for (int j = 0; j < n; ++j) std::memcpy(&square[j], from[j] + t, sizeof square[j]);
-            stage<1, Real, n>(square), stage<2, Real, n>(square), stage<4, Real, n>(square);
-            if constexpr (n == 16) stage<8, Real, n>(square);
+            stage<1, Real, n>(square), stage<2, Real, n>(square);
+            if constexpr (n > 4) stage<4, Real, n>(square);
+            if constexpr (n > 8) stage<8, Real, n>(square);
             for (int j = 0; j < n; ++j) store<Real>(panel + (t + j) * stride + c, square[j], valid);
         }
         for (; t < depth; ++t) {
@@ -161,11 +203,11 @@ void pack_transposed(const Real* x, const int64_t* rows, int64_t count, int64_t 
     }
 }
 
-// A tile of C: kRows rows × kVectors vectors of columns, 24 running sums of the 32 vector registers, with
-// the kVectors of B and one broadcast of A beside them. Each step of the inner dimension loads 4 vectors and
-// 6 scalars for 24 fused multiply-adds.
+// A tile of C: kRows rows × kVectors vectors of columns, its running sums in registers with the kVectors of B
+// and one broadcast of A beside them. Each step of the inner dimension loads kVectors vectors and 6 scalars for
+// 6 · kVectors fused multiply-adds: 24 sums of AVX-512's 32 registers, 12 of AVX2's 16.
 constexpr int kRows = 6;
-constexpr int kVectors = 4;
+constexpr int kVectors = kBytes == 64 ? 4 : 2;
 
 // C[r][..] = Σ_t A[r][t] · B[t][..] for the R rows `a` (A[r][t] at a[r][t · step]) and NV vectors of
 // columns of the rows `b` (B[t] from b[t] on, whole vectors readable) from column `col` on; the first `cols`
@@ -206,8 +248,8 @@ void strip(const Real* const* a, int64_t step, const Real* const* b, int64_t dep
 template <typename Real>
 void product(const Real* const* a, int64_t step, int64_t rows, const Real* const* b, int64_t depth,
              int64_t cols, Real* const* c) {
-    // column strips outside, so a strip of B (depth × 64 floats: 16 KiB at depth 64) stays in the
-    // first-level cache while every tile of rows passes over it
+    // column strips outside, so a strip of B (depth × kVectors vectors: 16 KiB at depth 64 with AVX-512)
+    // stays in the first-level cache while every tile of rows passes over it
     for (int64_t col = 0; col < cols; col += kVectors * kWidth<Real>) {
         const int64_t left = cols - col;
         int64_t r = 0;
@@ -256,12 +298,13 @@ int guarded(F&& body) {
 
 }  // namespace vectors
 
-// 1 where the kernels run on 512-bit vectors (AVX-512), whose 32 registers hold a product tile's 24 running
-// sums; elsewhere (fewer or narrower registers) the tiles would spill, and the tensor references are as fast.
-// (Each kernel is a library of its own, so each exports this once.)
-extern "C" int wide_vectors() {
-#ifdef __AVX512F__
-    return 1;
+// The vectors' width in bytes where multiply-adds are fused and the register tiles fit the registers (64 with
+// AVX-512, 32 with AVX2 and FMA), else 0: there the tiles would spill, and the tensor references are as fast.
+// Each kernel's Python side says which widths it runs on. (Each kernel is a library of its own, so each
+// exports this once.)
+extern "C" int vector_bytes() {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    return vectors::kBytes;
 #else
     return 0;
 #endif

@@ -20,15 +20,24 @@ def _has_compiler() -> bool:
     return shutil.which(os.environ.get("CXX") or "c++") is not None
 
 
-def _can_build_wide() -> bool:
-    """A C++ compiler and a processor with AVX-512 (Linux): where the wide kernels must exist."""
+def _cpu_flags() -> set[str]:
+    """The processor's feature flags (Linux; none elsewhere)."""
     cpuinfo = Path("/proc/cpuinfo")
-    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
-    return _has_compiler() and " avx512f " in flags
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
 
 
+_FLAGS = _cpu_flags()
 needs_compiler = pytest.mark.skipif(not _has_compiler(), reason="no C++ compiler")
-needs_wide = pytest.mark.skipif(not _can_build_wide(), reason="no C++ compiler, or no AVX-512")
+needs_wide = pytest.mark.skipif(
+    not _has_compiler() or "avx512f" not in _FLAGS, reason="no C++ compiler, or no AVX-512"
+)
+"""Where the block products must run in C++."""
+needs_vectors = pytest.mark.skipif(
+    not _has_compiler() or not ("avx512f" in _FLAGS or {"avx2", "fma"} <= _FLAGS),
+    reason="no C++ compiler, or neither AVX-512 nor AVX2 with FMA",
+)
+"""Where the predictor maps must run in C++."""
 
 
 @needs_wide

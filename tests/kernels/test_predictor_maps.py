@@ -10,12 +10,12 @@ from kernels.native import call
 from kernels.predictor_maps import head_mlp, nearest_centroid_ids, wide_kernel
 from pipeline.predictors.kmeans import _nearest_by_tensors, nearest_centroids
 from pipeline.projection.model import HeadProjections
-from tests.kernels.test_block_products import needs_wide
+from tests.kernels.test_block_products import needs_vectors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@needs_wide
+@needs_vectors
 def test_the_wide_kernel_is_built_where_it_can_run():
     """Else every comparison below would be the reference against itself."""
     assert wide_kernel() is not None
@@ -31,7 +31,7 @@ MLPS = [(32, 64, 4), (8, 24, 3), (40, 64, 17), (32, 128, 8)]  # d 64 and 128 are
 LINEAR = [(None, d, rank) for d, rank in [(64, 4), (20, 5), (20, 1), (128, 2), (24, 8), (33, 16), (16, 17)]]
 
 
-@needs_wide
+@needs_vectors
 @pytest.mark.parametrize(("hidden", "d", "rank"), MLPS + LINEAR)
 @pytest.mark.parametrize("n", [0, 1, 11, 12, 13, 47, 64, 130])
 def test_the_projection_equals_the_tensor_reference(hidden, d, rank, n, monkeypatch):
@@ -48,7 +48,7 @@ def test_the_projection_equals_the_tensor_reference(hidden, d, rank, n, monkeypa
     torch.testing.assert_close(found, expected, rtol=1e-5, atol=2e-6)
 
 
-@needs_wide
+@needs_vectors
 @pytest.mark.parametrize("hidden", [31, 32, 33])
 def test_an_infinite_coordinate_gives_the_references_outputs(hidden):
     """Hidden widths padded to the kernel's slices of 32 units: the padding adds nothing, not 0 · ∞ = NaN."""
@@ -82,7 +82,7 @@ def _points(heads, n, rank, count, seed):
     return torch.randn(2, heads, n, rank, generator=gen), torch.randn(heads, count, rank, generator=gen)
 
 
-@needs_wide
+@needs_vectors
 @pytest.mark.parametrize(("count", "top_k"), [(1, 1), (5, 2), (16, 1), (16, 2), (16, 16), (33, 3)])
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 300])
 @pytest.mark.parametrize("rank", [1, 3, 4, 8, 16])  # powers of two unzipped, 3 gathered
@@ -99,7 +99,7 @@ def test_nearest_centroids_equal_the_tensor_reference(count, top_k, n, rank):
     assert (found == expected).float().mean() > 0.99
 
 
-@needs_wide
+@needs_vectors
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 @pytest.mark.parametrize("rank", [1, 2, 3, 4, 8, 16])
 def test_ties_among_whole_number_points_match_the_reference_exactly(rank, top_k):
@@ -113,7 +113,7 @@ def test_ties_among_whole_number_points_match_the_reference_exactly(rank, top_k)
     )
 
 
-@needs_wide
+@needs_vectors
 @pytest.mark.parametrize("seed", range(4))
 def test_infinite_points_beside_finite_ones_give_the_references_ids(seed):
     """A chunk holding points with infinite or NaN coordinates reads ±∞ and NaN energies as the reference
@@ -132,7 +132,7 @@ def test_infinite_points_beside_finite_ones_give_the_references_ids(seed):
         assert (found.sort(-1).values.diff(dim=-1) > 0).all()
 
 
-@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_wide), False])
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_vectors), False])
 def test_ties_go_to_the_lower_index_and_nan_points_to_the_first(native, monkeypatch):
     """Centroids 1 and 3 are one point: a point nearest it takes 1, then 3. A NaN point takes 0, 1, ..."""
     if not native:
@@ -143,7 +143,7 @@ def test_ties_go_to_the_lower_index_and_nan_points_to_the_first(native, monkeypa
     assert ids.tolist() == [[[[1, 3, 2], [0, 1, 2], [-1, -1, -1]]]]
 
 
-@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_wide), False])
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_vectors), False])
 def test_a_later_pass_tells_apart_energies_that_a_difference_would_round_together(native, monkeypatch):
     """e = (−1e8, −9999.75, −10001.75): after the nearest, −10001.75 is the next, though the differences
     from −1e8 of the two round to one float."""
@@ -156,7 +156,7 @@ def test_a_later_pass_tells_apart_energies_that_a_difference_would_round_togethe
     assert nearest_centroids(points, centroids, 2).tolist() == [[[[0, 2]]]]
 
 
-@needs_wide
+@needs_vectors
 def test_a_nan_centroid_gives_the_references_ids_and_no_repeats():
     """A NaN centroid's every e_j is NaN, read as 0 on both paths: the ids agree, and no token holds one
     twice (the planner's contract), though fewer finite centroids are left than top_k."""
@@ -174,7 +174,7 @@ def test_top_k_outside_the_centroids_is_refused():
             nearest_centroids(points, centroids, top_k)
 
 
-@needs_wide
+@needs_vectors
 def test_results_do_not_depend_on_the_number_of_threads():
     module, gen = _projections(32, 64, 4, seed=5)
     q = torch.randn(2, 3, 200, 64, generator=gen)
@@ -189,7 +189,7 @@ def test_results_do_not_depend_on_the_number_of_threads():
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
-@needs_wide
+@needs_vectors
 def test_running_out_of_memory_is_a_memory_error():
     """The layout of 2⁵² centroids cannot be allocated: a MemoryError, not an abort. Nothing is read."""
     points, centroids = _points(1, 0, 4, 1, seed=0)
