@@ -15,7 +15,9 @@ platform), the same function runs eagerly, with one warning.
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -30,8 +32,14 @@ def _sums(
     return d.sum(-1), (d * d).sum(-1), (d > 0).to(x.dtype).sum(-1), (x > candidate).to(x.dtype).sum(-1)
 
 
-_compiled = torch.compile(_sums, dynamic=True)
 _eager = False  # set once compiling has failed: every later call runs eagerly
+
+
+@functools.cache
+def _compiled() -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``_sums`` compiled, made on first use: ``torch.compile`` imports Dynamo (seconds), which a process
+    whose thresholds the C++ kernel finds never needs."""
+    return torch.compile(_sums, dynamic=True)
 
 
 def support_sums(
@@ -51,7 +59,7 @@ def support_sums(
     if not _eager and min(flat.shape) >= 2:
         try:
             with torch.no_grad():  # sums are never differentiated: one kernel whatever the grad mode
-                sums = _compiled(flat, *per_row, scale)
+                sums = _compiled()(flat, *per_row, scale)
             return tuple(s.view(rows) for s in sums)
         except Exception as err:  # compilation failed: the environment lacks what Inductor needs
             _eager = True

@@ -47,7 +47,7 @@ def test_sums_run_eagerly_once_compiling_fails(monkeypatch):
         calls.append(args)
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setattr(module, "_compiled", failing)
+    monkeypatch.setattr(module, "_compiled", lambda: failing)  # compiling fails at the first call
     monkeypatch.setattr(module, "_eager", False)
     scores, tau = torch.randn(3, 5), torch.full((3,), -0.5)
     args = (scores, scores.amax(-1), tau, tau, 0.5)
