@@ -135,7 +135,8 @@ Vec<float> fold(const Vec<float>& a, const Vec<float>& b, std::index_sequence<la
 // order: folds of pairs, then of pairs of their results, down to items of one lane.
 template <int width>
 void fold_down(Vec<float>* v) {
-    for (int k = 0; k < width / 2; ++k) v[k] = fold<width>(v[2 * k], v[2 * k + 1], std::make_index_sequence<kWidth<float>>{});
+    constexpr auto lanes = std::make_index_sequence<kWidth<float>>{};
+    for (int k = 0; k < width / 2; ++k) v[k] = fold<width>(v[2 * k], v[2 * k + 1], lanes);
     if constexpr (width > 2) fold_down<width / 2>(v);
 }
 
@@ -177,7 +178,8 @@ void add_partials(const Vec<float> (&f)[kTokens][V], const float* maps, int64_t 
 }
 
 // out[p] = the sum of partial[p]'s lanes + bias[p] for the `outputs` outputs of a tile, (r, j) in order as
-// they lie in memory: a vector's lanes at a time in one vector (partial readable and zero up to whole vectors of them).
+// they lie in memory: a vector's lanes at a time in one vector (partial readable and zero up to whole vectors
+// of them).
 void finish_outputs(const Vec<float>* partial, const float* bias, int64_t outputs, float* out) {
     constexpr int64_t lanes = kWidth<float>;
     for (int64_t p = 0; p < outputs; p += lanes) {
@@ -187,8 +189,9 @@ void finish_outputs(const Vec<float>* partial, const float* bias, int64_t output
     }
 }
 
-// sum[r][v] = Σ_t x_rt M_t,s+wv+lane (w = kWidth) for the kTokens rows x_r = rows[r · d …] and V vectors of M's columns
-// from s on (M given as its d rows of `width`): a broadcast product, each sum over x's coordinates in order.
+// sum[r][v] = Σ_t x_rt M_t,s+wv+lane (w = kWidth) for the kTokens rows x_r = rows[r · d …] and V vectors of M's
+// columns from s on (M given as its d rows of `width`): a broadcast product, each sum over x's coordinates in
+// order.
 // With D > 0 (d known when compiled) a row's coordinate t is an offset from one pointer; for a d known only
 // at run time the rows' offsets take registers the sums need.
 template <int64_t D, int V>

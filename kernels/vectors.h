@@ -1,6 +1,7 @@
 // What the C++ kernels share on vectors of the registers' width: masked loads and stores, e^x lane by lane,
-// and products C = A·B with A's, B's and C's rows given by pointers (register tiles). Each sum of a product runs over the inner
-// dimension in order, so a row of C depends on its row of A alone, whatever the tiling or the thread count.
+// and products C = A·B with A's, B's and C's rows given by pointers (register tiles). Each sum of a product
+// runs over the inner dimension in order, so a row of C depends on its row of A alone, whatever the tiling or
+// the thread count.
 
 #pragma once
 
