@@ -14,9 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Ten steps of forward and backward through causal softmax bucketed attention at n = 2048 (4 heads, d 32,
 # 8 buckets, a window of 17 and a global token): every block's probabilities are kept for the backward and,
-# with the gradients' temporaries, freed together at the step's end. Prints the minor page faults of the last
-# six steps (one alone may find its memory still there: glibc trims the heap only when its top is free);
-# with argument 1 it keeps freed memory first.
+# with the gradients' temporaries, freed together at the step's end. Prints the minor page faults of each of
+# the last six steps; with argument 1 it keeps freed memory first.
 PROGRAM = """
 import resource, sys, torch
 from kernels import bucketed_attention
@@ -29,16 +28,19 @@ g = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(1, 4, 2048, 32, generator=g).requires_grad_() for _ in range(3))
 ids = balanced_buckets(1, 4, 2048, 8, 1, seed=0)
 for step in range(10):
-    if step == 4:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     q.grad = k.grad = v.grad = None
     opts = dict(alpha=1.0, causal=True, window=17, global_tokens=1, backend="torch")
     bucketed_attention(q, k, v, ids, ids, **opts).sum().backward()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    if step >= 4:
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
 def page_faults(keep: bool) -> int:
+    """The median of the last six steps' page faults: without keeping, one step now and then finds its memory
+    still there (glibc trims the heap only when its top is free); with it, one now and then grows the heap
+    (0-900 faults in one step, where the others have none)."""
     run = subprocess.run(
         [sys.executable, "-c", PROGRAM, "1" if keep else "0"],
         cwd=ROOT,
@@ -46,7 +48,8 @@ def page_faults(keep: bool) -> int:
         text=True,
         check=True,
     )
-    return int(run.stdout.split()[-1])
+    steps = sorted(int(x) for x in run.stdout.split()[-6:])
+    return steps[len(steps) // 2]
 
 
 @pytest.mark.skipif(
@@ -54,8 +57,8 @@ def page_faults(keep: bool) -> int:
 )
 def test_kept_memory_is_reused_without_page_faults():
     default, kept = page_faults(keep=False), page_faults(keep=True)
-    assert default > 2000  # the steps' temporaries land on fresh pages (12,000-17,000 measured)
-    assert kept < default // 10  # and once kept, on reused ones (0-400 measured)
+    assert default > 500  # the steps' temporaries land on fresh pages (1,000-3,000 a step measured)
+    assert kept < default // 10  # and once kept, on reused ones (0 measured)
 
 
 def test_elsewhere_it_does_nothing(monkeypatch):
