@@ -354,12 +354,14 @@ def _predictor_overhead(
     predictor's shapes: ``predict_ms`` projects queries and keys per head through the projector of the
     default and long-context profiles (the pipeline's own :class:`~pipeline.projection.model.HeadProjections`,
     a shared tanh MLP of ``PREDICTOR_HIDDEN`` units to rank ``PREDICTOR_RANK``) and gives each its ``top``
-    nearest of ``buckets`` centroids (the pipeline's :func:`~pipeline.predictors.kmeans.nearest_centroids`);
+    nearest of ``buckets`` centroids (:func:`~kernels.predictor_maps.nearest_centroids`, the k-means
+    predictor's, taken from there: the ``pipeline.predictors`` package imports transformers, seconds in every
+    worker);
     ``predict_linear_ms`` the same through the paper's projector (the GPU profile's: a linear map to rank
     ``PREDICTOR_RANK`` for queries and one for keys); ``plan_ms`` runs ``plan``, which lays the pairs of the
     measured bucket ids out in blocks (the planning the forward time already includes; random centroids
     would give other, unbalanced buckets)."""
-    from pipeline.predictors.kmeans import nearest_centroids
+    from kernels.predictor_maps import nearest_centroids
     from pipeline.projection.model import HeadProjections
 
     heads, dim = q.shape[1], q.shape[3]

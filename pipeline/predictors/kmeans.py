@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.predictor_maps import nearest_centroid_ids
+from kernels import predictor_maps
 from pipeline.clustering.kmeans import fit_centroids
 from pipeline.errors import UserError
 from pipeline.predictors.base import (
@@ -39,48 +39,12 @@ def nearest_centroids(
     """int32 (batch, heads, n, top_k) indices of the nearest centroids, nearest first; −1 on padding.
 
     ``x`` is (batch, heads, n, r), ``centroids`` (heads, B, r), ``valid`` (batch, n) or ``None``. A tie goes
-    to the lowest centroid index, as the stable sort gives; a NaN point takes centroids 0 … top_k − 1. On the
-    CPU without gradients the C++ kernel runs (:func:`kernels.predictor_maps.nearest_centroid_ids`), else
-    :func:`_nearest_by_tensors`.
+    to the lowest centroid index; a NaN point takes centroids 0 … top_k − 1
+    (:func:`kernels.predictor_maps.nearest_centroids`: in C++ on the CPU without gradients, else by tensor
+    operations).
     """
-    ids = nearest_centroid_ids(x, centroids, top_k)  # (it checks top_k)
-    if ids is None:
-        ids = _nearest_by_tensors(x.detach(), centroids.detach().to(x.dtype), top_k)  # ids have no gradient
+    ids = predictor_maps.nearest_centroids(x, centroids, top_k)
     return ids if valid is None else padding_to_none(ids, valid)
-
-
-def _nearest_by_tensors(x: torch.Tensor, centroids: torch.Tensor, top_k: int) -> torch.Tensor:
-    """:func:`nearest_centroids` by tensor operations, without padding.
-
-    ‖x − c_j‖² = ‖x‖² + (‖c_j‖² − 2 x·c_j), and the first term is the same for every centroid j, so the
-    ranking is that of e_j = ‖c_j‖² − 2 x·c_j: one batched matmul laid out (heads, B, tokens), so that each of
-    the top_k passes is a vectorised minimum over B rows of tokens (an argmin over a short last dimension is
-    about 30× slower on CPU).
-    """
-    b, h, n, r = x.shape
-    n_centroids = centroids.shape[-2]
-    points = x.permute(1, 3, 0, 2).reshape(h, r, b * n)  # (h, r, tokens)
-    energy = torch.baddbmm(centroids.square().sum(-1, keepdim=True), centroids, points, alpha=-2.0)
-    # NaN (a NaN point's every e_j) as 0 and ±∞ as the largest floats: they tie, and a tie takes the lower
-    # index (the differences below would be NaN)
-    energy.nan_to_num_()
-    # Everything below works in place on the (h, B, tokens) energy, or in one buffer, since fresh tensors of
-    # this size cost more in page faults than the arithmetic.
-    index = torch.arange(n_centroids, device=x.device, dtype=energy.dtype)[None, :, None]  # (1, B, 1)
-    above = energy if top_k == 1 else torch.empty_like(energy)
-    nearest = []
-    for rank in range(top_k):
-        # j + B·[e_j > min e] (the sign of e_j − min e, float arithmetic: cheaper than a boolean mask on CPU):
-        # its minimum over j is the first index at the minimum. The differences are taken from the energies
-        # themselves at every pass, not from the last pass's differences: two distinct floats never differ
-        # by 0, where differences of differences may round together (and ∞ − ∞ is NaN).
-        torch.sub(energy, energy.amin(1, keepdim=True), out=above)
-        torch.sign(above, out=above)
-        first = above.mul_(n_centroids).add_(index).amin(1, keepdim=True)  # (h, 1, tokens)
-        nearest.append(first.long())
-        if rank + 1 < top_k:
-            energy.scatter_(1, nearest[-1], torch.inf)
-    return torch.cat(nearest, 1).view(h, top_k, b, n).permute(2, 0, 3, 1).to(torch.int32)  # (b, h, n, top_k)
 
 
 def head_points(batches: Iterable[HeadInputs]) -> list[torch.Tensor]:

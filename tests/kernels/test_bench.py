@@ -112,7 +112,9 @@ def test_only_indexed_runs_just_the_indexed_comparison(tmp_path, capsys):
         bench.main(["--device", "cpu", "--suite", "gpu", "--only", "indexed", "--out", str(tmp_path)])
 
 
-def test_only_bucketed_at_chosen_sizes(tmp_path, capsys):
+def test_only_bucketed_at_chosen_sizes(tmp_path, capsys, monkeypatch):
+    # the options' plumbing: each measurement in this process (the test above runs them in their own)
+    monkeypatch.setattr(bench, "_spawn_cpu_worker", bench.cpu_worker)
     args = ["--device", "cpu", "--quick", "--only", "bucketed", "--sizes", "64", "--out", str(tmp_path)]
     assert bench.main(args) == 0
     report = json.loads((tmp_path / "bench.json").read_text())

@@ -7,8 +7,8 @@ import torch
 
 from kernels import predictor_maps
 from kernels.native import call
-from kernels.predictor_maps import head_mlp, nearest_centroid_ids, wide_kernel
-from pipeline.predictors.kmeans import _nearest_by_tensors, nearest_centroids
+from kernels.predictor_maps import head_mlp, nearest_by_tensors, nearest_centroid_ids, wide_kernel
+from pipeline.predictors.kmeans import nearest_centroids
 from pipeline.projection.model import HeadProjections
 from tests.kernels.test_block_products import needs_vectors
 
@@ -90,7 +90,7 @@ def test_nearest_centroids_equal_the_tensor_reference(count, top_k, n, rank):
     points, centroids = _points(3, n, rank, count, seed=count * n + rank)
     found = nearest_centroid_ids(points, centroids, top_k)
     assert found is not None and found.dtype == torch.int32
-    expected = _nearest_by_tensors(points, centroids, top_k)
+    expected = nearest_by_tensors(points, centroids, top_k)
     # The two sum e_j in different orders: where two centroids' e_j are a rounding apart, either may come
     # first; the energies of the ids taken must still agree, rank by rank, to round-off.
     energy = centroids.double().square().sum(-1)[None, :, None] - 2 * points.double() @ centroids.double().mT
@@ -109,7 +109,7 @@ def test_ties_among_whole_number_points_match_the_reference_exactly(rank, top_k)
     points = torch.randint(-2, 3, (2, 3, 130, rank), generator=gen).float()
     centroids = torch.randint(-2, 3, (3, 7, rank), generator=gen).float()
     assert torch.equal(
-        nearest_centroid_ids(points, centroids, top_k), _nearest_by_tensors(points, centroids, top_k)
+        nearest_centroid_ids(points, centroids, top_k), nearest_by_tensors(points, centroids, top_k)
     )
 
 
@@ -128,7 +128,7 @@ def test_infinite_points_beside_finite_ones_give_the_references_ids(seed):
     points = torch.where(hit, special, points)
     for top_k in (1, 2, 3, 16):
         found = nearest_centroid_ids(points, centroids, top_k)
-        assert torch.equal(found, _nearest_by_tensors(points, centroids, top_k))
+        assert torch.equal(found, nearest_by_tensors(points, centroids, top_k))
         assert (found.sort(-1).values.diff(dim=-1) > 0).all()
 
 
@@ -163,7 +163,7 @@ def test_a_nan_centroid_gives_the_references_ids_and_no_repeats():
     points, centroids = _points(2, 40, 4, 3, seed=7)
     centroids[1, 0] = float("nan")
     found = nearest_centroid_ids(points, centroids, 3)
-    assert torch.equal(found, _nearest_by_tensors(points, centroids, 3))
+    assert torch.equal(found, nearest_by_tensors(points, centroids, 3))
     assert (found.sort(-1).values.diff(dim=-1) > 0).all()
 
 
