@@ -95,13 +95,13 @@ def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None)
             for name, mode, alpha, need_u in ROW_PASSES:
                 if mode == tb._ENTMAX_SOLVE and t > 1:
                     continue  # the in-kernel τ search serves one bucket per query
-                if each and alpha > 2.0:
-                    continue  # α > 2 always takes its default tiles (fp32 products: 32×32)
+                if not _takes_tiles(alpha, each):
+                    continue
                 cfg = _config(alpha, dtype, head_dim, t, each)
                 modes = dict(MODE=mode.value, NEED_U=need_u, TAU_METHOD=cfg.tau_method)
                 out.append(_variant("_rows_kernel", f"rows {name} α={alpha} {shape}", dtype, cfg, t, modes))
             for alpha in COL_ALPHAS:
-                if each and alpha > 2.0:
+                if not _takes_tiles(alpha, each):
                     continue
                 cfg = _config(alpha, dtype, head_dim, t, each)
                 out.append(_variant("_cols_kernel", f"cols α={alpha} {shape}", dtype, cfg, t, {}))
@@ -118,6 +118,12 @@ def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None)
             )
         )
     return out
+
+
+def _takes_tiles(alpha: float, tiles: tb.Tiles | None) -> bool:
+    """Whether a kernel at ``alpha`` is built with ``tiles`` (None: its default ones): α > 2 always takes
+    its default tiles (fp32 products: 32×32)."""
+    return tiles is None or alpha <= 2.0
 
 
 def _config(alpha: float, dtype: torch.dtype, head_dim: int, t: int, tiles: tb.Tiles | None) -> tb._Config:
