@@ -37,7 +37,7 @@
 
 namespace {
 
-using vectors::exp_lanes;
+using vectors::exp_lanes, vectors::store;
 
 constexpr int kMaxSteps = 100;  // as the reference: more than float64 resolution needs
 constexpr int kGroup = 8;       // queries whose search steps interleave
@@ -91,17 +91,6 @@ V lanes(const T* from, int64_t valid, V rest) {
         std::memcpy(&rest, from, valid * sizeof(T));
     }
     return rest;
-}
-
-// The first `valid` (≤ its lanes) lanes of v, written from `to` on: a whole vector in one store (a copy of a
-// size known only at run time is a string move, several times slower).
-template <typename V, typename T>
-void store(T* to, const V& v, int64_t valid) {
-    if (valid * sizeof(T) == sizeof(V)) {
-        std::memcpy(to, &v, sizeof v);
-    } else {
-        std::memcpy(to, &v, valid * sizeof(T));
-    }
 }
 
 // Which entries of a part of blocks (blocks × block_rows rows of `width`) are keys: entry c of row r is one
@@ -195,7 +184,7 @@ struct Query {
                     Vec<Real> x = lanes(row.data + j, valid, Vec<Real>{} - inf);
                     if constexpr (rule != kEvery) {
                         x = row.template excluded<rule>(j, valid) ? -inf : x;
-                        if (drop) store(row.data + j, x, valid);
+                        if (drop) store<Real>(row.data + j, x, valid);
                     }
                     high[half] = x > high[half] ? x : high[half];
                 });
@@ -220,7 +209,7 @@ struct Query {
                     const Vec<Real> p = exp_lanes(load<rule>(row, j, valid, 0));  // e^{−∞} = 0 in the padding
                     (at_odd ? odd : even) += p;
                     at_odd = !at_odd;
-                    if (write) store(row.data + j, p, valid);
+                    if (write) store<Real>(row.data + j, p, valid);
                 };
                 int64_t j = 0;
                 // Whole vectors apart: a load or store of a size known only at run time goes through the stack,
@@ -236,7 +225,7 @@ struct Query {
             for (int64_t r = 0; r < count; ++r) {
                 vectors(rows[r].width, [&](int, int64_t j, int64_t valid) {
                     Real* at = rows[r].data + j;
-                    store(at, lanes(at, valid, Vec<Real>{}) * inverse, valid);
+                    store<Real>(at, lanes(at, valid, Vec<Real>{}) * inverse, valid);
                 });
             }
         }
@@ -273,7 +262,7 @@ struct Query {
                     Vec<Real> p = load<rule>(row, j, valid, tau);
                     p = p > 0 ? p : 0;
                     if (beta == 2) p *= p;
-                    store(row.data + j, p, valid);
+                    store<Real>(row.data + j, p, valid);
                 });
             });
         }
