@@ -52,7 +52,7 @@ forward of :mod:`kernels.triton_indexed` (imported only then) when no gradient i
 inference (use ``"auto"`` or ``"torch"`` to train). ``backend="torch"`` forces this module's path.
 
 The dense reference is :func:`dense_indexed_reference` (entmax of all masked scores, by
-:func:`kernels.reference.normalize`), for tests.
+`kernels.dense_entmax.entmax_normalize`), for tests.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ import torch
 
 from kernels import _check_backend
 from kernels.checks import check_causal, check_qkv, check_scale
-from kernels.reference import normalize
+from kernels.dense_entmax import entmax_normalize
 from kernels.support_sums import support_sums
 from kernels.torch_bucketed import entmax_gradient_weight, exact_row_thresholds
 
@@ -1073,5 +1073,5 @@ def dense_indexed_reference(
         mask = mask & key_valid[:, None, None, :]
     if allowed is not None:
         mask = mask & allowed
-    probs = normalize(scores.masked_fill(~mask, _NEG_INF), alpha)
+    probs = entmax_normalize(scores.masked_fill(~mask, _NEG_INF), alpha)
     return (probs @ v.to(compute)).to(q.dtype)

@@ -12,22 +12,9 @@ finite constant, so a masked key can never enter the support.
 from __future__ import annotations
 
 import torch
-from entmax import entmax15, entmax_bisect
 
 from kernels.attended import attended_mask
-
-
-def normalize(scores: torch.Tensor, alpha: float) -> torch.Tensor:
-    """α-entmax (softmax for α = 1) over the last dim of fp32 ``scores``; rows of all −inf give zeros."""
-    empty = torch.isneginf(scores).all(-1, keepdim=True)
-    scores = scores.masked_fill(empty, 0.0)
-    if alpha == 1.0:
-        probs = torch.softmax(scores, dim=-1)
-    elif alpha == 1.5:
-        probs = entmax15(scores, dim=-1)
-    else:
-        probs = entmax_bisect(scores, alpha=alpha, dim=-1)
-    return probs.masked_fill(empty, 0.0)
+from kernels.dense_entmax import entmax_normalize
 
 
 def dense_bucketed_attention(
@@ -47,5 +34,5 @@ def dense_bucketed_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = attended_mask(q_buckets, k_buckets, causal=causal, window=window, global_tokens=global_tokens)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # (b, h, n, m)
-    probs = normalize(scores.masked_fill(~mask, float("-inf")), alpha)
+    probs = entmax_normalize(scores.masked_fill(~mask, float("-inf")), alpha)
     return (probs @ v.float()).to(q.dtype)

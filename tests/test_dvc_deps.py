@@ -1,4 +1,5 @@
-"""Every stage's code is a DVC dependency: changing any file a stage imports re-runs that stage.
+"""Every stage's code is a DVC dependency: changing any file a stage imports re-runs that stage, and
+changing one it never imports does not.
 
 The imports are walked statically from the stage script (function-level imports included, since those run
 too), following the project's own packages; a module's parent packages count, since importing it runs their
@@ -96,6 +97,21 @@ def test_stage_lists_every_file_it_imports(stage: str) -> None:
         if not any(path == dep or dep in path.parents for dep in deps)
     )
     assert not missing, f"dvc.yaml stage {stage} does not list: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("stage", sorted(stages()))
+def test_stage_lists_no_code_it_does_not_import(stage: str) -> None:
+    spec = stages()[stage]
+    spec = spec.get("do", spec)
+    files = stage_files(spec["cmd"].split()[2])
+    files |= native_sources(files)
+    code = [Path(dep) for dep in spec["deps"] if dep.split("/")[0] in PACKAGES]
+    unused = sorted(
+        str(dep)
+        for dep in code
+        if not ((ROOT / dep).is_dir() and any(dep in path.parents for path in files) or dep in files)
+    )
+    assert not unused, f"dvc.yaml stage {stage} lists code it never imports: {', '.join(unused)}"
 
 
 def test_walker_sees_function_level_and_package_imports() -> None:

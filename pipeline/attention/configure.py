@@ -19,10 +19,10 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedModel
 
 from pipeline.attention.interface import module_head_dim, module_heads
-from pipeline.attention.kinds import attention_kind
 from pipeline.attention.loading import load_model
 from pipeline.attention.recording import attention_layers
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_predictor
+from pipeline.attention_kinds import attention_kind
 from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint, save_checkpoint
 from pipeline.errors import UserError
 from pipeline.origin import Origin

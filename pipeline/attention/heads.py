@@ -18,8 +18,8 @@ from transformers import PreTrainedModel
 
 from pipeline.attention.entmax import attention_inputs, entmax_attention_forward
 from pipeline.attention.interface import AttentionFunction, StateAttacher, module_head_dim, module_heads
-from pipeline.attention.kinds import attention_kind
 from pipeline.attention.recording import attention_layers, layout_kinds, model_layout
+from pipeline.attention_kinds import attention_kind
 from pipeline.errors import UserError
 
 SELF_KINDS = ("encoder_self", "decoder_self")

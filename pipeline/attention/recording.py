@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pipeline.attention.interface import AttentionFunction, attention_modules
-from pipeline.attention.kinds import KINDS, AttentionKind
+from pipeline.attention_kinds import KINDS, AttentionKind
 
 Layout = Literal["encoder_decoder", "decoder_only", "encoder_only"]
 # the sides (source, target) of a row each layout reads

@@ -51,8 +51,9 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from kernels.dense_entmax import entmax_normalize
 from pipeline.attention.counting import PairCounter
-from pipeline.attention.entmax import attention_alpha, entmax_normalize
+from pipeline.attention.entmax import attention_alpha
 from pipeline.attention.heads import (
     attach_heads,
     check_integer,
@@ -65,8 +66,8 @@ from pipeline.attention.heads import (
     state_attacher,
 )
 from pipeline.attention.interface import mask_scores, register_attention, register_state_attacher
-from pipeline.attention.kinds import attention_kind
 from pipeline.attention.topk import gather_items, straight_through_pick, top_k_split
+from pipeline.attention_kinds import attention_kind
 from pipeline.errors import UserError
 
 SAMSA = "samsa"

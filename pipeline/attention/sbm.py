@@ -48,8 +48,9 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from kernels.dense_entmax import entmax_normalize
 from pipeline.attention.counting import PairCounter
-from pipeline.attention.entmax import attention_alpha, entmax_normalize
+from pipeline.attention.entmax import attention_alpha
 from pipeline.attention.heads import (
     SELF_KINDS,
     attach_heads,
@@ -68,8 +69,8 @@ from pipeline.attention.interface import (
     register_loss_penalty,
     register_state_attacher,
 )
-from pipeline.attention.kinds import attention_kind
 from pipeline.attention.sbm_sampling import bernoulli_graph, fastrg_edges, straight_through
+from pipeline.attention_kinds import attention_kind
 from pipeline.errors import UserError
 
 SBM = "sbm"

@@ -55,8 +55,8 @@ from pipeline.attention.interface import (
     register_generation_cache,
     register_state_attacher,
 )
-from pipeline.attention.kinds import KINDS, attention_kind
 from pipeline.attention.recording import attention_layers
+from pipeline.attention_kinds import KINDS, attention_kind
 from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, make_predictor
 from pipeline.predictors.indexer import IndexerPredictor

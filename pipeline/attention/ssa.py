@@ -46,7 +46,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from pipeline.attention.entmax import attention_alpha, entmax_normalize
+from kernels.dense_entmax import entmax_normalize
+from pipeline.attention.entmax import attention_alpha
 from pipeline.attention.heads import (
     attach_heads,
     check_integer,
@@ -58,7 +59,7 @@ from pipeline.attention.heads import (
     state_attacher,
 )
 from pipeline.attention.interface import mask_scores, register_attention, register_state_attacher
-from pipeline.attention.kinds import attention_kind
+from pipeline.attention_kinds import attention_kind
 from pipeline.errors import UserError
 
 SSA = "ssa"

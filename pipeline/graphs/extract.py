@@ -28,8 +28,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.marian.modeling_marian import shift_tokens_right
 
 from pipeline.attention.interface import module_head_dim, module_heads
-from pipeline.attention.kinds import AttentionKind, attention_kind
 from pipeline.attention.recording import Captured, Layout, attention_layers, capture_attention, model_layout
+from pipeline.attention_kinds import AttentionKind, attention_kind
 from pipeline.fingerprint import cached_file_sha256
 from pipeline.graphs.store import AttentionGraph, GraphStore, GraphStoreWriter
 

@@ -6,7 +6,7 @@ store (allowed: shard-NNNNN.safetensors)``. The rules:
 
 - ``format``/``format_version`` are this reader's; every key is present with its JSON type, no other key;
 - ``attention_kinds`` are known, distinct kinds and exactly the keys of ``kinds``, whose causal flag and
-  sides are the kind's definition (:mod:`pipeline.attention.kinds`); ``counts.tokens`` has exactly the sides
+  sides are the kind's definition (:mod:`pipeline.attention_kinds`); ``counts.tokens`` has exactly the sides
   the kinds read and ``counts.edges`` exactly the kinds;
 - ``layers``, ``heads``, ``head_dim`` ≥ 1; ``dtype``/``probs_dtype`` allowed; ``scaling`` finite and > 0;
 - every shard ``file`` is a bare ``shard-NNNNN.safetensors`` name, so a manifest never makes a reader open
@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.attention.kinds import KINDS, SIDES, attention_kind
+from pipeline.attention_kinds import KINDS, SIDES, attention_kind
 from pipeline.errors import UserError
 
 FORMAT = "sparsefinder-graph-store"

@@ -50,7 +50,7 @@ import numpy as np
 import safetensors.numpy
 
 from pipeline.atomic import atomic_path, write_json
-from pipeline.attention.kinds import attention_kind
+from pipeline.attention_kinds import attention_kind
 from pipeline.errors import UserError
 from pipeline.fingerprint import cached_file_sha256, file_sha256
 from pipeline.graphs.manifest import (

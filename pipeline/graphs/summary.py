@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.attention.kinds import valid_pair_count
+from pipeline.attention_kinds import valid_pair_count
 from pipeline.graphs.store import GraphStore
 
 

@@ -19,9 +19,9 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.attention.kinds import attention_kind
 from pipeline.attention.recording import attention_layers, capture_attention, layout_kinds, model_layout
 from pipeline.attention.sparsity import attention_sparsity
+from pipeline.attention_kinds import attention_kind
 from pipeline.corpus_card import Task
 from pipeline.training.trainer import MASKED_FRACTION
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.attention.entmax import entmax_normalize
+from kernels.dense_entmax import entmax_normalize
 from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
 from pipeline.predictors.indexer_fit import FITS, distill_maps, low_rank, principal_basis

@@ -19,8 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernels import bucketed_attention, torch_bucketed
 from kernels.attended import window_radius
 from kernels.bucket_blocks import BlockPlan, attended
+from kernels.dense_entmax import entmax_normalize
 from kernels.exact_entmax import exact_entmax
-from kernels.reference import attended_mask, dense_bucketed_attention, normalize
+from kernels.reference import attended_mask, dense_bucketed_attention
 from kernels.torch_bucketed import _normalise, _SpreadRows, entmax_gradient_weight, plan_attention
 
 # the PyTorch path through the public entry, which turns the window size into the band radius
@@ -60,7 +61,7 @@ def dense64(q, k, v, qb, kb, *, alpha, causal=False, window=0, global_tokens=0) 
     """Float64 ground truth: the reference mask and normaliser on float64 scores."""
     mask = attended_mask(qb, kb, causal=causal, window=window, global_tokens=global_tokens)
     scores = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    return normalize(scores.masked_fill(~mask, float("-inf")), alpha) @ v.double()
+    return entmax_normalize(scores.masked_fill(~mask, float("-inf")), alpha) @ v.double()
 
 
 def assert_close_to_truth(
@@ -165,7 +166,7 @@ def test_spread_normaliser_equals_entmax_over_each_querys_keys(alpha):
         scores, mask, ours = entries(parts), entries(keep) > 0, entries(probs)
         expected = torch.zeros_like(scores)
         if mask.any():
-            expected[mask] = normalize(scores[mask][None], alpha)[0]
+            expected[mask] = entmax_normalize(scores[mask][None], alpha)[0]
         torch.testing.assert_close(ours, expected, rtol=0, atol=1e-10)
 
 
@@ -228,7 +229,7 @@ def test_pair_sharing_several_buckets_counts_once():
     assert plan.num_pairs == n * n == int(attended_mask(ids, ids).sum())
     for alpha in ALPHAS:
         out = torch_bucketed_attention(q, k, v, ids, ids, alpha=alpha)
-        full = normalize((q @ k.transpose(-1, -2)) * 8**-0.5, alpha) @ v  # union mask = every pair
+        full = entmax_normalize((q @ k.transpose(-1, -2)) * 8**-0.5, alpha) @ v  # union mask = every pair
         torch.testing.assert_close(out, full, rtol=0, atol=1e-12)
 
 

@@ -20,7 +20,8 @@ if not torch.cuda.is_available():
 
 from kernels import bucketed_attention
 from kernels.attended import window_radius
-from kernels.reference import attended_mask, dense_bucketed_attention, normalize
+from kernels.dense_entmax import entmax_normalize
+from kernels.reference import attended_mask, dense_bucketed_attention
 from kernels.triton_bucketed import Tiles, triton_bucketed_attention
 
 CUDA = torch.cuda.is_available()
@@ -118,7 +119,7 @@ def _dense64(q, k, v, q_buckets, k_buckets, *, alpha, causal, window, global_tok
     """The reference computed entirely in float64 (the truth the tolerances are measured against)."""
     mask = attended_mask(q_buckets, k_buckets, causal=causal, window=window, global_tokens=global_tokens)
     scores = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    return normalize(scores.masked_fill(~mask, float("-inf")), alpha) @ v.double()
+    return entmax_normalize(scores.masked_fill(~mask, float("-inf")), alpha) @ v.double()
 
 
 def _with_grads(fn, q, k, v, q_buckets, k_buckets, grad_out, cast=None, **options):
@@ -320,7 +321,7 @@ def test_everything_in_one_bucket_is_dense_attention(layout: str, alpha: float):
         if causal:
             future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
-        return normalize(scores, alpha) @ v.to(work)
+        return entmax_normalize(scores, alpha) @ v.to(work)
 
     kernel = _with_grads(triton_attention, q, k, v, buckets, buckets, grad_out, **options)
     reference = _with_grads(dense, q, k, v, buckets, buckets, grad_out, **options)

@@ -11,7 +11,7 @@ import torch
 from entmax import entmax15
 from transformers import MarianMTModel
 
-from pipeline.attention.kinds import KINDS
+from pipeline.attention_kinds import KINDS
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore, epoch_batches, iter_batches
 from pipeline.graphs.extract import extract_graphs, select_rows, teacher_fingerprint
