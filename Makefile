@@ -33,11 +33,12 @@ repro: setup corpus
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist), whole files to a worker so module fixtures are
-# built once; one intra-op thread each, so the workers never contend for the cores.
+# built once; one intra-op thread each, so the workers never contend for the cores. Files go out in the
+# order tests/conftest.py gives them (the minutes-long end-to-end runs first), not xdist's own.
 TEST_WORKERS ?= 2
 
 test: setup corpus
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(VENV)/bin/ruff check pipeline stages kernels tests
