@@ -109,7 +109,7 @@ def test_stage_lists_no_code_it_does_not_import(stage: str) -> None:
     unused = sorted(
         str(dep)
         for dep in code
-        if not ((ROOT / dep).is_dir() and any(dep in path.parents for path in files) or dep in files)
+        if dep not in files and not ((ROOT / dep).is_dir() and any(dep in path.parents for path in files))
     )
     assert not unused, f"dvc.yaml stage {stage} lists code it never imports: {', '.join(unused)}"
 
