@@ -5,8 +5,9 @@ the first ``global_tokens`` positions global; j ≤ i when causal), and the outp
 
     o_i = Σ_{j∈A_i} p_ij v_j,   p_i = α-entmax(s_i) over A_i (softmax when α = 1),   s_ij = scale · q_i·k_j.
 
- A query with A_i = ∅ outputs zeros. Masking is by −inf, never by a large
-finite constant, so a masked key can never enter the support.
+with the normaliser of dense attention (:func:`kernels.dense_entmax.entmax_normalize`). A query with A_i = ∅
+outputs zeros. Masking is by −inf, never by a large finite constant, so a masked key can never enter the
+support.
 """
 
 from __future__ import annotations
