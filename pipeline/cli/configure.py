@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.attention.configure import configure_sparsefinder
-from pipeline.attention.sparsefinder import sparsefinder_heads
 from pipeline.cli.predictor_args import add_predictor_arguments, parse_knobs
 from pipeline.errors import UserError
 
@@ -44,6 +42,10 @@ def add_configure_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 def run_configure(args: argparse.Namespace) -> int:
     """Run ``configure``; prints what was written."""
+    # imported here: they load transformers (seconds), which the command's other subcommands never need
+    from pipeline.attention.configure import configure_sparsefinder
+    from pipeline.attention.sparsefinder import sparsefinder_heads
+
     if args.method is None:
         raise UserError("configure needs --method (a predictor name)")
     model = configure_sparsefinder(
