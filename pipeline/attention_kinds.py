@@ -3,6 +3,10 @@
 - ``decoder_self``: decoder self-attention over the target prefix, causal (key j ≤ query i).
 - ``encoder_self``: encoder self-attention over the source, bidirectional.
 - ``cross``: decoder queries over encoder keys (a bipartite graph), bidirectional.
+
+It lives outside :mod:`pipeline.attention`, whose import registers the attention implementations with
+transformers (seconds): the graph store, the predictors and the stages that never build a model read the
+kinds without that import.
 """
 
 from __future__ import annotations
