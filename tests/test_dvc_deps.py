@@ -83,33 +83,34 @@ def stages() -> dict[str, dict]:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-@pytest.mark.parametrize("stage", sorted(stages()))
-def test_stage_lists_every_file_it_imports(stage: str) -> None:
+def stage_code(stage: str) -> tuple[list[Path], set[Path]]:
+    """The stage's deps in dvc.yaml (templated ones left out) and every project file its script imports,
+    with the C++ sources those build."""
     spec = stages()[stage]
     spec = spec.get("do", spec)  # a foreach stage: every instance runs the same script
     command = spec["cmd"].split()
     assert command[:2] == ["python", "-m"], f"{stage}: cmd should be `python -m stages.{stage}`"
-    deps = [Path(dep) for dep in spec["deps"] if "${" not in dep]
     files = stage_files(command[2])
-    missing = sorted(
-        str(path)
-        for path in files | native_sources(files)
-        if not any(path == dep or dep in path.parents for dep in deps)
-    )
+    return [Path(dep) for dep in spec["deps"] if "${" not in dep], files | native_sources(files)
+
+
+def covers(dep: Path, path: Path) -> bool:
+    """Whether dependency ``dep``, a file or a folder, holds project file ``path``."""
+    return path == dep or dep in path.parents
+
+
+@pytest.mark.parametrize("stage", sorted(stages()))
+def test_stage_lists_every_file_it_imports(stage: str) -> None:
+    deps, files = stage_code(stage)
+    missing = sorted(str(path) for path in files if not any(covers(dep, path) for dep in deps))
     assert not missing, f"dvc.yaml stage {stage} does not list: {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("stage", sorted(stages()))
 def test_stage_lists_no_code_it_does_not_import(stage: str) -> None:
-    spec = stages()[stage]
-    spec = spec.get("do", spec)
-    files = stage_files(spec["cmd"].split()[2])
-    files |= native_sources(files)
-    code = [Path(dep) for dep in spec["deps"] if dep.split("/")[0] in PACKAGES]
+    deps, files = stage_code(stage)
     unused = sorted(
-        str(dep)
-        for dep in code
-        if dep not in files and not ((ROOT / dep).is_dir() and any(dep in path.parents for path in files))
+        str(dep) for dep in deps if dep.parts[0] in PACKAGES and not any(covers(dep, path) for path in files)
     )
     assert not unused, f"dvc.yaml stage {stage} lists code it never imports: {', '.join(unused)}"
 
