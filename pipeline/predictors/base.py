@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels.attended import attended_mask, pattern_pairs, valid_pairs
+from kernels.attended import pattern_pairs, shared_bucket_pairs, valid_pairs
 from pipeline.errors import UserError
 
 
@@ -86,26 +86,30 @@ class Prediction:
         return self.mask is None
 
 
+def learned_pairs(prediction: Prediction) -> Tensor:
+    """(b, h | 1, n, m) bool: the predictor's own part of Ĝ, the pairs that share a bucket id (as
+    :func:`~kernels.attended.shared_bucket_pairs` defines them for the kernel) or its mask."""
+    if prediction.is_buckets:
+        return shared_bucket_pairs(prediction.q_buckets, prediction.k_buckets)
+    return prediction.mask
+
+
+def with_pattern(learned: Tensor, valid: Tensor, *, window: int, global_tokens: int) -> Tensor:
+    """Boolean (b, h | 1, n, m) Ĝ = (learned ∪ window ∪ global) ∩ valid, ``valid`` (b, 1, n, m) the valid
+    pairs with the causal cut (:func:`~kernels.attended.valid_pairs`): the kernel's attended set
+    (:func:`~kernels.attended.attended_mask`) within the valid pairs."""
+    n, m = valid.shape[-2:]
+    pattern = pattern_pairs(n, m, window=window, global_tokens=global_tokens, device=valid.device)
+    return (learned | pattern) & valid
+
+
 def predicted_graph(
     prediction: Prediction, q_valid: Tensor, k_valid: Tensor, *, causal: bool, window: int, global_tokens: int
 ) -> Tensor:
     """Boolean (b, h | 1, n, m) Ĝ = (learned ∪ window ∪ global) ∩ causal ∩ valid, as :mod:`kernels.attended`
-    defines it: bucket predictions go through the kernel's own :func:`~kernels.attended.attended_mask`."""
+    defines it (:func:`learned_pairs`, :func:`with_pattern`)."""
     valid = valid_pairs(q_valid, k_valid, causal=causal)[:, None]  # (b, 1, n, m)
-    if prediction.is_buckets:
-        graph = attended_mask(
-            prediction.q_buckets,
-            prediction.k_buckets,
-            causal=causal,
-            window=window,
-            global_tokens=global_tokens,
-        )
-    else:
-        n, m = valid.shape[-2:]
-        graph = prediction.mask | pattern_pairs(
-            n, m, window=window, global_tokens=global_tokens, device=valid.device
-        )
-    return graph & valid
+    return with_pattern(learned_pairs(prediction), valid, window=window, global_tokens=global_tokens)
 
 
 class Predictor(ABC):

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from kernels.attended import valid_pairs
 
@@ -54,11 +55,67 @@ class GraphScoreSums:
         return {s: self.sums[s] / self.counts[s] for s in SCORES}
 
 
+def _count(x: Tensor, dims: int | tuple[int, ...]) -> Tensor:
+    """int32 number of True entries of bool ``x`` over ``dims`` (its bytes summed: a bool sum or ``any``
+    would widen every entry to int64 first, several times slower)."""
+    return x.view(torch.uint8).sum(dims, dtype=torch.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldGraph:
+    """A batch's gold graph within the valid pairs, with what every score takes from it alone: computed
+    once, then any number of predicted graphs are scored against it (:meth:`scores`)."""
+
+    valid: Tensor  # (b, 1, n, m) bool V
+    gold: Tensor  # (b, h, n, m) bool G ∩ V
+    n_valid: Tensor  # (b, 1) float64 |V|
+    n_gold: Tensor  # (b, h) float64 |G|
+    gold_rows: Tensor  # (b, h, n) int32 |G_i|
+    n_gold_rows: Tensor  # (b, h) float64 |{i : G_i ≠ ∅}|
+
+    @classmethod
+    def of(cls, gold: Tensor, q_valid: Tensor, k_valid: Tensor, *, causal: bool) -> GoldGraph:
+        """``gold`` (b, h, n, m) bool, valid masks (b, n|m)."""
+        valid = valid_pairs(q_valid, k_valid, causal=causal)[:, None]  # (b, 1, n, m)
+        gold = gold & valid
+        gold_rows = _count(gold, -1)
+        return cls(
+            valid=valid,
+            gold=gold,
+            n_valid=_count(valid, (-1, -2)).to(torch.float64),
+            n_gold=gold_rows.sum(-1).to(torch.float64),
+            gold_rows=gold_rows,
+            n_gold_rows=gold_rows.gt(0).sum(-1).to(torch.float64),
+        )
+
+    def scores(self, pred: Tensor) -> GraphScoreSums:
+        """Per-head sums over the batch's sentences of the scores of ``pred`` (b, h | 1, n, m) bool."""
+        pred = pred & self.valid
+        hit_rows = _count(pred & self.gold, -1)  # (b, h, n)
+        shape = hit_rows.shape[:2]
+        n_pred = _count(pred, (-1, -2)).to(torch.float64).expand(shape)
+        n_hit = hit_rows.sum(-1).to(torch.float64)
+        # a query is exact when every gold key is predicted
+        exact_rows = (self.gold_rows > 0) & (hit_rows == self.gold_rows)
+        n_valid, n_gold, n_gold_rows = (
+            x.expand(shape) for x in (self.n_valid, self.n_gold, self.n_gold_rows)
+        )
+        per_sentence = {
+            "sparsity": (1 - n_pred / n_valid, n_valid > 0),
+            "recall": (n_hit / n_gold, n_gold > 0),
+            "precision": (n_hit / n_pred, n_pred > 0),
+            "exact": (exact_rows.sum(-1) / n_gold_rows, n_gold_rows > 0),
+        }
+        sums = {s: torch.where(ok, v, 0.0).sum(0).cpu() for s, (v, ok) in per_sentence.items()}
+        counts = {s: ok.sum(0).to(torch.float64).cpu() for s, (_, ok) in per_sentence.items()}
+        return GraphScoreSums(sums, counts)
+
+
 def graph_scores(
-    pred: torch.Tensor,
-    gold: torch.Tensor,
-    q_valid: torch.Tensor,
-    k_valid: torch.Tensor,
+    pred: Tensor,
+    gold: Tensor,
+    q_valid: Tensor,
+    k_valid: Tensor,
     *,
     causal: bool,
 ) -> GraphScoreSums:
@@ -66,28 +123,7 @@ def graph_scores(
 
     Returns the per-head sums over the batch's sentences of the per-sentence scores.
     """
-    valid = valid_pairs(q_valid, k_valid, causal=causal)[:, None]  # (b, 1, n, m)
-    pred, gold = torch.broadcast_tensors(pred & valid, gold & valid)
-    hit = pred & gold
-
-    n_valid = valid.sum((-1, -2)).to(torch.float64).expand(pred.shape[:2])  # (b, h)
-    n_pred = pred.sum((-1, -2)).to(torch.float64)
-    n_gold = gold.sum((-1, -2)).to(torch.float64)
-    n_hit = hit.sum((-1, -2)).to(torch.float64)
-    # a query is exact when every gold key is predicted: no gold edge left outside Ĝ in its row
-    has_gold = gold.any(-1)  # (b, h, n)
-    exact_rows = has_gold & ~(gold & ~pred).any(-1)
-    n_gold_rows = has_gold.sum(-1).to(torch.float64)
-
-    per_sentence = {
-        "sparsity": (1 - n_pred / n_valid, n_valid > 0),
-        "recall": (n_hit / n_gold, n_gold > 0),
-        "precision": (n_hit / n_pred, n_pred > 0),
-        "exact": (exact_rows.sum(-1) / n_gold_rows, n_gold_rows > 0),
-    }
-    sums = {s: torch.where(ok, v, 0.0).sum(0).cpu() for s, (v, ok) in per_sentence.items()}
-    counts = {s: ok.sum(0).to(torch.float64).cpu() for s, (_, ok) in per_sentence.items()}
-    return GraphScoreSums(sums, counts)
+    return GoldGraph.of(gold, q_valid, k_valid, causal=causal).scores(pred)
 
 
 def summarize(per_layer: Sequence[GraphScoreSums]) -> dict[str, object]:

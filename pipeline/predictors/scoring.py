@@ -3,7 +3,8 @@
 For one layer of one attention kind, the sentences ``indices`` are read in padded batches, projected once
 by that layer's :class:`~pipeline.projection.model.HeadProjections` (when given), and every
 (predictor, window, global tokens) setting is scored on them (:mod:`pipeline.predictors.metrics`): each
-predictor predicts once per batch, and each of its pattern settings costs one mask.
+predictor predicts once per batch, and each of its pattern settings costs one mask; what the scores take
+from the gold graph alone is computed once per batch (:class:`~pipeline.predictors.metrics.GoldGraph`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ import torch
 
 from pipeline.graphs.batches import iter_batches
 from pipeline.graphs.store import GraphStore
-from pipeline.predictors.base import HeadInputs, Prediction, Predictor, predicted_graph
-from pipeline.predictors.metrics import GraphScoreSums, graph_scores
+from pipeline.predictors.base import (
+    HeadInputs,
+    Prediction,
+    Predictor,
+    learned_pairs,
+    predicted_graph,
+    with_pattern,
+)
+from pipeline.predictors.metrics import GoldGraph, GraphScoreSums
 from pipeline.projection.model import HeadProjections
 
 
@@ -86,13 +94,15 @@ def score_settings(
     for inputs, gold in layer_inputs(
         store, kind, layer, indices, projections=projections, batch_size=batch_size
     ):
+        target = GoldGraph.of(gold, inputs.q_valid, inputs.k_valid, causal=inputs.causal)
         for positions in by_predictor.values():
-            prediction = settings[positions[0]].predictor.predict(layer, inputs)
+            learned = learned_pairs(settings[positions[0]].predictor.predict(layer, inputs))
             for position in positions:
-                graph = settings[position].graph(prediction, inputs)
-                sums[position] = sums[position] + graph_scores(
-                    graph, gold, inputs.q_valid, inputs.k_valid, causal=inputs.causal
+                setting = settings[position]
+                graph = with_pattern(
+                    learned, target.valid, window=setting.window, global_tokens=setting.global_tokens
                 )
+                sums[position] = sums[position] + target.scores(graph)
     return sums
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline.predictors.metrics import GraphScoreSums, graph_scores, summarize
+from pipeline.predictors.metrics import GoldGraph, GraphScoreSums, graph_scores, summarize
 
 N = 4
 
@@ -69,6 +69,20 @@ def test_sums_accumulate_over_batches():
     for name in whole.sums:
         assert torch.allclose(parts.sums[name], whole.sums[name])
         assert torch.equal(parts.counts[name], whole.counts[name])
+
+
+def test_one_gold_graph_scores_many_predictions_and_a_head_shared_mask():
+    """The sweep scores every setting against one GoldGraph: the same sums as scoring each alone, and a
+    mask shared by the heads (b, 1, n, m) scores as its copy per head."""
+    pred, gold, valid = example()
+    target = GoldGraph.of(gold, valid, valid, causal=True)
+    for candidate in (pred, pred.flip(1), gold, pred[:, :1], torch.ones_like(pred[:, :1])):
+        alone = graph_scores(candidate.expand_as(gold), gold, valid, valid, causal=True)
+        shared = target.scores(candidate)
+        for name in alone.sums:
+            assert torch.equal(shared.sums[name], alone.sums[name]), name
+            assert torch.equal(shared.counts[name], alone.counts[name]), name
+    assert target.scores(gold).means()["recall"].tolist() == [1.0, 1.0]
 
 
 def test_summary_averages_heads_and_layers_and_skips_undefined():
