@@ -1,6 +1,7 @@
 """Shared fixtures: verses read from the installed SWORD modules (once per test session).
 
-Tests that use them are skipped where the modules are not installed.
+The README's test command installs the modules first (``make test`` depends on ``make corpus``), so a
+missing module fails the requesting test with the reason: a skip would hide a broken install.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ SAMPLE_BOOKS = ("Gen", "Num", "Josh", "1Kgs", "1Chr", "Ezra", "Ps", "Song", "Mat
 
 @pytest.fixture(scope="session")
 def sword_installed() -> None:
-    """Skip the requesting test unless both default modules can be opened."""
+    """Fail the requesting test, naming the module, unless both default modules can be opened."""
     try:
         for name in (DEFAULT_SOURCE_MODULE, DEFAULT_TARGET_MODULE):
             open_module(name)
     except UserError as err:
-        pytest.skip(str(err))
+        pytest.fail(f"{err} (install the corpora with `make corpus`)")
 
 
 @pytest.fixture(scope="session")
