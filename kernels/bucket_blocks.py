@@ -26,9 +26,11 @@ per octave, so a class is one (blocks, L, M) tensor and padding costs at most 25
 block's keys only to a whole number of ``PATTERN_KEY_STEP``, since the band's blocks, nearly all of one
 width, take few widths anyway. Every class costs a few dozen small operations whatever its size, so two
 roundings keep the classes few: a bucket block's keys are a whole number of ``KEY_STEP`` (whole vectors for
-the normalisers' row passes), and when causal a bucket block facing at most 2 · ``rows`` keys has the full
-``rows``: a bucket's short chunk comes first, where it faces the fewest keys, so its padding rows cost at
-most 2 · rows² entries per bucket. Block entries: the attended pairs plus that rounding, the causal
+the normalisers' row passes), and when causal the short chunk of a bucket of several chunks has the full
+``rows`` when it faces at most 2 · ``rows`` keys: it comes first, where it faces the fewest keys, so its
+padding rows cost at most 2 · rows² entries, beside the rows² / 2 pairs or more of the full chunk after it (a
+bucket of one chunk keeps its rows on the ladder: padded to ``rows``, a bucket of a few queries would cost
+dozens of times its pairs). Block entries: the attended pairs plus that rounding, the causal
 diagonal blocks and the band's corners, so memory stays linear in the attended pairs.
 """
 
@@ -524,15 +526,24 @@ def _block_classes(
         call(kernel, "block_classes", *shape, ordered, classes, counts)
         kept, found = counts.tolist()
         return tuple(ordered[:, :kept]), [tuple(shape) for shape in classes[:, :found].T.tolist()]
-    runs = runs[:, (runs[1] > 0) & (runs[3] > 0)]  # blocks with queries and keys
+    # the next block is the next chunk of the same bucket: its queries run on, in the same group
+    start, group = runs[0], take(q_flat, runs[0]) // n
+    chunk_follows = torch.zeros_like(runs[0], dtype=torch.bool)
+    chunk_follows[:-1] = (
+        (runs[4, 1:] == _BUCKET)
+        & (runs[5, 1:] == runs[5, :-1])
+        & (start[1:] == start[:-1] + runs[1, :-1])
+        & (group[1:] == group[:-1])
+    )
+    keep = (runs[1] > 0) & (runs[3] > 0)  # blocks with queries and keys
+    runs, group, chunk_follows = runs[:, keep], group[keep], chunk_follows[keep]
     _, c_rows, _, b_keys, kind, _ = runs
     bucket_block = kind == _BUCKET
     L = ladder(c_rows)
     M = torch.where(bucket_block, round_up(ladder(b_keys), key_step), round_up(b_keys, PATTERN_KEY_STEP))
     if causal:  # a bucket's short chunk is its first, facing few keys (see the module docstring)
-        L = torch.where(bucket_block & (2 * rows >= M), rows, L)
+        L = torch.where(bucket_block & (2 * rows >= M) & chunk_follows, rows, L)
     height, width = (int(x.max()) + 1 if x.numel() else 1 for x in (L, M))  # above every rounded size
-    group = take(q_flat, runs[0]) // n  # (blocks,) whose queries each block holds
     shape, order = torch.sort(((kind * height + L) * width + M) * G + group, stable=True)
     shapes, counts = torch.unique_consecutive(shape // G, return_counts=True)
     classes = []

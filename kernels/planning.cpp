@@ -141,8 +141,9 @@ constexpr int64_t kBucket = 0;  // a block's kind: a bucket's chunk (bucket_bloc
 // Blocks given as runs (6, blocks): first query copy, rows, first key copy, keys, kind and bucket id. Drops
 // those without rows or keys, gives each the shape of its class, L rows on the ladder and M keys (a bucket
 // block's on the ladder, then up to a whole key_step; a pattern block's up to a whole pattern_step; when
-// causal, a bucket block facing at most 2 · rows keys has L = rows), and orders them by (kind, L, M,
-// group), stable, the group being q_flat[first query copy] / n. Writes the ordered blocks' first query
+// causal, a bucket block facing at most 2 · rows keys and followed by another chunk of its bucket, its
+// queries running on, has L = rows), and orders them by (kind, L, M, group), stable, the group being
+// q_flat[first query copy] / n. Writes the ordered blocks' first query
 // copy, rows, first key copy, keys and bucket id to ordered (5, room for every block), each class's kind,
 // L, M and number of blocks to classes (4, room for every block), and (blocks kept, classes) to counts.
 // Returns 0; −1 when memory ran out.
@@ -160,12 +161,18 @@ extern "C" int block_classes(const int64_t* runs, int64_t blocks, const int64_t*
         return -1;
     }
     const int64_t count = kept.size();
+    const auto chunk_follows = [&](int64_t b) {  // the next block is the next chunk of b's bucket
+        const int64_t a = b + 1;
+        return a < blocks && kind[a] == kBucket && bucket[a] == bucket[b] && q_start[a] == q_start[b] + q_rows[b] &&
+               q_flat[q_start[a]] / n == q_flat[q_start[b]] / n;
+    };
     int64_t tallest = 0, widest = 0;
     for (int64_t i = 0; i < count; ++i) {
         const int64_t b = kept[i];
         const bool bucket_block = kind[b] == kBucket;
         width[i] = bucket_block ? round_up(ladder(k_count[b]), key_step) : round_up(k_count[b], pattern_step);
-        height[i] = causal && bucket_block && 2 * rows >= width[i] ? rows : ladder(q_rows[b]);
+        const bool short_first = causal && bucket_block && 2 * rows >= width[i] && chunk_follows(b);
+        height[i] = short_first ? rows : ladder(q_rows[b]);
         tallest = std::max(tallest, height[i]), widest = std::max(widest, width[i]);
     }
     for (int64_t i = 0; i < count; ++i) {

@@ -16,8 +16,11 @@ Layout. :mod:`kernels.bucket_blocks` places every attended pair in exactly one d
 of sorted queries against a contiguous run of sorted keys, so scores and outputs are products of dense
 blocks with no per-pair gather (:mod:`kernels.block_products`: each block's keys transposed once into a
 panel, its values read where they lie, multiplied on 512-bit vectors in C++ where it can run, else batched
-matmuls of the gathered rows) and nothing of size n × n is ever built.
+matmuls of the gathered rows) and nothing of size n × m is built but for short rows (the first case).
 
+* Short rows (at most ``SHORT_KEYS`` keys): the dense masked computation of :mod:`kernels.reference`,
+  scores (groups, n, m) masked to the attended set. There a class of blocks costs a few dozen small
+  operations for a few hundred entries, and the n × m scores are fewer than the blocks' padded entries.
 * Softmax over whole buckets (not causal, one id per query, no pattern: the common learned-bucket case)
   where the block products cannot run on 512-bit vectors: each block is a small dense attention of its
   own, a whole bucket's queries against its keys, and each class of blocks is one call of
@@ -64,7 +67,14 @@ from kernels.block_products import block_outputs, block_scores, wide_kernel
 from kernels.bucket_blocks import BlockClass, BlockMask, BlockPlan, distinct_ids, plan_blocks, take
 from kernels.exact_entmax import exact_entmax
 from kernels.huge_pages import empty_large
+from kernels.reference import dense_bucketed_attention
 from kernels.support_sums import support_sums
+
+SHORT_KEYS = 48
+"""Up to this many keys the dense masked computation runs (see the module docstring). Measured on one
+thread (32 sentences × 4 heads, d 64, 12 buckets, α 1 and 1.5, top-1 and top-2, causal or not): at 32
+keys the dense forward with backward takes 0.2–0.7× the blocks' time, at 64 keys 0.6–1.1×, at 128 keys
+1.2–3.5×."""
 
 CHUNK_ENTRIES = 2**18
 """Score entries per chunk: scores, probabilities and gradients of a chunk stay in L2."""
@@ -718,7 +728,8 @@ def torch_bucketed_attention(
     global_tokens: int = 0,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Bucketed α-entmax attention without any n × n tensor; returns (batch, heads, n, d_v) in q's dtype.
+    """Bucketed α-entmax attention, with no n × m tensor beyond ``SHORT_KEYS`` keys; returns (batch, heads,
+    n, d_v) in q's dtype.
 
     q (batch, heads, n, d), k (batch, kv_heads, m, d), v (batch, kv_heads, m, d_v) with kv_heads dividing
     heads; buckets int (batch, heads, n|m, T) with −1 for none. Inputs are not validated here
@@ -732,6 +743,10 @@ def torch_bucketed_attention(
         return q.new_zeros(b, h, n, dv) + 0.0 * (q.sum() + k.sum() + v.sum())
     scale = d**-0.5 if scale is None else scale
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
+    if m <= SHORT_KEYS:
+        window = 2 * radius + 1 if radius >= 0 else 0
+        pattern = dict(causal=causal, window=window, global_tokens=global_tokens, scale=scale)
+        return dense_bucketed_attention(q, k, v, q_buckets, k_buckets, alpha=alpha, **pattern)
     # whole rows of softmax with no entry cut off but padding: blocks of SDPA, unless the wide block
     # products run (see the module docstring)
     by_sdpa = (

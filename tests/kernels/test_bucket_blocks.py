@@ -57,6 +57,22 @@ def test_a_causal_buckets_short_chunk_comes_first_with_full_rows():
     assert torch.equal(pair_counts(plan, n), attended_mask(ids[None], ids[None], causal=True)[0, 0].long())
 
 
+def test_causal_buckets_of_one_chunk_keep_their_rows_on_the_ladder():
+    """Buckets of a few queries (a short sentence over a dozen buckets) are not padded to full chunks: a
+    block's rows are its queries rounded up the ladder, so the plan computes fewer entries than dense
+    attention (padded to full chunks, ten times as many)."""
+    G, n, nid = 8, 48, 12
+    ids = torch.randint(0, nid, (G, n, 1), generator=torch.Generator().manual_seed(0))
+    plan = plan_blocks(ids, ids, causal=True)
+    assert all(c.queries.shape[1] < bucket_blocks.CAUSAL_ROWS for c in plan.classes)
+    for blocks in plan.classes:
+        real = blocks.real_queries().sum(1)
+        assert bool((ladder(real) == blocks.queries.shape[1]).all())
+    assert plan.num_entries < G * n * n
+    expected = attended_mask(ids[None], ids[None], causal=True)[0].reshape(G * n, n)
+    assert torch.equal(pair_counts(plan, n), expected.long())
+
+
 def test_a_causal_buckets_copies_of_every_slot_are_one_run():
     """A bucket's query copies from every id slot are one run sorted by position, cut into chunks that each
     face the bucket's keys up to their last query: an early chunk faces a short prefix (one run per slot
@@ -98,8 +114,8 @@ def test_blocks_hold_each_attended_pair_once(n, m, causal):
     mask = attended_mask(qb, kb, causal=causal)[0].reshape(3 * n, m)
     assert torch.equal(pair_counts(plan, m), mask.long())
     assert plan.num_pairs == int(mask.sum())
-    # ladder rounding, whole KEY_STEPs of keys per row, and when causal the full rows of short chunks (at
-    # most 2 · rows² entries for each of the 5 buckets of 3 heads)
+    # ladder rounding, whole KEY_STEPs of keys per row, and when causal the full rows of short chunks of
+    # buckets of several chunks (at most 2 · rows² entries for each of the 5 buckets of 3 heads)
     rows = bucket_blocks.CAUSAL_ROWS
     short_chunks = 3 * 5 * 2 * rows * rows if causal else 0
     assert plan.num_entries <= 4 * plan.num_pairs + 3 * n * (8 + bucket_blocks.KEY_STEP) + short_chunks
@@ -260,7 +276,7 @@ def test_block_classes_in_cpp_equal_the_tensor_reference(blocks, causal, monkeyp
     q_flat = torch.randperm(groups * n, generator=gen)  # a block's group: that of its first query copy
     runs = torch.stack(
         [
-            torch.randint(0, groups * n, (blocks,), generator=gen),  # first query copy
+            torch.randint(0, groups * n - 160, (blocks,), generator=gen),  # first query copy
             torch.randint(0, 80, (blocks,), generator=gen),  # rows (0: dropped)
             torch.randint(0, 10_000, (blocks,), generator=gen),  # first key copy
             torch.randint(0, 700, (blocks,), generator=gen),  # keys (0: dropped)
@@ -268,6 +284,10 @@ def test_block_classes_in_cpp_equal_the_tensor_reference(blocks, causal, monkeyp
             torch.randint(-1, 16, (blocks,), generator=gen),  # bucket id
         ]
     )
+    # every third block the next chunk of the bucket before it (its queries run on), one in two of those in
+    # the same group
+    for b in range(1, blocks, 3):
+        runs[[0, 4, 5], b] = torch.stack([runs[0, b - 1] + runs[1, b - 1], torch.tensor(0), runs[5, b - 1]])
     found = bucket_blocks._block_classes(runs, q_flat, n, groups, causal, 64, 32)
     monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
     expected = bucket_blocks._block_classes(runs, q_flat, n, groups, causal, 64, 32)

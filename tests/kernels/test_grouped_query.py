@@ -74,6 +74,10 @@ def test_grouped_keys_match_repeated_keys(
     assert mine[2].shape == k.shape and mine[3].shape == v.shape  # gradients of the shared heads
     for got, want, exact in zip(mine, ref, truth, strict=True):
         assert_close_to_truth(got, want, exact)
+    # the reference itself reads grouped keys and values as their copies per query head
+    grouped = grads(dense_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    for got, want in zip(grouped, ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_torch_path_reads_each_key_where_it_is(monkeypatch):

@@ -145,6 +145,43 @@ def test_gradients_match_reference(dtype, n, t, alpha, causal, pattern):
         assert_close_to_truth(g_ours, g_ref, g_truth)
 
 
+@pytest.mark.parametrize(("n", "kv_heads"), [(40, 2), (48, 1)])
+@pytest.mark.parametrize(
+    ("causal", "pattern"), [(False, "none"), (True, "window+global")], ids=["full", "causal-pattern"]
+)
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_short_rows_are_computed_densely_with_the_blocks_values_and_gradients(
+    alpha, causal, pattern, n, kv_heads, monkeypatch
+):
+    """Up to SHORT_KEYS keys the PyTorch path plans no blocks and computes the dense masked reference; the
+    blocks' output and gradients (of grouped keys and values too: one head for two) are as close to float64
+    as its."""
+    q, k, v, qb, kb = make_inputs(n, 32, 2, seed=n + kv_heads)
+    k, v = k[:, :kv_heads], v[:, :kv_heads]
+    opts = dict(alpha=alpha, causal=causal, **PATTERNS[pattern])
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    planned = []
+
+    def plan(*args, **kwargs):
+        planned.append(1)
+        return plan_attention(*args, **kwargs)
+
+    monkeypatch.setattr(torch_bucketed, "plan_attention", plan)
+    blocks = _grads(torch_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    assert planned == [1]
+    monkeypatch.setattr(torch_bucketed, "SHORT_KEYS", n)
+    dense = _grads(torch_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    assert planned == [1]  # not planned again
+    ref = _grads(dense_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
+    truth = _grads(dense64, q.double(), k.double(), v.double(), qb, kb, opts, grad_out)
+    for got, want, exact, blocked in zip(dense, ref, truth, blocks, strict=True):
+        assert torch.equal(got, want)
+        assert_close_to_truth(blocked, got, exact)
+    monkeypatch.setattr(torch_bucketed, "SHORT_KEYS", n - 1)  # one key more than short: blocks again
+    torch_bucketed_attention(q, k, v, qb, kb, **opts)
+    assert planned == [1, 1]
+
+
 @pytest.mark.parametrize("alpha", [1.0, 1.3, 1.5, 2.0, 2.5])
 def test_spread_normaliser_equals_entmax_over_each_querys_keys(alpha):
     """Queries whose keys lie in rows of two parts of different widths, one query with no key: per query,
