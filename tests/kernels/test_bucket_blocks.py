@@ -178,7 +178,7 @@ def test_gradcheck_over_several_chunks(alpha, causal, spread, monkeypatch):
     def fn(q, k, v):
         return attention(q, k, v, ids, ids, alpha=alpha, causal=causal, **pattern)
 
-    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6, fast_mode=True)
     with torch.no_grad():  # inference keeps no probabilities: its chunks share one buffer
         inferred = fn(q, k, v)
     assert torch.equal(inferred, fn(q, k, v).detach())
