@@ -143,10 +143,9 @@ constexpr int64_t kBucket = 0;  // a block's kind: a bucket's chunk (bucket_bloc
 // block's on the ladder, then up to a whole key_step; a pattern block's up to a whole pattern_step; when
 // causal, a bucket block facing at most 2 · rows keys and followed by another chunk of its bucket, its
 // queries running on, has L = rows), and orders them by (kind, L, M, group), stable, the group being
-// q_flat[first query copy] / n. Writes the ordered blocks' first query
-// copy, rows, first key copy, keys and bucket id to ordered (5, room for every block), each class's kind,
-// L, M and number of blocks to classes (4, room for every block), and (blocks kept, classes) to counts.
-// Returns 0; −1 when memory ran out.
+// q_flat[first query copy] / n. Writes the ordered blocks' first query copy, rows, first key copy, keys and
+// bucket id to ordered (5, room for every block), each class's kind, L, M and number of blocks to classes
+// (4, room for every block), and (blocks kept, classes) to counts. Returns 0; −1 when memory ran out.
 extern "C" int block_classes(const int64_t* runs, int64_t blocks, const int64_t* q_flat, int64_t n, int64_t groups,
                              int64_t causal, int64_t rows, int64_t key_step, int64_t pattern_step, int64_t* ordered,
                              int64_t* classes, int64_t* counts, int) {
@@ -163,8 +162,8 @@ extern "C" int block_classes(const int64_t* runs, int64_t blocks, const int64_t*
     const int64_t count = kept.size();
     const auto chunk_follows = [&](int64_t b) {  // the next block is the next chunk of b's bucket
         const int64_t a = b + 1;
-        return a < blocks && kind[a] == kBucket && bucket[a] == bucket[b] && q_start[a] == q_start[b] + q_rows[b] &&
-               q_flat[q_start[a]] / n == q_flat[q_start[b]] / n;
+        return a < blocks && kind[a] == kBucket && bucket[a] == bucket[b] &&
+               q_start[a] == q_start[b] + q_rows[b] && q_flat[q_start[a]] / n == q_flat[q_start[b]] / n;
     };
     int64_t tallest = 0, widest = 0;
     for (int64_t i = 0; i < count; ++i) {

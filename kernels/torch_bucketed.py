@@ -742,11 +742,11 @@ def torch_bucketed_attention(
         # Nothing to attend; the product keeps the result connected to the autograd graph.
         return q.new_zeros(b, h, n, dv) + 0.0 * (q.sum() + k.sum() + v.sum())
     scale = d**-0.5 if scale is None else scale
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
     if m <= SHORT_KEYS:
         window = 2 * radius + 1 if radius >= 0 else 0
         pattern = dict(causal=causal, window=window, global_tokens=global_tokens, scale=scale)
         return dense_bucketed_attention(q, k, v, q_buckets, k_buckets, alpha=alpha, **pattern)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
     # whole rows of softmax with no entry cut off but padding: blocks of SDPA, unless the wide block
     # products run (see the module docstring)
     by_sdpa = (
