@@ -87,8 +87,8 @@ class BlockMask:
     columns carry the position of its first query, which each of its rows admits. Tags leave a pair to
     another block: a bucket block's rows and columns carry the ids below the block's own that their tokens
     hold (a pair stays in the smallest bucket its tokens share), a pattern block's every id (a pair sharing
-    one is in a bucket block). Tags are int32 ids, −2 and −3 where none (never equal). Kernels evaluate the
-    rule where they read the scores, a chunk or a vector at a time."""
+    one is in a bucket block). Tags are int32 ids; where none, a query's tag is −2 and a key's −1 or −3, so
+    they never match. Kernels evaluate the rule where they read the scores, a chunk or a vector at a time."""
 
     key_pos: torch.Tensor  # (blocks, M) float32 key position (or 0 when positions cut nothing)
     limit: torch.Tensor  # (blocks, L) float32 largest key position the row may attend
@@ -588,12 +588,12 @@ def plan_blocks(
         runs, q_flat, n, G, causal, rows, key_step
     )
     # Every id of a flat query or key, for the classes whose mask compares tags: pattern blocks, and bucket
-    # blocks when both sides hold several ids ("none" as −2 and −3, never equal).
+    # blocks when both sides hold several ids. An empty slot is −2 for a query and stays −1 for a key, so
+    # two empty slots never match.
     dedupe = T > 1 and Tk > 1
     if pattern or dedupe:
-        q_all = torch.cat([q_ids.reshape(G * n, T), q_ids.new_full((1, T), -2)])
-        q_all = q_all.masked_fill(q_all < 0, -2).int()
-        k_all = torch.cat([k_ids.reshape(G * m, Tk), k_ids.new_full((1, Tk), -3)]).int()
+        q_all = q_ids.reshape(G * n, T).masked_fill(q_ids.reshape(G * n, T) < 0, -2).int()
+        k_all = k_ids.reshape(G * m, Tk).int()
     classes, end = [], 0
     for block_kind, width_q, width_k, count in shapes:
         sel, end = slice(end, end + count), end + count

@@ -21,7 +21,7 @@ matmuls of the gathered rows) and nothing of size n × m is built but for short 
 * Short rows (at most ``SHORT_KEYS`` keys): the dense masked computation of :mod:`kernels.reference`,
   scores (groups, n, m) masked to the attended set. There a class of blocks costs a few dozen small
   operations for a few hundred entries, and the n × m scores are fewer than the blocks' padded entries.
-* Softmax over whole buckets (not causal, one id per query, no pattern: the common learned-bucket case)
+* Softmax over whole buckets (not causal, one id slot per query, no pattern: the common learned-bucket case)
   where the block products cannot run on 512-bit vectors: each block is a small dense attention of its
   own, a whole bucket's queries against its keys, and each class of blocks is one call of
   ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the scores never reach memory; where
@@ -152,6 +152,11 @@ def _clamped(x: torch.Tensor, tau: torch.Tensor, buffer: torch.Tensor) -> torch.
     return torch.sub(x, tau, out=buffer[: x.numel()].view(x.shape)).clamp_min_(0)
 
 
+def _support_power(x: torch.Tensor, exponent: float) -> torch.Tensor:
+    """x^e where x > 0 and 0 elsewhere, for x ≥ 0 (a new tensor): 0^e would be 1, or ∞ for e < 0."""
+    return torch.where(x > 0, x, 1.0).pow_(exponent).masked_fill_(x <= 0, 0)
+
+
 def _newton_threshold(
     xs: list[torch.Tensor], offsets: list, count: torch.Tensor, alpha: float, red: _SpreadRows
 ) -> torch.Tensor:
@@ -171,7 +176,7 @@ def _newton_threshold(
         stats = []
         for part, x in enumerate(xs):
             d = _clamped(x, _thresholds(red, tau, offsets, part), buffer)
-            slope_terms = torch.where(d > 0, d, 1.0).pow_(beta - 1.0).masked_fill_(d <= 0, 0)  # d^{β−1}
+            slope_terms = _support_power(d, beta - 1.0)  # d^{β−1}
             stats.append([torch.linalg.vecdot(slope_terms, d), slope_terms.sum(-1)])
         mass, slope = red.reduce(stats)
         slope = beta * slope
@@ -193,11 +198,11 @@ def _support_sums(
     shift: torch.Tensor,
     tau: torch.Tensor,
     alpha: float,
-    candidate: torch.Tensor | None = None,
+    candidate: torch.Tensor | None,
 ) -> list[torch.Tensor]:
     """Per row of scores (…, W), with x = (α − 1)(s − shift): Σ (x − τ)₊, Σ (x − τ)₊² (α = 1.5 only) and
-    |{x > τ}|, then |{x > candidate}| when given; shift, τ and candidate (…, 1), all of them in one read of
-    the scores (:mod:`kernels.support_sums`)."""
+    |{x > τ}|, then |{x > candidate}| when one is given; shift, τ and candidate (…, 1), all of them in one
+    read of the scores (:mod:`kernels.support_sums`)."""
     check = torch.full_like(tau, torch.inf) if candidate is None else candidate
     s1, s2, k, k_check = support_sums(scores, shift, tau, check, alpha - 1.0)
     sums = [s1, s2, k] if alpha == 1.5 else [s1, k]
@@ -333,7 +338,7 @@ def _normalise(
     scores: list[torch.Tensor],
     alpha: float,
     red: _SpreadRows,
-    keep: list[torch.Tensor | None] | None = None,
+    on: list[torch.Tensor | None] | None = None,
     masks: list[BlockMask | None] | None = None,
 ) -> list[torch.Tensor]:
     """p = α-entmax(s) per query (softmax for α = 1) over the entries ``red`` gathers, computed in place of
@@ -347,9 +352,9 @@ def _normalise(
     once; elsewhere, and for other α, the PyTorch normaliser below, which reads the masks as masked scores.
 
     Each row is shifted by its own maximum r; a query whose maximum m lies in another row sees the row's
-    entries lowered by (α − 1)(m − r) (softmax: scaled by exp(r − m)). With ``keep`` (1 on the mask, 0 off
+    entries lowered by (α − 1)(m − r) (softmax: scaled by exp(r − m)). With ``on`` (1 on the mask, 0 off
     it, for the parts where it is not None), exp runs on arguments clamped to ``_EXP_FLOOR`` (below it exp
-    underflows, and on CPU takes a slow path) and ``keep`` zeroes the entries off the mask exactly. α = 1.5
+    underflows, and on CPU takes a slow path) and ``on`` zeroes the entries off the mask exactly. α = 1.5
     and 2 take the exact threshold search (:func:`_exact_thresholds`).
     """
     native = alpha in _NATIVE
@@ -363,7 +368,7 @@ def _normalise(
         for c, s in enumerate(scores):
             _exact_probabilities(s, red.at(shift, c), red.at(tau, c), alpha)
         return scores
-    keep = [None] * len(scores) if keep is None else keep
+    on = [None] * len(scores) if on is None else on
     row_max = [s.amax(-1) for s in scores]
     q_max = _query_max(row_max, red)
     # a row without keys takes its query's shift; below: how far each row's maximum lies under it
@@ -373,15 +378,15 @@ def _normalise(
         s.sub_(r[..., None])  # ≤ 0 off empty rows
     if alpha == 1.0:
         probs = [
-            x.exp_() if on is None else x.clamp_min_(_EXP_FLOOR).exp_().mul_(on)
-            for x, on in zip(scores, keep, strict=True)
+            x.exp_() if kept is None else x.clamp_min_(_EXP_FLOOR).exp_().mul_(kept)
+            for x, kept in zip(scores, on, strict=True)
         ]
         factors = [b.neg_().exp_() for b in below]
     else:
         xs = [x.mul_(alpha - 1.0) for x in scores]
         offsets = [b.mul_(alpha - 1.0) for b in below]
         on_mask = [
-            (x > 0.5 * _MASKED if on is None else on).to(x.dtype) for x, on in zip(xs, keep, strict=True)
+            (x > 0.5 * _MASKED if kept is None else kept).to(x.dtype) for x, kept in zip(xs, on, strict=True)
         ]
         tau = _newton_threshold(xs, offsets, _query_sums(on_mask, red), alpha, red)
         probs = [
@@ -410,7 +415,7 @@ def entmax_gradient_weight(probs: torch.Tensor, alpha: float) -> torch.Tensor:
         return (probs > 0).to(probs.dtype)
     if alpha == 1.5:
         return probs.clamp_min(torch.finfo(probs.dtype).tiny).rsqrt_().mul_(probs)
-    return torch.where(probs > 0, probs, 1.0).pow(2.0 - alpha).masked_fill(probs == 0, 0)
+    return _support_power(probs, 2.0 - alpha)
 
 
 def _normalise_backward(
@@ -638,7 +643,8 @@ class BucketBlockAttention(torch.autograd.Function):
     """Attention over a :class:`~kernels.bucket_blocks.BlockPlan`.
 
     q (N, d) already scaled, k (M, d), v (M, d_v) flat over groups; returns o (N, d_v). Saves p (the
-    attended pairs plus padding); the backward recomputes no score:
+    attended pairs plus padding) and, where a query's keys are spread over several rows, U = Σ_j g_ij v_j
+    and Σ_j g_ij per query (:class:`_Forward`); the backward recomputes no score:
     dv = pᵀ·do, dp = do·vᵀ, ds = entmax′(dp), dq = ds·k, dk = dsᵀ·q.
     """
 
@@ -697,7 +703,7 @@ def plan_attention(
 ) -> BlockPlan:
     """The blocks that hold the attended pairs of bucket ids (batch, heads, n|m, T), −1 for none; groups
     (batch·head) flat, radius of the window band (−1 for none); ``whole_buckets``: a bucket's queries are one
-    block row, not cut to cache-sized chunks (for SDPA, which tiles them itself)."""
+    block, not cut into cache-sized chunks (for SDPA, which tiles them itself)."""
     b, h, n, _ = q_buckets.shape
     q_ids = distinct_ids(q_buckets.reshape(b * h, n, -1))
     k_ids = distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], -1))
@@ -739,14 +745,14 @@ def torch_bucketed_attention(
     m, dv = k.shape[2], v.shape[3]
     G, kv_groups = b * h, b * k.shape[1]
     if G * n == 0 or m == 0:
-        # Nothing to attend; the product keeps the result connected to the autograd graph.
-        return q.new_zeros(b, h, n, dv) + 0.0 * (q.sum() + k.sum() + v.sum())
+        # Nothing to attend; sums over no entries (exactly 0) keep the result on the autograd graph.
+        return q.new_zeros(b, h, n, dv) + (q[..., :0].sum() + k[..., :0].sum() + v[..., :0].sum())
     scale = d**-0.5 if scale is None else scale
     if m <= SHORT_KEYS:
         window = 2 * radius + 1 if radius >= 0 else 0
         pattern = dict(causal=causal, window=window, global_tokens=global_tokens, scale=scale)
         return dense_bucketed_attention(q, k, v, q_buckets, k_buckets, alpha=alpha, **pattern)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
+    compute = torch.promote_types(q.dtype, torch.float32)  # the normaliser never runs in half precision
     # whole rows of softmax with no entry cut off but padding: blocks of SDPA, unless the wide block
     # products run (see the module docstring)
     by_sdpa = (

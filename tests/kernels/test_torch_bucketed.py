@@ -284,6 +284,18 @@ def test_rows_without_keys_give_zeros(alpha):
     assert (q.grad[:, :, 1::2] == 0).all()
 
 
+def test_no_keys_give_zeros_on_the_autograd_graph():
+    """Called directly (the public entry refuses empty tensors), no keys give zero outputs that are still on
+    the autograd graph, with zero gradients even where the queries hold infinities."""
+    q = torch.full((1, 2, 5, 8), float("inf"), requires_grad=True)
+    k, v = (torch.zeros(1, 2, 0, 8, requires_grad=True) for _ in range(2))
+    ids = torch.zeros(1, 2, 5, 1, dtype=torch.int32)
+    out = torch_bucketed.torch_bucketed_attention(q, k, v, ids, ids[:, :, :0])
+    assert out.shape == (1, 2, 5, 8) and (out == 0).all() and out.requires_grad
+    out.sum().backward()
+    assert (q.grad == 0).all() and k.grad.shape == k.shape
+
+
 def test_pattern_only_matches_reference():
     q, k, v, _, _ = make_inputs(130, 32, 1, seed=8)
     none = torch.full((2, 2, 130, 1), -1, dtype=torch.int32)
