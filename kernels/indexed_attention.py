@@ -1039,7 +1039,9 @@ def predicted_sets(
     blocks = _block_lists(need, lay.nkb)  # (G·nqb, nkb)
     chosen, _ = _predicted(lay, rows, lay.flat_blocks(rows, blocks), lower, alpha, margin, candidates)
     # key position within its group; padding blocks go to one extra block of columns, dropped below
-    pos = torch.where(blocks >= 0, blocks, lay.nkb)[..., None] * lay.B + torch.arange(lay.B)
+    pos = torch.where(blocks >= 0, blocks, lay.nkb)[..., None] * lay.B + torch.arange(
+        lay.B, device=blocks.device
+    )
     out = torch.zeros(lay.G * lay.nqb, lay.B, lay.m_pad + lay.B, dtype=torch.bool, device=q_index.device)
     out.scatter_(2, pos.view(len(rows), 1, -1).expand_as(chosen), chosen)  # real blocks never repeat
     out = out.view(lay.G, lay.n_pad, -1)

@@ -85,6 +85,8 @@ _TAU_STEP_TOL = tl.constexpr(2.0**-22)
 # bracket width at which the bisection stops even though floats remain inside (only for |τ| ≲ 2⁻²⁶, where
 # it bounds the steps at about 50 instead of up to 150)
 _TAU_BISECT_WIDTH = tl.constexpr(2.0**-50)
+# factor on the τ bracket's upper offset count^{1−α} (_tau_start): 16 float32 ulps below 1
+_TAU_HI_SHORT = tl.constexpr(1.0 - 2.0**-20)
 
 
 # ----------------------------------------------------------------------------------------------- masks
@@ -183,7 +185,9 @@ def _tau_start(x_max, count, alpha):
     done = count == 0.0
     x_max = tl.where(done, 0.0, x_max)
     lo = x_max - 1.0
-    hi = x_max - tl.exp2((1.0 - alpha) * tl.log2(tl.maximum(count, 1.0)))
+    # count^{1−α} a little short: compiled exp2 and log2 are approximate (a few ulps), and a flat row's root
+    # is this end exactly, which the bracket must keep inside (f decreases, so a higher end stays valid)
+    hi = x_max - tl.exp2((1.0 - alpha) * tl.log2(tl.maximum(count, 1.0))) * _TAU_HI_SHORT
     return lo, lo, hi, done
 
 

@@ -14,11 +14,13 @@ test of the sweep itself.
 
 The default candidates are tiles that ``python -m kernels.build_report --dtype bf16 --tiles ...`` built for
 sm_90 within its spill budget at d = 64, T ≤ 2 (that check needs no GPU). Compiling a candidate's
-kernels costs seconds per (α, T, causal), so ``--budget-s`` bounds the sweep: once it is spent, the
-remaining rows are marked skipped, and as candidates run one at a time over every workload, those measured
-are measured everywhere. ``tune.json`` is written atomically after each candidate; the table printed at the
-end gives, per workload, the default's times and the fastest tiles forward and forward+backward, then every
-candidate's geometric-mean time over the default's across the workloads.
+kernels costs seconds per (α, T, causal), so ``--budget-s`` bounds the candidates' sweep, counted from the
+end of the default tiles' pass (the references every candidate is checked and timed against, always
+measured): once it is spent, the remaining rows are marked skipped, and as candidates run one at a time over
+every workload, those measured are measured everywhere. ``tune.json`` is written atomically after each
+candidate; the table printed at the end gives, per workload, the default's times and the fastest tiles
+forward and forward+backward, then every candidate's geometric-mean time over the default's across the
+workloads.
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ CPU_CANDIDATES = ["16x16/w1/s1", "16x32/w1/s1"]
 # of the largest; a wrong row or block moves its elements by a sizeable share of the largest
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
 
+STICKY_ERRORS = ("CUDA error", "Triton Error [CUDA]")  # how torch and Triton's launcher report one
+
+
+def leaves_device_unusable(err: BaseException) -> bool:
+    """Whether ``err`` is a CUDA error (an illegal address, say), after which the device is unusable; a
+    compiler's refusal or running out of memory is not one."""
+    return any(mark in str(err) for mark in STICKY_ERRORS)
+
 
 def deviation(got: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
     """The worst, over pairs of tensors, of ‖a − b‖ / ‖b‖ (drift spread over many elements) and
@@ -132,8 +142,9 @@ def run(
 ) -> dict[str, Any]:
     """Rows of (workload, tiles) with their status, deviation from the default tiles and times.
 
-    The default tiles run first on every workload (the references), then each candidate on every workload
-    in turn, so that a spent budget leaves whole candidates measured, not some workloads of each. ``save``
+    The default tiles run first on every workload (the references, whatever the budget), then each
+    candidate on every workload in turn, while less than ``budget_s`` has passed since the defaults, so that
+    a spent budget leaves whole candidates measured, not some workloads of each. ``save``
     receives the report so far after each pass, so a run cut short keeps what it measured. A CUDA error (an
     illegal address, say) leaves the device unusable: the rest of the sweep is then skipped."""
     from kernels.triton_bucketed import default_tiles, triton_bucketed_attention
@@ -164,10 +175,12 @@ def run(
         jobs.append((spec, default_tiles(dim, job["top"], dtype, device, alpha=job["alpha"]), inputs, ids))
     references: dict[int, list[torch.Tensor]] = {}  # job index → the default tiles' [out, dq, dk, dv]
     passes = [None, *candidates]  # None: each workload's default tiles
-    started = time.monotonic()
+    started = None  # when the candidates began: the budget is theirs
     broken = None  # the CUDA error that ended the sweep
     bar = tqdm(total=len(passes) * len(jobs), desc="tune", unit="run")
     for candidate in passes:
+        if candidate is not None and started is None:
+            started = time.monotonic()
         for index, (spec, default, (q, k, v, grad_out), ids) in enumerate(jobs):
             bar.update()
             tiles = default if candidate is None else candidate
@@ -178,7 +191,7 @@ def run(
             if broken is not None:
                 row["status"] = f"skipped: an earlier CUDA error left the device unusable ({broken})"
                 continue
-            if time.monotonic() - started > budget_s:
+            if started is not None and time.monotonic() - started > budget_s:
                 row["status"] = "skipped: the time budget is spent"
                 continue
             if candidate is not None and index not in references:
@@ -197,7 +210,7 @@ def run(
                 row["deviation"] = deviation(got, references.get(index, got))
             except Exception as err:  # a candidate the compiler or the device refuses is a result
                 row["status"] = failure_status(err)
-                if on_cuda and "CUDA error" in str(err):
+                if on_cuda and leaves_device_unusable(err):
                     broken = row["status"]
                 continue
             if row["deviation"] > TOLERANCE[dtype]:  # for the default tiles: an output that is not finite
@@ -309,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         "--tiles", type=tiles_list, help="candidates instead of the defaults: 64x64/w8/s2,..."
     )
     parser.add_argument(
-        "--budget-s", type=float, default=480.0, help="stop measuring after this many seconds"
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="stop measuring candidates this many seconds after the default tiles' pass",
     )
     parser.add_argument("--out", type=Path, default=Path("artifacts/tune"), help="output folder")
     args = parser.parse_args(argv)

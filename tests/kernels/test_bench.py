@@ -27,6 +27,18 @@ def test_density_counts_valid_pairs():
     assert bench.density(36, 1, 1, 8, causal=True) == pytest.approx(1.0)
 
 
+def test_cpu_timings_repeat_quick_calls_within_the_budget_and_keep_the_count_of_slow_ones():
+    calls = []
+    bench._median_wall_ms(lambda: calls.append(1), 3, budget_s=60.0)
+    assert len(calls) == 1 + bench.CPU_MAX_REPS  # the warm-up, then the most repetitions
+    calls.clear()
+    bench._median_wall_ms(lambda: calls.append(1), 3, budget_s=0.0)
+    assert len(calls) == 1 + 3  # no time to spare: the given count
+    calls.clear()
+    assert bench._median_wall_ms(lambda: calls.append(1), 0, budget_s=0.0) >= 0.0  # at least one call
+    assert len(calls) == 2
+
+
 def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
     assert bench.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())

@@ -19,6 +19,9 @@ from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# the Triton backend runs on CUDA tensors where a GPU is, else in the interpreter on CPU tensors
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 CASES = [  # (n, m, heads, kv_heads, T, causal, window, global_tokens, alpha)
     (17, 17, 4, 2, 1, False, 0, 0, 1.5),
     (17, 17, 6, 2, 2, True, 3, 1, 1.0),
@@ -62,12 +65,14 @@ def test_grouped_keys_match_repeated_keys(
     backend, n, m, heads, kv_heads, t, causal, window, global_tokens, alpha
 ):
     q, k, v, qb, kb = grouped_inputs(n, m, heads, kv_heads, t, seed=n + heads + t)
+    if backend == "triton":
+        q, k, v, qb, kb = (x.to(TRITON_DEVICE) for x in (q, k, v, qb, kb))
     opts = dict(alpha=alpha, causal=causal, window=window, global_tokens=global_tokens)
 
     def ours(q, k, v, qb, kb, **opts):
         return bucketed_attention(q, k, v, qb, kb, backend=backend, **opts)
 
-    grad_out = torch.randn(2, heads, n, 16, generator=torch.Generator().manual_seed(1))
+    grad_out = torch.randn(2, heads, n, 16, generator=torch.Generator().manual_seed(1)).to(q.device)
     mine = grads(ours, q, k, v, qb, kb, opts, grad_out)
     ref = grads(repeated(dense_bucketed_attention), q, k, v, qb, kb, opts, grad_out)
     truth = grads(repeated(dense64), q.double(), k.double(), v.double(), qb, kb, opts, grad_out)
@@ -99,7 +104,7 @@ def test_torch_path_reads_each_key_where_it_is(monkeypatch):
 def test_triton_path_broadcasts_keys_without_copying(monkeypatch):
     from kernels import triton_bucketed
 
-    q, k, v, qb, kb = grouped_inputs(9, 9, 4, 1, 1, seed=5)
+    q, k, v, qb, kb = (x.to(TRITON_DEVICE) for x in grouped_inputs(9, 9, 4, 1, 1, seed=5))
     seen = {}
     original = triton_bucketed._BucketedAttention.apply
 

@@ -126,12 +126,24 @@ def test_a_candidate_that_computes_something_else_is_reported_not_timed(tmp_path
     assert all(r["status"] == "ok" for r in rows if r["tiles"] != "16x32/w1/s1")
 
 
-def test_a_spent_budget_skips_what_is_left_and_still_writes_the_report(tmp_path, capsys):
+def test_a_spent_budget_skips_the_candidates_yet_measures_the_defaults(tmp_path, capsys):
     assert tune.main(["--device", DEVICE, "--budget-s", "0", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "tune.json").read_text())
-    assert {r["status"] for r in report["results"]} == {"skipped: the time budget is spent"}
-    assert report["summary"]["tiles"] == {}
+    defaults = [r for r in report["results"] if r["default"]]
+    assert defaults and all(r["status"] == "ok" and "forward_ms" in r for r in defaults)
+    candidates = [r for r in report["results"] if not r["default"]]
+    assert candidates and {r["status"] for r in candidates} == {"skipped: the time budget is spent"}
+    assert set(report["summary"]["tiles"]) == {r["tiles"] for r in defaults}  # no candidate was timed
+    assert all("default_forward_ms" in w for w in report["summary"]["workloads"])
     assert "skipped: the time budget is spent" in capsys.readouterr().out
+
+
+def test_only_a_cuda_error_marks_the_device_unusable():
+    sticky = ("CUDA error: an illegal memory access", "Triton Error [CUDA]: misaligned address")
+    for text in sticky:
+        assert tune.leaves_device_unusable(RuntimeError(text)), text
+    for text in ("out of resource: shared memory, Required: 262144", "CUDA out of memory. Tried to allocate"):
+        assert not tune.leaves_device_unusable(RuntimeError(text)), text
 
 
 def test_the_report_so_far_is_saved_after_every_pass_defaults_first():
