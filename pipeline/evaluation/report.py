@@ -510,7 +510,7 @@ def _speed_table(evaluation: dict) -> str:
                         _num(row.get("graph_sparsity"), 3),
                         _num(row.get("graph_recall"), 3),
                         _num(row.get("perplexity"), 2),
-                        _per_second(n, forward),
+                        _cell(row["status"]) if "status" in row else _per_second(n, forward),
                         _ratio(entmax.get("forward_seconds"), forward),
                         _ratio(sdpa.get("forward_seconds"), forward),
                         _per_second(n, both),

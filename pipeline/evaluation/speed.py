@@ -10,6 +10,7 @@ ratios between them compare passes run minutes apart at most.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -77,6 +78,19 @@ def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, back
     return {key: round(value, 6) for key, value in times.items()}
 
 
+def inference_device() -> torch.device:
+    """Where models are timed: the process's GPU where there is one (its ``LOCAL_RANK`` under ``torchrun``),
+    else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` says memory ran out: on a GPU, or in the CPU allocator."""
+    return isinstance(err, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in str(err)
+
+
 def speed_table(
     models: Mapping[str, PreTrainedModel],
     test: Dataset,
@@ -84,14 +98,33 @@ def speed_table(
     *,
     repeats: int,
     backward: bool,
+    device: torch.device | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (context, model): :func:`model_speed` of every model in ``models`` (name → model) on the
-    first ``n`` test tokens, for every ``n`` in ``contexts``."""
-    rows = []
+    first ``n`` test tokens, for every ``n`` in ``contexts``, the models moved to ``device`` first
+    (:func:`inference_device` by default). A model that runs out of memory at some n (dense attention's
+    n × n scores, at tens of thousands of tokens) gets the row ``{"status": "out of memory"}`` there and at
+    every longer context, and the others go on."""
+    device = inference_device() if device is None else device
+    for model in models.values():
+        model.to(device)
+    rows, too_long = [], {}  # too_long: model → the shortest context it could not hold
     for n in contexts:
         ids = long_sequence(test, n)
         for name, model in tqdm(models.items(), desc=f"speed at n = {n}", unit="model", leave=False):
-            rows.append(
-                {"context": n, "model": name, **model_speed(model, ids, repeats=repeats, backward=backward)}
-            )
+            row: dict[str, Any] = {"context": n, "model": name}
+            if name in too_long and n >= too_long[name]:
+                rows.append({**row, "status": "out of memory"})
+                continue
+            try:
+                row.update(model_speed(model, ids, repeats=repeats, backward=backward))
+            except (RuntimeError, MemoryError) as err:
+                if not out_of_memory(err):
+                    raise
+                model.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                too_long[name] = n
+                row["status"] = "out of memory"
+            rows.append(row)
     return rows

@@ -111,6 +111,21 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def one_gpu_per_process(args: Seq2SeqTrainingArguments) -> None:
+    """Train on one GPU where several are visible to a process not started by ``torchrun``, telling how to use
+    them all. The Trainer would otherwise wrap the model in ``nn.DataParallel``, whose per-GPU replicas are
+    shallow copies: SBM's density penalty would read the original heads (never run), the distillation
+    loss would come back once per GPU and be counted that many times, and the replicas' threads would
+    share each sparsefinder head's predictor state."""
+    if args.n_gpu > 1:
+        print(
+            f"{args.n_gpu} GPUs are visible to one process: training on one; `torchrun --nproc_per_node "
+            f"{args.n_gpu} -m stages.<stage>` trains on all of them (DDP)",
+            file=sys.stderr,
+        )
+        args._n_gpu = 1  # what the Trainer reads to choose DataParallel (it sets it so for model parallelism)
+
+
 def training_arguments(run_dir: str | os.PathLike, settings: Training) -> Seq2SeqTrainingArguments:
     """Map the params' training section onto the Trainer's arguments."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -195,6 +210,7 @@ def train_model(
     """
     args = training_arguments(run_dir, settings)
     _ = args.device  # sets up the process group under torchrun, so the run folder check can synchronise
+    one_gpu_per_process(args)
     resume_from = prepare_run_folder(run_dir, fingerprint, is_main=is_main_process())
     if resume_from is not None and is_main_process():
         print(f"resuming from {resume_from}", file=sys.stderr)

@@ -281,3 +281,15 @@ def test_indexer_table_compares_the_fittings_per_rank():
     assert "19.95 / 5.02" in lines[4]  # the decoded distilled rank-8 point
     assert lines[5].split(" | ")[4] == "0.830 (indexer(rank=8, fitting=pca, margin=0.1) w=0)"
     assert "(gold − 0.03): rank 2: distill, rank 8: distill." in table
+
+
+def test_speed_rows_out_of_memory_say_so():
+    evaluation = synthetic_evaluation()
+    evaluation["speed"] = [
+        {"context": 1024, "model": "softmax (sdpa)", "forward_seconds": 0.5},
+        {"context": 1024, "model": "entmax (dense)", "status": "out of memory"},
+    ]
+    markdown, _ = build_report(evaluation)
+    table = markdown.split("## Speed inside the model")[1]
+    assert "| 1024 | entmax (dense) | — | — | — | out of memory | — |" in table
+    assert "| 1024 | softmax (sdpa) | — | — | — | 2,048 | — | 1.00× |" in table  # 1024 tokens in 0.5 s

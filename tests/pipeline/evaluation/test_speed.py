@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline.attention import ENTMAX
+from pipeline.evaluation import speed
 from pipeline.evaluation.speed import long_sequence, model_speed, speed_table
 from pipeline.models.language_model import build_language_model
 from pipeline.params import ModelShape
@@ -53,3 +54,44 @@ def test_speed_table_has_a_row_per_context_and_model() -> None:
     models = {name: build_language_model("lm", SHAPE, 50, pad_id=0, eos_id=1, seed=0) for name in ("a", "b")}
     rows = speed_table(models, blocks(4, 16), [16, 48], repeats=1, backward=False)
     assert [(row["context"], row["model"]) for row in rows] == [(16, "a"), (16, "b"), (48, "a"), (48, "b")]
+
+
+def test_a_model_out_of_memory_gets_a_row_saying_so_and_the_others_go_on(monkeypatch) -> None:
+    models = {name: build_language_model("lm", SHAPE, 50, pad_id=0, eos_id=1, seed=0) for name in ("a", "b")}
+    original = model_speed
+    seen = []
+
+    def dense_at_48(model, ids, **kwargs):  # "b" holds 16 tokens, not 48
+        seen.append(ids.shape[1])
+        if model is models["b"] and ids.shape[1] >= 48:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
+        return original(model, ids, **kwargs)
+
+    monkeypatch.setattr(speed, "model_speed", dense_at_48)
+    rows = speed_table(models, blocks(8, 16), [16, 48, 64], repeats=1, backward=False)
+    status = {(row["context"], row["model"]): row.get("status") for row in rows}
+    short = "out of memory"
+    assert status == {
+        (16, "a"): None,
+        (16, "b"): None,
+        (48, "a"): None,
+        (48, "b"): short,
+        (64, "a"): None,
+        (64, "b"): short,
+    }
+    assert seen == [16, 16, 48, 48, 64]  # no attempt at 64 tokens for the model that could not hold 48
+    assert all("forward_seconds" in row for row in rows if row.get("status") is None)
+
+    def broken(model, ids, **kwargs):
+        raise RuntimeError("not about memory")
+
+    monkeypatch.setattr(speed, "model_speed", broken)
+    with pytest.raises(RuntimeError, match="not about memory"):  # other errors are not swallowed
+        speed_table(models, blocks(4, 16), [16], repeats=1, backward=False)
+
+
+def test_out_of_memory_is_told_apart_from_other_errors() -> None:
+    assert speed.out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert speed.out_of_memory(MemoryError())
+    assert speed.out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
+    assert not speed.out_of_memory(RuntimeError("Expected all tensors to be on the same device"))

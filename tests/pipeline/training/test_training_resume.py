@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.training.trainer import RUN_FINGERPRINT, last_complete_checkpoint, prepare_run_folder
+from transformers import Seq2SeqTrainingArguments
+
+from pipeline.training.trainer import (
+    RUN_FINGERPRINT,
+    last_complete_checkpoint,
+    one_gpu_per_process,
+    prepare_run_folder,
+)
 
 
 def checkpoint(run_dir: Path, step: int, state: str | None) -> Path:
@@ -43,3 +50,16 @@ def test_run_folder_of_another_run_is_wiped(tmp_path):
     assert prepare_run_folder(run_dir, "b", is_main=True) is None  # other params/data: start afresh
     assert not done.exists()
     assert json.loads((run_dir / RUN_FINGERPRINT).read_text()) == {"fingerprint": "b"}
+
+
+def test_several_gpus_in_one_process_train_on_one(tmp_path, capsys):
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    assert args.n_gpu == 0
+    one_gpu_per_process(args)  # none: nothing to say or change
+    assert args.n_gpu == 0 and capsys.readouterr().err == ""
+    args._n_gpu = 4  # what the Trainer's device set-up finds on a machine with four GPUs and no torchrun
+    one_gpu_per_process(args)
+    assert args.n_gpu == 1  # so the Trainer does not wrap the model in DataParallel
+    assert "4 GPUs are visible to one process: training on one; `torchrun --nproc_per_node 4" in (
+        capsys.readouterr().err
+    )
