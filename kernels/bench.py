@@ -23,7 +23,7 @@ MLP, assigning each its nearest centroids, planning the blocks) over our forward
 with the paper's linear projector.
 Forward time is measured under ``torch.no_grad`` (inference), forward+backward with gradients for q, k, v;
 each is the median over repetitions after one warm-up (on CPU at least ``reps`` of them, and more, up to
-``CPU_MAX_REPS``, while they take under ``CPU_BUDGET_S`` in all).
+``CPU_MAX_REPS``, while they take under ``budget_s`` in all: a second in the full suite).
 Memory: every (configuration, method) runs in a fresh subprocess, which reads its peak resident set size
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, a high-water mark kept by the kernel, so every transient
 allocation counts) once after building its inputs and a tiny warm-up call (the baseline: interpreter, torch
@@ -93,11 +93,11 @@ CPU_FULL = {
     "heads": 8,
     "dim": 64,
     "reps": 3,
+    "budget_s": 1.0,  # and more calls while they have taken less than this in all (see _median_wall_ms)
     "flex": True,
 }
-CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1, "flex": False}
-# CPU calls repeat past "reps" while they have taken less than this many seconds, to at most this many calls
-CPU_BUDGET_S, CPU_MAX_REPS = 1.0, 25
+CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1, "budget_s": 0.0, "flex": False}
+CPU_MAX_REPS = 25  # the most calls a CPU timing makes
 FLEX = "flex_sorted"  # compiled FlexAttention on bucket-sorted tokens (CPU suite)
 CPU_BUCKETS, CPU_WINDOW, CPU_GLOBAL, CPU_DENSE_MAX, ALPHA = 16, 65, 8, 4096, 1.5
 PREDICTOR_RANK, PREDICTOR_HIDDEN = 4, 32  # the long-context profiles' projector: rank 4 through 32 tanh units
@@ -156,7 +156,7 @@ def density(pairs: int, batch: int, heads: int, n: int, causal: bool) -> float:
     return pairs / (batch * heads * valid)
 
 
-def _median_wall_ms(fn: Callable[[], object], reps: int, budget_s: float = CPU_BUDGET_S) -> float:
+def _median_wall_ms(fn: Callable[[], object], reps: int, budget_s: float) -> float:
     """Median wall-clock milliseconds of ``fn`` after one warm-up call (lazy initialisation, allocator
     growth), over ``reps`` calls and then more while they have taken less than ``budget_s`` in all, up to
     ``CPU_MAX_REPS``: a median of three of a call of a few milliseconds is at the mercy of one slow pair of
@@ -204,14 +204,19 @@ def count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens:
 
 
 def _measure_cpu(
-    fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], reps: int, *, backward: bool = True
+    fn: Callable[..., torch.Tensor],
+    inputs: tuple[torch.Tensor, ...],
+    reps: int,
+    budget_s: float,
+    *,
+    backward: bool = True,
 ) -> dict[str, Any]:
     """Forward (no grad) and, with ``backward``, forward+backward median ms of ``fn(q, k, v)``, and the peak
     RSS after each."""
     row: dict[str, Any] = {}
     try:
         with torch.no_grad():
-            row["forward_ms"] = _median_wall_ms(lambda: fn(*inputs), reps)
+            row["forward_ms"] = _median_wall_ms(lambda: fn(*inputs), reps, budget_s)
         row["peak_rss_mb_forward"] = _peak_rss_mb()
         row["status"] = "ok"
         if not backward:
@@ -223,7 +228,7 @@ def _measure_cpu(
             for x in grads:
                 x.grad = None
 
-        row["forward_backward_ms"] = _median_wall_ms(step, reps)
+        row["forward_backward_ms"] = _median_wall_ms(step, reps, budget_s)
         row["peak_rss_mb_forward_backward"] = _peak_rss_mb()
     except (RuntimeError, MemoryError) as err:
         row["status"] = "oom" if _is_oom(err) else failure_status(err)
@@ -312,7 +317,7 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for alpha, fn in fns.items():
         call = functools.partial(fn, ids=ids if spec["method"] != "sdpa" else None)
-        measured = _measure_cpu(call, (q, k, v), reps, backward=spec["method"] != FLEX)
+        measured = _measure_cpu(call, (q, k, v), reps, spec["budget_s"], backward=spec["method"] != FLEX)
         row = {**base, "alpha": alpha, "baseline_rss_mb": baseline, **measured}
         for phase in ("forward", "forward_backward"):
             if f"peak_rss_mb_{phase}" in row:
@@ -331,7 +336,7 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
             CPU_BUCKETS,
             spec["top"],
             lambda: plan_attention(ids, ids, **opts),
-            lambda fn: _median_wall_ms(fn, max(reps, OVERHEAD_REPS)),
+            lambda fn: _median_wall_ms(fn, max(reps, OVERHEAD_REPS), spec["budget_s"]),
         )
     for row in rows:
         row["pairs"] = pairs
@@ -475,7 +480,9 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
                 reps = 1 if method == "dense_entmax" else cfg["reps"]
                 try:
                     with torch.no_grad():
-                        row["forward_ms"] = _median_wall_ms(functools.partial(fn, q, k, v), reps)
+                        row["forward_ms"] = _median_wall_ms(
+                            functools.partial(fn, q, k, v), reps, cfg["budget_s"]
+                        )
                         result = (
                             fn(q, k, v, return_stats=True) if method.startswith("indexed") else fn(q, k, v)
                         )
@@ -488,7 +495,7 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
                             fn(qg, kg, vg).sum().backward()
                             qg.grad = kg.grad = vg.grad = None
 
-                        row["forward_backward_ms"] = _median_wall_ms(step, reps)
+                        row["forward_backward_ms"] = _median_wall_ms(step, reps, cfg["budget_s"])
                     if method.startswith("indexed"):
                         out, stats = result
                         row.update(
@@ -526,6 +533,7 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
             "alpha": ALPHA,
             "threads": 1,
             "reps": cfg["reps"],
+            "budget_s": cfg["budget_s"],
             "inputs": {
                 "local": "structured_inputs (smooth positional features)",
                 "scattered": "scattered_inputs (the same, positions shuffled)",
@@ -582,7 +590,7 @@ def _spawn_cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def cpu_specs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """One spec per (n, causal, method[, top, pattern]); dense entmax only up to ``CPU_DENSE_MAX``;
     FlexAttention when ``cfg["flex"]`` (its compilation takes seconds per configuration)."""
-    common = {"heads": cfg["heads"], "dim": cfg["dim"], "reps": cfg["reps"]}
+    common = {key: cfg[key] for key in ("heads", "dim", "reps", "budget_s")}
     specs = []
     for n in cfg["sizes"]:
         for causal in (False, True):
@@ -649,6 +657,7 @@ def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None
             "dtype": "float32",
             "threads": 1,
             "reps": cfg["reps"],
+            "budget_s": cfg["budget_s"],
             "memory": "peak RSS of a fresh subprocess minus its baseline after inputs and warm-up",
             "speedup": "sdpa time / our time",
             "efficiency": "speedup × density",
