@@ -161,11 +161,7 @@ def _median_wall_ms(fn: Callable[[], object], reps: int, budget_s: float) -> flo
     growth), over ``reps`` calls and then more while they have taken less than ``budget_s`` in all, up to
     ``CPU_MAX_REPS``: a median of three of a call of a few milliseconds is at the mercy of one slow pair of
     calls on a shared machine, while slow calls keep the given count."""
-    fn()
-    times: list[float] = []
-    while len(times) < max(reps, 1) or (sum(times) < 1e3 * budget_s and len(times) < CPU_MAX_REPS):
-        times.append(_elapsed_ms(fn, torch.device("cpu")))
-    return statistics.median(times)
+    return _median_device_ms(fn, torch.device("cpu"), 1, reps, budget_s)
 
 
 def _peak_rss_mb() -> float:
@@ -798,13 +794,20 @@ def _plot_series(ax, series: dict[str, list[tuple[int, float]]]) -> None:
 # ----------------------------------------------------------------------------------------------- GPU
 
 
-def _median_device_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` calls after ``warmup`` calls (see :func:`_elapsed_ms`)."""
+def _median_device_ms(
+    fn: Callable[[], object], device: torch.device, warmup: int, reps: int, budget_s: float = 0.0
+) -> float:
+    """Median milliseconds of ``fn`` (see :func:`_elapsed_ms`) after ``warmup`` calls, over ``reps`` calls
+    (at least one) and then more while they have taken less than ``budget_s`` in all, up to
+    ``CPU_MAX_REPS``."""
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return statistics.median(_elapsed_ms(fn, device) for _ in range(reps))
+    times: list[float] = []
+    while len(times) < max(reps, 1) or (sum(times) < 1e3 * budget_s and len(times) < CPU_MAX_REPS):
+        times.append(_elapsed_ms(fn, device))
+    return statistics.median(times)
 
 
 def _elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:

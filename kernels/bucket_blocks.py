@@ -592,7 +592,8 @@ def plan_blocks(
     # two empty slots never match.
     dedupe = T > 1 and Tk > 1
     if pattern or dedupe:
-        q_all = q_ids.reshape(G * n, T).masked_fill(q_ids.reshape(G * n, T) < 0, -2).int()
+        q_all = q_ids.reshape(G * n, T)
+        q_all = q_all.masked_fill(q_all < 0, -2).int()
         k_all = k_ids.reshape(G * m, Tk).int()
     classes, end = [], 0
     for block_kind, width_q, width_k, count in shapes:
