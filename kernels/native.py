@@ -7,8 +7,12 @@ compiler (the one TorchInductor's CPU backend needs already). The shared library
 ``~/.cache/sparsefinder-native``) under a name that hashes the source, the headers, the compiler, the flags
 and the processor, so an edit, another compiler or another machine sharing
 the folder gets its own build; it is written under a temporary name and renamed into place, so processes
-that build at once never load half a file. Where no library can be built (no compiler, a read-only cache),
-:func:`library` warns once and returns None, and callers run their PyTorch reference instead.
+that build at once never load half a file. Beside ``NAME-KEY.so`` the builder writes ``NAME-KEY.json``, the
+full hash of what the key covers and the library's sha256: a library is loaded only when that record matches
+both, and the folder and both files are the user's own and writable by nobody else; anything else (a
+planted, truncated or foreign file) is rebuilt, never loaded. Where no library can be built or trusted (no
+compiler, a read-only cache, a cache others may write to), :func:`library` warns once and returns None, and
+callers run their PyTorch reference instead.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -49,36 +55,108 @@ def _processor() -> str:
     return "\n".join(sorted(described)) or platform.machine()
 
 
-def _build(source: Path, compiler: str, target: Path) -> None:
-    """Compile ``source`` into the shared library ``target``, atomically."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _private_folder(folder: Path) -> None:
+    """Create the cache ``folder`` (mode 700) or check the one there: the user's own, writable by nobody
+    else, or another user could swap a library between its check and its loading (an OSError)."""
+    if not folder.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o700)
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OSError(
+            f"the kernel cache {folder} is not yours alone (owner uid {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):o}); make it your own and run chmod go-w on it, or set "
+            "SPARSEFINDER_NATIVE_CACHE to a folder of your own"
+        )
+
+
+def _own_file(path: Path) -> bool:
+    """``path`` is a regular file (not a link) of this user that nobody else may write."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return False
+    writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and not writable
+
+
+def _sha256(path: Path | str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _verified(target: Path, record: Path, key: str) -> bool:
+    """The library ``target`` is the build its ``record`` describes, for these sources (``key``)."""
+    if not (_own_file(target) and _own_file(record)):
+        return False
+    try:
+        recorded = json.loads(record.read_text())
+    except (ValueError, OSError):
+        return False
+    return (
+        isinstance(recorded, dict)
+        and recorded.get("key") == key
+        and recorded.get("sha256") == _sha256(target)
+    )
+
+
+def _write_private(path: Path, data: bytes, mode: int) -> None:
+    """Write ``path`` atomically: a temporary file beside it, given ``mode``, renamed into place."""
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(partial, mode)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def _build(source: Path, compiler: str, target: Path, record: Path, key: str) -> None:
+    """Compile ``source`` into the shared library ``target`` and write its ``record`` (``key`` and the
+    library's sha256), each atomically; the record first, so a reader never trusts a library by an older
+    record."""
     handle, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=".so")
     os.close(handle)
     try:
         subprocess.run(
             [compiler, *FLAGS, str(source), "-o", partial], check=True, capture_output=True, text=True
         )
+        os.chmod(partial, 0o755)  # whatever the umask: a library others may write is never trusted
+        described = {"key": key, "sha256": _sha256(partial), "compiler": compiler, "flags": list(FLAGS)}
+        _write_private(record, (json.dumps(described, indent=2) + "\n").encode(), 0o644)
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
 
 
-@functools.cache
-def library(name: str) -> ctypes.CDLL | None:
-    """The compiled ``kernels/<name>.cpp``, built once per source, compiler and processor; None (with one
-    warning) where it cannot be built or loaded."""
+def cache_entry(name: str, compiler: str) -> tuple[Path, Path, str]:
+    """(library, record, key) of ``kernels/<name>.cpp`` built with ``compiler``: the key hashes the source,
+    the headers beside it, the compiler, the flags and the processor; the file names hold its first 16
+    digits."""
     source = Path(__file__).with_name(f"{name}.cpp")
-    compiler = os.environ.get("CXX") or "c++"
     headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]
     described = [compiler.encode(), " ".join(FLAGS).encode(), _processor().encode()]
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), *headers, *described])).hexdigest()[:16]
-    target = cache_folder() / f"{name}-{key}.so"
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), *headers, *described])).hexdigest()
+    target = cache_folder() / f"{name}-{key[:16]}.so"
+    return target, target.with_suffix(".json"), key
+
+
+@functools.cache
+def library(name: str) -> ctypes.CDLL | None:
+    """The compiled ``kernels/<name>.cpp``, built once per source, compiler and processor and loaded only
+    when its record vouches for it (:func:`_verified`, once per process); None (with one warning) where it
+    cannot be built, trusted or loaded."""
+    source = Path(__file__).with_name(f"{name}.cpp")
+    compiler = os.environ.get("CXX") or "c++"
+    target, record, key = cache_entry(name, compiler)
     try:
-        if not target.exists():
+        _private_folder(target.parent)
+        if not _verified(target, record, key):
             if shutil.which(compiler) is None:
                 raise OSError(f"no C++ compiler {compiler!r} on PATH (set CXX)")
-            _build(source, compiler, target)
+            _build(source, compiler, target, record, key)
         return ctypes.CDLL(str(target))
     except (OSError, subprocess.CalledProcessError) as err:
         if isinstance(err, subprocess.CalledProcessError):  # the compiler's last words, if it said any

@@ -1,8 +1,12 @@
-"""The guard every training loop shares: a non-finite loss stops the stage instead of saving garbage."""
+"""Guards against NaN and infinity: a non-finite loss stops a training loop instead of saving garbage, and
+non-finite weights stop whatever loads them before they spread through a forward pass."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+
+import torch
 
 from pipeline.errors import UserError
 
@@ -19,3 +23,18 @@ def require_finite(loss: float, what: str, step: int) -> float:
             "check the inputs for NaN or infinite values)"
         )
     return loss
+
+
+def require_finite_tensors(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """Raise a one-line :class:`UserError` naming the first floating-point tensor of ``tensors`` (a state
+    dict) that holds NaN or infinite values; ``what`` names their file or folder.
+
+    Writers refuse such weights, so a checkpoint that holds them was edited or written by another tool;
+    caught at load, the message names the tensor instead of a failure deep inside the first forward pass.
+    """
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise UserError(
+                f"{what}: {name} holds NaN or infinite values (a corrupt or diverged checkpoint); re-run the "
+                "stage that wrote it"
+            )

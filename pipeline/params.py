@@ -12,6 +12,12 @@ The rules:
 - A key given twice in one mapping, at any depth, is an error naming the key and both lines (PyYAML would
   keep the last silently). Otherwise the file is read exactly like ``yaml.safe_load`` reads it, ``<<``
   merge keys included.
+- Numbers mean something: a float must be finite (``.nan`` and ``.inf`` are refused wherever a number is
+  meant, knob grids included), and an integer that sizes a tensor, a loop or a file has a generous upper
+  bound (:func:`bounded`) that names the memory it would take, so a slip of the keyboard is one line rather
+  than an allocation error deep inside a stage.
+- The file itself is read defensively: it must be UTF-8, nested at most ``MAX_DEPTH`` levels, and its
+  aliases may not expand past ``MAX_NODES`` values (a "billion laughs" file is one line, not a hang).
 - Every section must be present: a missing one is an error rather than silently all defaults, so a
   truncated or misspelt file never runs a stage on settings nobody wrote. A section given but empty
   (``prepare: {}`` or a bare ``prepare:``) is written on purpose and means all defaults.
@@ -19,34 +25,91 @@ The rules:
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
+import math
 import os
 import re
+import reprlib
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 
 from pipeline.errors import UserError
 from pipeline.par.pattern import Stack, parse_pattern
 
 PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
 # numpy, scikit-learn and the Trainer take seeds in [0, 2³²)
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
+
+def bounded(limit: int, *, least: int = 1, tensor: str | None = None, bytes_each: int = 4) -> Any:
+    """An int in [``least``, ``limit``]; above the limit the one-line error names the memory it would take.
+
+    The limits are far above any real run (the GPU profiles' largest values are 10 to 100 times smaller),
+    so they only catch slips such as a width of 10¹² that would otherwise end in an allocation error deep
+    in a stage. ``tensor`` describes what the value sizes, with ``{n}`` for the value (``"a {n} × 32000
+    embedding"``) and ``bytes_each`` the bytes per unit of the value (the other factors times 4 for
+    float32); without one the value sizes a loop or a count, and the message says only what is allowed.
+    """
+
+    def check(value: int) -> int:
+        if value > limit:
+            need = ""
+            if tensor:
+                need = f"{tensor.format(n=f'{value:.2g}')} needs ~{value * bytes_each:.1e} bytes; "
+            raise ValueError(f"{need}allowed: ≤ {limit}")
+        return value
+
+    low = Field(gt=0) if least == 1 else Field(ge=least)  # as PositiveInt says it: "greater than 0"
+    return Annotated[int, low, AfterValidator(check)]
+
+
+# Generous bounds (see bounded): the GPU profiles' largest values are 10 to 100 times smaller. The memory
+# estimates take the other factors of a tensor at typical sizes: 512 wide, 8000 words, 256 tokens, float32.
+WIDTH_LIMIT = 65536  # d_model 512, ffn 2048, hidden 32, rank 32
+COUNT_LIMIT = 4096  # layers 8, heads 8, beams 5, ensemble samples 16
+TOKENS_LIMIT = 2**20  # positions and contexts 32768, vocabulary 16000, buckets 64
+BATCH_LIMIT = 65536  # batch 128, shard 512 sentences
+STEPS_LIMIT = 10**8  # steps 30000, epochs 5, iterations 25
+EXAMPLES_LIMIT = 10**9  # sentences and examples 10000 (a corpus's size bounds them anyway)
+
+ModelWidth = bounded(WIDTH_LIMIT, tensor="a {n} × 8000-word embedding", bytes_each=8000 * 4)
+FeedForward = bounded(WIDTH_LIMIT, tensor="a 512 × {n} feed-forward matrix", bytes_each=512 * 4)
+Positions = bounded(TOKENS_LIMIT, tensor="a {n} × 512 position table", bytes_each=512 * 4)
+Vocabulary = bounded(TOKENS_LIMIT, least=100, tensor="a {n}-word × 512 embedding", bytes_each=512 * 4)
+Context = bounded(TOKENS_LIMIT, least=2, tensor="a {n}-token block × 512 wide", bytes_each=512 * 4)
+Layers = bounded(COUNT_LIMIT, tensor="{n} layers of 512 wide", bytes_each=12 * 512 * 512 * 4)
+Heads = bounded(COUNT_LIMIT)
+Beams = bounded(COUNT_LIMIT, tensor="{n} beams × 256 tokens × 8000-word scores", bytes_each=256 * 8000 * 4)
+Rank = bounded(WIDTH_LIMIT, tensor="a {n} × 512 projection per head", bytes_each=512 * 4)
+Hidden = bounded(WIDTH_LIMIT, tensor="a {n} × 512 hidden layer per head", bytes_each=512 * 4)
+# a centroid count is bounded by the training tokens too (the cluster stage's check against its store)
+Centroids = bounded(TOKENS_LIMIT, least=2, tensor="{n} centroids × 256 tokens per head", bytes_each=256 * 4)
+BatchSize = bounded(BATCH_LIMIT, tensor="{n} sequences × 256 tokens × 512 wide", bytes_each=256 * 512 * 4)
+Tokens = bounded(TOKENS_LIMIT)
+NonNegativeTokens = bounded(TOKENS_LIMIT, least=0)
+Count = bounded(COUNT_LIMIT)
+Steps = bounded(STEPS_LIMIT)
+NonNegativeSteps = bounded(STEPS_LIMIT, least=0)
+Examples = bounded(EXAMPLES_LIMIT)
 
 
 class Section(BaseModel):
     """Every section rejects unknown keys so a typo never passes silently, and converts no types.
 
     Strict mode holds for nested sections given as mappings, list items and dict values too; only an int
-    is taken for a float.
+    is taken for a float, and no float is NaN or infinite (a rate, a margin or a temperature of ``.nan``
+    would pass every range check and train or score garbage).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -107,12 +170,12 @@ class Prepare(Section):
     valid_fraction: Fraction = 0.02
     test_fraction: Fraction = 0.02
     split_seed: Seed = 0
-    vocab_size: Annotated[int, Field(ge=100)] = 8000
-    min_length: PositiveInt = 1
-    max_length: PositiveInt = 64
+    vocab_size: Vocabulary = 8000
+    min_length: Tokens = 1
+    max_length: Tokens = 64
     max_length_ratio: Annotated[float, Field(ge=1.0)] | None = None
-    max_examples: PositiveInt | None = None
-    context: Annotated[int, Field(ge=2)] = 1024
+    max_examples: Examples | None = None
+    context: Context = 1024
     out: str = "artifacts/data"
     metrics: str = "artifacts/metrics/prepare.json"
 
@@ -140,13 +203,13 @@ class Prepare(Section):
 class ModelShape(Section):
     """Marian encoder–decoder built from scratch (ignored when ``init`` names a checkpoint)."""
 
-    d_model: PositiveInt = 256
-    encoder_layers: PositiveInt = 3
-    decoder_layers: PositiveInt = 3
-    heads: PositiveInt = 4
-    ffn_dim: PositiveInt = 1024
+    d_model: ModelWidth = 256
+    encoder_layers: Layers = 3
+    decoder_layers: Layers = 3
+    heads: Heads = 4
+    ffn_dim: FeedForward = 1024
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
-    max_positions: PositiveInt = 256
+    max_positions: Positions = 256
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelShape:
@@ -156,27 +219,27 @@ class ModelShape(Section):
 
 
 class Training(Section):
-    max_steps: PositiveInt = 1000
-    batch_size: PositiveInt = 32
-    grad_accumulation: PositiveInt = 1
+    max_steps: Steps = 1000
+    batch_size: BatchSize = 32
+    grad_accumulation: Count = 1
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 5e-4
-    warmup_steps: NonNegativeInt = 200
+    warmup_steps: NonNegativeSteps = 200
     schedule: Literal["inverse_sqrt", "linear", "constant_with_warmup"] = "inverse_sqrt"
     label_smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
     grad_clip: Annotated[float, Field(gt=0.0)] = 1.0
-    eval_steps: PositiveInt = 250
-    save_steps: PositiveInt = 250
-    logging_steps: PositiveInt = 50
+    eval_steps: Steps = 250
+    save_steps: Steps = 250
+    logging_steps: Steps = 50
     seed: Seed = 0
 
 
 class Evaluation(Section):
-    beams: PositiveInt = 4
-    max_new_tokens: PositiveInt = 96
-    batch_size: PositiveInt = 32
-    test_examples: PositiveInt | None = 500
-    sparsity_examples: PositiveInt = 200
+    beams: Beams = 4
+    max_new_tokens: Tokens = 96
+    batch_size: BatchSize = 32
+    test_examples: Examples | None = 500
+    sparsity_examples: Examples = 200
 
 
 class Pretrain(Section):
@@ -231,8 +294,8 @@ class ExtractStore(Section):
     """One graph store: which split it reads, which of its sentences, and where it goes."""
 
     split: Literal["train", "valid", "test"]
-    min_length: PositiveInt = 21
-    max_sentences: PositiveInt | None = 10000
+    min_length: Tokens = 21
+    max_sentences: Examples | None = 10000
     out: str
 
 
@@ -245,9 +308,9 @@ class Extract(Section):
     teacher: str = "artifacts/models/teacher"
     data: str = "artifacts/data"
     kinds: Annotated[list[AttentionKindName], Field(min_length=1)] = ["decoder_self"]
-    batch_size: PositiveInt = 32
+    batch_size: BatchSize = 32
     dtype: Literal["float16", "float32"] = "float16"
-    shard_sentences: PositiveInt = 512
+    shard_sentences: BatchSize = 512
     seed: Seed = 0
     stores: Annotated[dict[str, ExtractStore], Field(min_length=1)] = {
         "train": ExtractStore(split="train", out="artifacts/graphs/train"),
@@ -293,18 +356,18 @@ class Project(Section):
 
     graphs: str = "artifacts/graphs/train"
     kind: AttentionKindName = "decoder_self"
-    rank: PositiveInt = 4
+    rank: Rank = 4
     # the reference code's recipe, which measured best on the default profile: a shared tanh MLP
     shared: bool = True
-    hidden: PositiveInt | None = 32
-    epochs: PositiveInt = 3
+    hidden: Hidden | None = 32
+    epochs: Steps = 3
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-3
-    batch_size: PositiveInt = 32
+    batch_size: BatchSize = 32
     grad_clip: Annotated[float, Field(gt=0.0)] = 1.0
     omega: Annotated[float, Field(gt=0.0)] = 1.0
     valid_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
     eval_threshold: Annotated[float, Field(gt=0.0)] = 0.75
-    eval_bins: PositiveInt = 4
+    eval_bins: Hidden = 4
     seed: Seed = 0
     out: str = "artifacts/predictors/projections.safetensors"
     metrics: str = "artifacts/metrics/project.json"
@@ -317,23 +380,23 @@ def _even(value: int) -> int:
     return value
 
 
-EvenBuckets = Annotated[int, Field(ge=2), AfterValidator(_even)]
+EvenBuckets = Annotated[Centroids, AfterValidator(_even)]
 
 
 class IndexerFits(Section):
     """The τ-indexer states fitted next to the centroids: every rank × fitting (empty lists: none)."""
 
-    ranks: list[PositiveInt] = [2, 4, 8, 16]
+    ranks: list[Rank] = [2, 4, 8, 16]
     fittings: list[Literal["pca", "distill"]] = ["pca", "distill"]
     # distillation (Adam on the entmax Fenchel–Young loss, starting from the PCA maps)
-    epochs: PositiveInt = 3
+    epochs: Steps = 3
     lr: Annotated[float, Field(gt=0.0)] = 0.01
 
 
 class Cluster(Section):
     graphs: str = "artifacts/graphs/train"
     projections: str = "artifacts/predictors/projections.safetensors"
-    bucket_counts: Annotated[list[Annotated[int, Field(ge=2)]], Field(min_length=1)] = [
+    bucket_counts: Annotated[list[Centroids], Field(min_length=1)] = [
         2,
         4,
         6,
@@ -345,10 +408,10 @@ class Cluster(Section):
     ]
     top_k: PositiveInt = 1
     backend: Literal["auto", "faiss", "sklearn"] = "auto"
-    iterations: PositiveInt = 25
-    max_points_per_centroid: PositiveInt | None = None
+    iterations: Steps = 25
+    max_points_per_centroid: Examples | None = None
     # the fitted baselines, in the same state file: Routing's spherical centroids, Reformer's rotations
-    routing_clusters: list[Annotated[int, Field(ge=2)]] = [2, 4, 8]
+    routing_clusters: list[Centroids] = [2, 4, 8]
     reformer_buckets: list[EvenBuckets] = [2, 4, 8]
     indexer: IndexerFits = IndexerFits()
     seed: Seed = 0
@@ -373,6 +436,8 @@ OpenFraction = Annotated[float, Field(gt=0.0, lt=1.0)]
 def _window_size(value: int) -> int:
     if value < 0 or (value > 0 and value % 2 == 0):
         raise ValueError("a window size must be 0 (none) or odd (|i − j| ≤ w // 2)")
+    if value > TOKENS_LIMIT:
+        raise ValueError(f"a window wider than any sequence; allowed: ≤ {TOKENS_LIMIT}")
     return value
 
 
@@ -384,19 +449,19 @@ PAPER_WINDOWS = [0, 1, 3, 5, 7, 9, 11, 15, 19, 23, 27]
 class Quality(Section):
     """Which grid points are translated, and how: the same beam search and sentences for every point."""
 
-    examples: PositiveInt | None = 100
-    beams: PositiveInt = 4
-    max_new_tokens: PositiveInt = 80
-    batch_size: PositiveInt = 32
+    examples: Examples | None = 100
+    beams: Beams = 4
+    max_new_tokens: Tokens = 80
+    batch_size: BatchSize = 32
     # each method's Pareto points at sparsity >= the teacher's gold sparsity − sparsity_margin
     sparsity_margin: Fraction = 0.1
-    points_per_method: NonNegativeInt = 1
+    points_per_method: bounded(COUNT_LIMIT, least=0) = 1
     # and each method's sparsest setting there with recall >= each of these (its operating point)
     recall_targets: list[Annotated[float, Field(gt=0.0, le=1.0)]] = [0.95, 0.99]
     # students: self-ensembles of S sampled sub-models (SSA students), and training batches timed per model
-    ensemble_samples: list[PositiveInt] = [1, 4]
+    ensemble_samples: list[Count] = [1, 4]
     ensemble_seed: Seed = 0
-    timing_batches: PositiveInt = 5
+    timing_batches: Count = 5
 
 
 class Speed(Section):
@@ -410,13 +475,43 @@ class Speed(Section):
     of the teacher's, when that is set and such a point exists; otherwise at its sparsest setting with
     recall ≥ ``recall_target``."""
 
-    contexts: list[Annotated[int, Field(ge=2)]] = []  # empty: not measured
+    contexts: list[Context] = []  # empty: not measured
     methods: Annotated[list[str], Field(min_length=1)] = ["kmeans"]
     certified: bool = True
     recall_target: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
     perplexity_gap: Annotated[float, Field(ge=0.0)] | None = None
-    repeats: PositiveInt = 3
+    repeats: Count = 3
     backward: bool = True
+
+
+# a knob's integer value (buckets, keys, bins, ...) sizes tensors like the section's own counts do
+KNOB_LIMIT = TOKENS_LIMIT
+
+
+def knob_value_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be knob ``key``'s value, or None: knobs are scalars (a number, a string, a
+    boolean or null), numbers finite, integers at most :data:`KNOB_LIMIT` (a ``seed`` less than 2³²).
+
+    Shared by the params file's knob grids and the command line's ``--knob`` flags; the predictors check
+    each knob's own range when they are built.
+    """
+    if value is None or isinstance(value, bool | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "must be a finite number"
+    if isinstance(value, int):
+        limit = 2**32 - 1 if key == "seed" else KNOB_LIMIT
+        return None if abs(value) <= limit else f"allowed: at most {limit}"
+    return f"allowed: a number, a string, true/false or null, not {YAML_KINDS.get(type(value), 'this')}"
+
+
+def _checked_knobs(where: str, knobs: dict[str, Any]) -> None:
+    """Raise ValueError naming the first knob (``where.KEY``) :func:`knob_value_problem` refuses."""
+    for key, value in knobs.items():
+        for item in value if isinstance(value, list) else [value]:
+            problem = knob_value_problem(key, item)
+            if problem:
+                raise ValueError(f"{where}.{key} = {short_repr(item)}: {problem}")
 
 
 class Evaluate(Section):
@@ -439,9 +534,9 @@ class Evaluate(Section):
         "indexer": {"margin": [0.0, 0.05, 0.1, 0.2, 0.4], "window": [0, 3], "global_tokens": [0]},
     }
     windows: Annotated[list[WindowSize], Field(min_length=1)] = PAPER_WINDOWS
-    global_tokens: Annotated[list[NonNegativeInt], Field(min_length=1)] = [0, 1]
-    max_sentences: PositiveInt | None = None
-    batch_size: PositiveInt = 64
+    global_tokens: Annotated[list[NonNegativeTokens], Field(min_length=1)] = [0, 1]
+    max_sentences: Examples | None = None
+    batch_size: BatchSize = 64
     quality: Quality = Quality()
     speed: Speed = Speed()
     # the folder of the student stages' model folders (each evaluated next to the teacher); null: none
@@ -449,6 +544,18 @@ class Evaluate(Section):
     out: str = "artifacts/evaluation/evaluate.json"
     # its wall times (forward and decode, per point), kept apart so that evaluate.json is reproducible
     timings: str = "artifacts/evaluation/evaluate.timings.json"
+
+    @model_validator(mode="after")
+    def _grids(self) -> Evaluate:
+        for method, grid in self.methods.items():
+            _checked_knobs(f"methods.{method}", grid)
+        for method in self.speed.methods:
+            if method not in self.methods:
+                raise ValueError(
+                    f"speed.methods lists {method!r}, which methods does not evaluate; allowed: "
+                    f"{', '.join(self.methods)}"
+                )
+        return self
 
 
 class Report(Section):
@@ -487,8 +594,13 @@ class Configure(Section):
     method: str = "kmeans"
     knobs: dict[str, Any] = {"buckets": 8, "top_k": 1}
     window: WindowSize = 0
-    global_tokens: NonNegativeInt = 0
+    global_tokens: NonNegativeTokens = 0
     out: str = "artifacts/models/sparsefinder"
+
+    @model_validator(mode="after")
+    def _knob_values(self) -> Configure:
+        _checked_knobs("knobs", self.knobs)
+        return self
 
 
 # the self-attention kinds a student's attention replaces (cross-attention stays dense)
@@ -519,8 +631,8 @@ class SsaStudent(StudentInstance):
     attention: Literal["ssa"] = "ssa"
     init: str = "artifacts/models/teacher"
     mode: Literal["unbiased", "local"] = "local"
-    keys: PositiveInt = 16  # unbiased: keys kept per layer and step
-    windows: PositiveInt = 2  # locally biased: windows per sequence
+    keys: Tokens = 16  # unbiased: keys kept per layer and step
+    windows: Tokens = 2  # locally biased: windows per sequence
     # locally biased: the local bias's standard deviation per layer; one value stands for every layer
     sigma: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [4.0]
     kinds: SelfKinds = ["encoder_self", "decoder_self"]
@@ -535,11 +647,11 @@ class SbmStudent(StudentInstance):
 
     attention: Literal["sbm"] = "sbm"
     init: str = "artifacts/models/teacher"
-    clusters: PositiveInt = 8  # cluster embeddings per head
+    clusters: Hidden = 8  # cluster embeddings per head
     kinds: SelfKinds = ["encoder_self", "decoder_self"]
     density_weight: Annotated[float, Field(ge=0.0)] = 1e-4  # λ: loss + λ · mean sampled density
     # sequences longer than this draw edges with the sub-quadratic sampler (no n × n probability matrix)
-    sparse_above: PositiveInt = 256
+    sparse_above: Tokens = 256
     # evaluation graph: "sampled" draws from the model with a fixed seed (the distribution it trained
     # on); "expected" keeps the edges with p ≥ threshold
     evaluation: Literal["sampled", "expected"] = "sampled"
@@ -553,7 +665,7 @@ class SamsaStudent(StudentInstance):
 
     attention: Literal["samsa"] = "samsa"
     init: str = "artifacts/models/teacher"
-    keys: PositiveInt = 8  # k: keys of the sequence each head selects
+    keys: Tokens = 8  # k: keys of the sequence each head selects
     temperature: Annotated[float, Field(gt=0.0)] = 1.0  # τ of the soft top-k proxy
     kinds: SelfKinds = ["encoder_self", "decoder_self"]
 
@@ -662,7 +774,8 @@ class Student(Section):
 class StudentRun(Section):
     """One student's settings: the shared ones and its instance (what its run fingerprint covers)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)  # built from validated values, not YAML
+    # built from validated values, not YAML
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str
     teacher: str
     data: str
@@ -681,7 +794,7 @@ class ParArchitecture(Section):
 
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-2
     weight_decay: Annotated[float, Field(ge=0.0)] = 5e-4
-    frozen_steps: NonNegativeInt = 50  # θ stays at its start (uniform) for the first steps
+    frozen_steps: NonNegativeSteps = 50  # θ stays at its start (uniform) for the first steps
     temperature: Annotated[float, Field(gt=0.0)] = 1.0  # τ of the Gumbel-softmax
 
 
@@ -733,6 +846,9 @@ SECTIONS: dict[str, type[Section]] = {
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 MICRO_PROFILE = "configs/micro.yaml"
+# the profiles nest 5 levels deep and hold a few hundred values
+MAX_DEPTH = 100
+MAX_NODES = 100_000
 
 
 def _dotted(where: str, part: object) -> str:
@@ -740,10 +856,29 @@ def _dotted(where: str, part: object) -> str:
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, except that a key given twice in one mapping is an error and that
-    floats are YAML 1.2's (``1e-3`` too)."""
+    """``yaml.safe_load``'s loader, except that a key given twice in one mapping is an error, that floats
+    are YAML 1.2's (``1e-3`` too), and that a document nested deeper than ``MAX_DEPTH`` levels or whose
+    aliases expand past ``MAX_NODES`` values is an error (PyYAML would overflow the stack composing the
+    first, and anything that walks the second, validation or an error message, would never finish)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        # composing recurses once per level: count the levels before Python's own limit is reached
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise ComposerError(
+                    problem=f"line {line}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH} at "
+                    "most"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_document(self, node: yaml.Node) -> Any:
+        _check_expansion(node)
         # checked on the composed nodes, before construction: PyYAML expands `<<` merges by rewriting the
         # merged mapping nodes in place, after which a legitimate override looks like a duplicate
         stack: list[tuple[yaml.Node, str]] = [(node, "")]
@@ -781,6 +916,54 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return children
 
 
+def _check_expansion(root: yaml.Node) -> None:
+    """Raise unless the document under ``root``, every alias expanded, holds at most ``MAX_NODES`` values
+    nested at most ``MAX_DEPTH`` deep (a node that contains itself expands without end).
+
+    An alias is its anchor's node object, so the composed document is a graph whose size stays small while
+    its expansion grows exponentially ("billion laughs"); sizes and depths are summed over that graph,
+    each node once, without recursion.
+    """
+    size: dict[yaml.Node, int] = {}
+    depth: dict[yaml.Node, int] = {}
+    open_nodes: set[yaml.Node] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        if children_done:
+            open_nodes.discard(node)
+            size[node] = 1 + sum(size[child] for child in children)
+            depth[node] = 1 + max((depth[child] for child in children), default=0)
+            line = node.start_mark.line + 1
+            if size[node] > MAX_NODES:
+                raise ConstructorError(
+                    problem=f"line {line}: more than {MAX_NODES} values once its aliases are expanded; "
+                    f"allowed: {MAX_NODES} at most"
+                )
+            if depth[node] > MAX_DEPTH:
+                raise ConstructorError(
+                    problem=f"line {line}: nested deeper than {MAX_DEPTH} levels once its aliases are "
+                    f"expanded; allowed: {MAX_DEPTH} at most"
+                )
+            continue
+        if node in size:
+            continue
+        if node in open_nodes:
+            raise ConstructorError(
+                problem=f"line {node.start_mark.line + 1}: an alias refers to a node that contains it; "
+                "allowed: aliases of finished nodes"
+            )
+        open_nodes.add(node)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if child not in size)
+
+
 # YAML 1.2 floats: an exponent needs neither a dot nor a sign (PyYAML's YAML 1.1 rule reads `1e-3` as text)
 UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -789,13 +972,43 @@ UniqueKeyLoader.add_implicit_resolver(
 )
 
 
+def parse_yaml(text: str) -> Any:
+    """``text`` read as the params file is (:class:`UniqueKeyLoader`); raises ``yaml.YAMLError``."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str) -> Any:
+    """:func:`parse_yaml`, remembered: a run reads one file many times (every section, every stage's
+    outputs), and PyYAML takes a good part of a second for a profile. Callers get a deep copy."""
+    return parse_yaml(text)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """What a YAML error says went wrong, and on which line, cut to a readable length."""
+    problem, mark = getattr(err, "problem", None), getattr(err, "problem_mark", None)
+    if problem and mark is not None:
+        text = f"line {mark.line + 1}: {problem}"
+    else:
+        text = problem or (str(err).splitlines() or [type(err).__name__])[0]
+    return short_repr(text, limit=200, quote=False)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: params file not found (pass --params FILE or create params.yaml)")
+    raw = path.read_bytes()
     try:
-        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); allowed: a UTF-8 "
+            "YAML file"
+        ) from None
+    try:
+        data = copy.deepcopy(_parsed(text)) or {}
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise UserError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
     return data
@@ -822,6 +1035,20 @@ YAML_KINDS: dict[type, str] = {
 NUMBER_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
+# reprs cut while they are made: a value may be huge (a list of a million items), and only its start is read
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 8, 8
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
+REPR_LIMIT = 80
+
+
+def short_repr(value: Any, *, limit: int = REPR_LIMIT, quote: bool = True) -> str:
+    """``repr(value)`` (``str`` if not ``quote``) on one line of at most ``limit`` characters, cut by "…"."""
+    text = _REPR.repr(value) if quote else str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _got(error_type: str, value: Any) -> str:
     """What YAML gave instead of the expected type, in YAML's words, and how to write a number as one."""
     got = f"got {YAML_KINDS.get(type(value), type(value).__name__)}"
@@ -832,17 +1059,17 @@ def _got(error_type: str, value: Any) -> str:
 
 def _one_line(path: Path, section: str, err: ValidationError) -> str:
     first = err.errors()[0]
-    key = ".".join(str(part) for part in (section, *first["loc"]))
+    key = short_repr(".".join(str(part) for part in (section, *first["loc"])), limit=120, quote=False)
     if first["type"] == "extra_forbidden":
         allowed = ", ".join(SECTIONS[section].model_fields) if len(first["loc"]) == 1 else None
         hint = f"unknown key (allowed: {allowed})" if allowed else "unknown key"
         return f"{path}: {key}: {hint}"
-    msg = first["msg"].removeprefix("Value error, ")
+    msg = short_repr(first["msg"].removeprefix("Value error, "), limit=400, quote=False)
     if first["type"].endswith("_type"):
         msg = f"{msg}, {_got(first['type'], first['input'])}"
     if first["type"] in {"missing"} or first["loc"] == ():
         return f"{path}: {key}: {msg}"
-    return f"{path}: {key} = {first['input']!r}: {msg}"
+    return f"{path}: {key} = {short_repr(first['input'])}: {msg}"
 
 
 def validate_section(name: str, raw: Any, path: Path = Path("params.yaml")) -> Section:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pipeline.attention.configure import configure_sparsefinder
+from pipeline.checks.configure import check_params
 from pipeline.errors import exits_cleanly
 from pipeline.stage import stage_params
 
@@ -11,6 +12,7 @@ from pipeline.stage import stage_params
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("configure", argv)
+    check_params(params)
     configure_sparsefinder(
         params.teacher,
         params.out,

@@ -20,11 +20,13 @@ from collections.abc import Callable
 from functools import partial
 
 from datasets import Dataset
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from pipeline.atomic import staged_outputs
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
+from pipeline.checkpoint import load_auto_tokenizer, loading, read_manifest, resolve_checkpoint
+from pipeline.checks.evaluate import check_inputs, check_params
 from pipeline.corpus_card import TASKS, Task, read_corpus_card
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import (
@@ -64,17 +66,12 @@ def graph_rows(
 ) -> tuple[str, dict, list, tuple]:
     """(kind, projections, scored rows of the grid, the recall-1 row) on the held-out store; ``full_window``
     is a band wider than any sentence, which attends every valid pair (the sparse-consistency check)."""
-    if store.split == "train":
-        raise UserError(
-            f"evaluate.graphs = {params.graphs!r} was extracted from the train split, which the predictors "
-            "were fitted on; allowed: a store of the valid or test split"
-        )
     origin = Origin.of_store(store)
     projections, extra = load_projections(params.projections, origin=origin)
     kind = extra["kind"]
     if kind not in store.kinds:
         raise UserError(f"evaluate.graphs = {params.graphs!r} holds no {kind} graphs (the projections' kind)")
-    stored = load_states(params.state, origin)
+    stored = load_states(params.state, origin, ranks={i: module.rank for i, module in projections.items()})
     settings = [
         *(
             setting
@@ -95,8 +92,8 @@ def graph_rows(
 
 
 def check_speed(params: Evaluate, model: PreTrainedModel) -> None:
-    """One-line errors, before any work, for a speed table the teacher cannot run or whose methods are not
-    evaluated."""
+    """One-line error, before any work, for a speed table longer than the teacher's positions (the params
+    schema checks that its methods are evaluated)."""
     settings = params.speed
     if not settings.contexts:
         return
@@ -106,12 +103,6 @@ def check_speed(params: Evaluate, model: PreTrainedModel) -> None:
             f"evaluate.speed.contexts = {settings.contexts}: the teacher has learned positions for {limit} "
             f"tokens; allowed: contexts up to {limit} (rotary models take any length)"
         )
-    for method in settings.methods:
-        if method not in params.methods:
-            raise UserError(
-                f"evaluate.speed.methods lists {method!r}, which evaluate.methods does not evaluate; "
-                f"allowed: {', '.join(params.methods)}"
-            )
 
 
 GRAPH_FIELDS = ("graph_sparsity", "graph_recall", "perplexity")
@@ -269,8 +260,9 @@ def evaluate_students(
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params: Evaluate = stage_params("evaluate", argv)
-    store = GraphStore(params.graphs)
-    teacher = resolve_checkpoint(params.teacher, "evaluate.teacher", local=True)
+    check_params(params)
+    store = check_inputs(params)
+    teacher = resolve_checkpoint(params.teacher, "evaluate.teacher", writer="teacher")
     weights = Origin.of_teacher(teacher, store.layers, store.heads, store.head_dim).teacher_sha256
     if weights != store.manifest["teacher"].get("model_sha256"):
         raise UserError(
@@ -278,14 +270,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     data, corpus_tokenizer = load_corpus(params.data, "evaluate.data", tasks=TASKS)
     task = read_corpus_card(params.data, "evaluate.data").task
-    if task == "translation" and params.speed.contexts:
-        raise UserError(
-            f"evaluate.speed.contexts = {params.speed.contexts}: {params.data} holds sentence pairs, not "
-            "long sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
-        )
     with loading(teacher, "evaluate.teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
-        tokenizer = AutoTokenizer.from_pretrained(teacher)
+        tokenizer = load_auto_tokenizer(teacher)
     check_speed(params, model)
     positions = model.config.max_position_embeddings
     indices = range(min(len(store), params.max_sentences or len(store)))
@@ -317,22 +304,24 @@ def main(argv: list[str] | None = None) -> None:
     found = (teacher_quality, point_rows)
     speed = speed_rows(params, teacher, kind, projections, rows, gold["sparsity"], found, data["test"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
-    write_metrics(
-        params.out,
-        {
-            "kind": kind,
-            "store": {**store_facts, "layers": store.layers, "heads": store.heads},
-            "projector": projections[min(projections)].config(),
-            "gold_sparsity": gold["sparsity"],
-            "gold_sparsity_per_layer_head": gold["per_layer_head"],
-            "graphs": [row for _, row in [*rows, full]],
-            "task": task,
-            "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
-            "students": students,
-            "speed": speed,
-        },
-        params.timings,
-    )
+    # the evaluation and its wall times are swapped in together
+    with staged_outputs(params.out, params.timings):
+        write_metrics(
+            params.out,
+            {
+                "kind": kind,
+                "store": {**store_facts, "layers": store.layers, "heads": store.heads},
+                "projector": projections[min(projections)].config(),
+                "gold_sparsity": gold["sparsity"],
+                "gold_sparsity_per_layer_head": gold["per_layer_head"],
+                "graphs": [row for _, row in [*rows, full]],
+                "task": task,
+                "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
+                "students": students,
+                "speed": speed,
+            },
+            params.timings,
+        )
 
 
 if __name__ == "__main__":

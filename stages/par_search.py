@@ -15,11 +15,17 @@ import copy
 import shutil
 
 import torch
-from transformers import AutoTokenizer, TrainerCallback
+from transformers import TrainerCallback
 
-from pipeline.atomic import write_json
+from pipeline.atomic import staged_outputs, write_json
 from pipeline.attention import load_model
-from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint, save_checkpoint
+from pipeline.checkpoint import (
+    describe_parent,
+    load_auto_tokenizer,
+    loading,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from pipeline.corpus_card import TASKS, read_corpus_card
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.models.marian import set_generation
@@ -30,7 +36,7 @@ from pipeline.par.supernet import architecture_parameters, build_supernet, mixin
 from pipeline.params import ParSearch
 from pipeline.plots.par import plot_mixing_weights
 from pipeline.stage import stage_params
-from pipeline.timings import write_metrics
+from pipeline.timings import timings_path, write_metrics
 from pipeline.training.run import data_for_model, load_corpus, train_stage
 from pipeline.training.trainer import is_main_process
 
@@ -63,12 +69,12 @@ class FrozenArchitecture(TrainerCallback):
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params: ParSearch = stage_params("par_search", argv)
-    teacher_folder = resolve_checkpoint(params.teacher, "par_search.teacher", local=True)
+    teacher_folder = resolve_checkpoint(params.teacher, "par_search.teacher", writer="teacher")
     data, corpus_tokenizer = load_corpus(params.data, "par_search.data", tasks=TASKS)
     task = read_corpus_card(params.data, "par_search.data").task
     with loading(teacher_folder, "par_search.teacher"):
         teacher = load_model(teacher_folder)
-        tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
+        tokenizer = load_auto_tokenizer(teacher_folder)
     try:
         teachers = teacher_layers(teacher)
     except UserError as err:
@@ -110,35 +116,39 @@ def main(argv: list[str] | None = None) -> None:
     copied = rebuild_from_teacher(searched, patterns, seed=params.train.seed)
     if task == "translation":
         set_generation(searched, params.eval)
-    save_checkpoint(
-        params.out,
-        searched,
-        tokenizer,
-        {"stage": "par_search", "params": params.model_dump(), "parent": parent},
-    )
-    write_json(
-        params.mixing,
-        {
-            "patterns": {stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
-            "teacher_patterns": {
-                stack: compact_pattern(teacher_pattern(stack, layers, cross=cross))
-                for stack, layers in teachers.items()
+    # the searched model, its mixing weights, their plot and the metrics are swapped in together, so a
+    # failure on the last never leaves the new model beside another search's patterns
+    outputs = (params.out, params.mixing, params.plot, params.metrics, timings_path(params.metrics))
+    with staged_outputs(*outputs):
+        save_checkpoint(
+            params.out,
+            searched,
+            tokenizer,
+            {"stage": "par_search", "params": params.model_dump(), "parent": parent},
+        )
+        write_json(
+            params.mixing,
+            {
+                "patterns": {stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
+                "teacher_patterns": {
+                    stack: compact_pattern(teacher_pattern(stack, layers, cross=cross))
+                    for stack, layers in teachers.items()
+                },
+                "mixing_weights": table,
+                "sublayers_from_teacher": copied,
             },
-            "mixing_weights": table,
-            "sublayers_from_teacher": copied,
-        },
-    )
-    plot_mixing_weights(table, patterns, params.plot)
-    attention, share = attention_share(patterns, sum(teachers.values()))
-    write_metrics(
-        params.metrics,
-        {
-            "attention_sublayers": attention,
-            "attention_fraction": share,
-            "sublayers": sum(len(pattern) for pattern in patterns.values()),
-            "train_seconds": round(train_seconds, 1),
-        },
-    )
+        )
+        plot_mixing_weights(table, patterns, params.plot)
+        attention, share = attention_share(patterns, sum(teachers.values()))
+        write_metrics(
+            params.metrics,
+            {
+                "attention_sublayers": attention,
+                "attention_fraction": share,
+                "sublayers": sum(len(pattern) for pattern in patterns.values()),
+                "train_seconds": round(train_seconds, 1),
+            },
+        )
     shutil.rmtree(params.run_dir, ignore_errors=True)
 
 

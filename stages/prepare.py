@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pipeline.atomic import write_json
+from pipeline.atomic import staged_outputs, write_json
 from pipeline.data import build_corpus
 from pipeline.data.lm_corpus import build_lm_corpus
 from pipeline.errors import exits_cleanly
@@ -44,8 +44,16 @@ def main(argv: list[str] | None = None) -> None:
         "vocab_size": params.vocab_size,
         "max_examples": params.max_examples,
     }
+    # the corpus and its statistics are swapped in together
+    with staged_outputs(params.out, params.metrics):
+        stats = build(params, shared)
+        write_json(params.metrics, stats)
+
+
+def build(params: Prepare, shared: dict) -> dict:
+    """Build the corpus of ``params.task`` into ``params.out``; returns its statistics."""
     if params.task == "translation":
-        stats = build_corpus(
+        return build_corpus(
             params.out,
             src_lang=params.src_lang,
             tgt_lang=params.tgt_lang,
@@ -54,9 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             max_length_ratio=params.max_length_ratio,
             **shared,
         )
-    else:
-        stats = build_lm_corpus(params.out, task=params.task, context=params.context, **shared)
-    write_json(params.metrics, stats)
+    return build_lm_corpus(params.out, task=params.task, context=params.context, **shared)
 
 
 if __name__ == "__main__":

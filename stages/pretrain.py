@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
-from transformers import AutoConfig, AutoTokenizer
-
-from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint
+from pipeline.checkpoint import (
+    describe_parent,
+    load_auto_tokenizer,
+    load_config,
+    loading,
+    resolve_outside_checkpoint,
+)
 from pipeline.corpus_card import TASKS, read_corpus_card
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.models.language_model import build_language_model
@@ -24,7 +28,7 @@ from pipeline.training.run import (
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("pretrain", argv)
-    init = None if params.init is None else resolve_checkpoint(params.init, "pretrain.init")
+    init = None if params.init is None else resolve_outside_checkpoint(params.init, "pretrain.init")
     data, tokenizer = load_corpus(params.data, "pretrain.data", tasks=TASKS)
     card = read_corpus_card(params.data, "pretrain.data")
     if card.task != "translation" and init is not None:
@@ -51,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         parent = None
     else:
         with loading(init, "pretrain.init"):
-            check_generation_fits("pretrain", params, AutoConfig.from_pretrained(init))
-            tokenizer = AutoTokenizer.from_pretrained(init)
+            check_generation_fits("pretrain", params, load_config(init))
+            tokenizer = load_auto_tokenizer(init)
             model = load_pretrained(init, attn_implementation="sdpa")
         table = getattr(model.config, "max_position_embeddings", params.model.max_positions)
         data = encode_with(tokenizer, data, min(params.model.max_positions, table))

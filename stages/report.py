@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.atomic import write_json, write_text
+from pipeline.atomic import staged_outputs, write_json, write_text
 from pipeline.errors import exits_cleanly
 from pipeline.evaluation.report import build_report, load_evaluation
+from pipeline.params import Report
 from pipeline.plots.pareto import CAPTIONS, write_report_plots
 from pipeline.stage import stage_params
 
@@ -16,6 +17,13 @@ from pipeline.stage import stage_params
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("report", argv)
     evaluation = load_evaluation(params.evaluation, params.timings)
+    # the figures, the report linking them and its headline numbers are swapped in together
+    with staged_outputs(params.plots, params.out, params.metrics):
+        write(params, evaluation)
+
+
+def write(params: Report, evaluation: dict) -> None:
+    """Write the report's figures, its markdown and its headline metrics."""
     files = write_report_plots(evaluation, params.plots, recall_target=params.recall_target)
     # the report links its figures relative to where it lies, so it renders wherever the folder is opened
     here = Path(params.out).parent

@@ -16,7 +16,7 @@ from pipeline.training.run import data_for_model, load_corpus, train_and_evaluat
 def main(argv: list[str] | None = None) -> None:
     section, name = stage_instance("student", "instances", argv)
     params = section.run(name)
-    teacher_folder = resolve_checkpoint(params.teacher, "student.teacher", local=True)
+    teacher_folder = resolve_checkpoint(params.teacher, "student.teacher", writer="teacher")
     data, corpus_tokenizer = load_corpus(params.data, "student.data", tasks=TASKS)
     model, tokenizer = build_student(params.spec, f"student.instances.{name}.init", seed=params.train.seed)
     with loading(teacher_folder, "student.teacher"):

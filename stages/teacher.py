@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from transformers import AutoConfig, AutoTokenizer
-
 from pipeline.attention import ENTMAX, attach_learned_alpha
-from pipeline.checkpoint import describe_parent, loading, resolve_checkpoint
+from pipeline.checkpoint import describe_parent, load_auto_tokenizer, load_config, loading, resolve_checkpoint
 from pipeline.corpus_card import TASKS, read_corpus_card
 from pipeline.errors import exits_cleanly
 from pipeline.models.pretrained import load_pretrained
@@ -16,14 +14,14 @@ from pipeline.training.run import check_generation_fits, data_for_model, load_co
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("teacher", argv)
-    init = resolve_checkpoint(params.init, "teacher.init")
+    init = resolve_checkpoint(params.init, "teacher.init", writer="pretrain")
     data, corpus_tokenizer = load_corpus(params.data, "teacher.data", tasks=TASKS)
     task = read_corpus_card(params.data, "teacher.data").task
     with loading(init, "teacher.init"):
         if task == "translation":
-            check_generation_fits("teacher", params, AutoConfig.from_pretrained(init))
+            check_generation_fits("teacher", params, load_config(init))
         model = load_pretrained(init, task, attn_implementation=ENTMAX, entmax_alpha=params.alpha)
-        tokenizer = AutoTokenizer.from_pretrained(init)
+        tokenizer = load_auto_tokenizer(init)
     if params.learn_alpha:
         attach_learned_alpha(model)
     data = data_for_model(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 from transformers import MarianConfig, MarianMTModel
 
 from pipeline.attention import ENTMAX
+from pipeline.checkpoint import MANIFEST, save_checkpoint
 from pipeline.data.corpus import build_corpus
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.errors import UserError
@@ -62,7 +64,8 @@ def corpus(texts: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> P
 
 @pytest.fixture(scope="module")
 def teacher(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random α-entmax Marian over the corpus tokenizer: 1 encoder and 2 decoder layers, 32 positions."""
+    """A random α-entmax Marian over the corpus tokenizer: 1 encoder and 2 decoder layers, 32 positions,
+    saved as the teacher stage saves it (with its manifest)."""
     tokenizer = load_tokenizer(corpus / "tokenizer")
     torch.manual_seed(0)
     config = MarianConfig(
@@ -82,8 +85,8 @@ def teacher(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     config.entmax_alpha = 1.5
     folder = tmp_path_factory.mktemp("teacher") / "model"
-    MarianMTModel._from_config(config, attn_implementation=ENTMAX).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    model = MarianMTModel._from_config(config, attn_implementation=ENTMAX)
+    save_checkpoint(folder, model, tokenizer, {"stage": "teacher"})
     return folder
 
 
@@ -368,11 +371,13 @@ def test_teacher_data_missing(tmp_path: Path, teacher: Path) -> None:
     )
 
 
-def test_teacher_init_unknown_hub_id(tmp_path: Path, corpus: Path) -> None:
+def test_teacher_init_must_be_the_pretrain_stages_folder(tmp_path: Path, corpus: Path) -> None:
+    """Only ``pretrain.init`` takes a model from outside the pipeline (a hub id or a downloaded folder)."""
     changes = {"teacher.data": str(corpus), "teacher.init": "nobody-here/no-such-model"}
     assert_user_error(
         run_stage("teacher", tmp_path, changes),
-        "teacher.init = 'nobody-here/no-such-model': cannot load it",
+        "teacher.init = 'nobody-here/no-such-model': not a local model folder (need config.json and "
+        "model.safetensors); allowed: the folder the pretrain stage writes",
         tmp_path / "artifacts/models/teacher",
     )
 
@@ -464,11 +469,15 @@ def test_students_need_their_own_outputs(tmp_path: Path) -> None:
 
 
 def test_student_init_must_come_from_the_pipeline(tmp_path: Path, corpus: Path, teacher: Path) -> None:
+    plain = tmp_path / "plain"  # the teacher's files as a plain Hugging Face folder
+    shutil.copytree(teacher, plain)
+    (plain / MANIFEST).unlink()
     changes = {
         "student.data": str(corpus),
         "student.teacher": str(teacher),
-        "student.instances.ssa.init": str(teacher),
+        "student.instances.ssa.init": str(plain),
     }
     result = run_stage("student", tmp_path, changes, "ssa")
-    line = assert_user_error(result, "student.instances.ssa.init", tmp_path / "artifacts")
-    assert "has no manifest naming its attention" in line
+    line = assert_user_error(result, f"student.instances.ssa.init = {str(plain)!r}", tmp_path / "artifacts")
+    assert f"no {MANIFEST} there, so not a checkpoint this pipeline wrote" in line
+    assert "allowed: the folder the teacher stage writes" in line

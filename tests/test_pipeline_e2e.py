@@ -18,6 +18,7 @@ import yaml
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore
 from pipeline.par.pattern import parse_pattern
+from pipeline.training.trainer import CHECKPOINT_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 SPARSE = 0.4  # the least mean sparsity of the micro teacher's decoder self-attention
@@ -284,13 +285,13 @@ def test_killed_training_resumes(project: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 300
-    while not list(run_dir.glob("checkpoint-*/trainer_state.json")) and time.monotonic() < deadline:
+    while not list(run_dir.glob(f"checkpoint-*/{CHECKPOINT_FILES}")) and time.monotonic() < deadline:
         assert process.poll() is None, "pretrain exited before its first checkpoint"
         time.sleep(0.1)
     process.send_signal(signal.SIGKILL)
     process.wait()
     saved = sorted(
-        run_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])
+        run_dir.glob(f"checkpoint-*/{CHECKPOINT_FILES}"), key=lambda p: int(p.parent.name.split("-")[1])
     )
     assert saved and not out.exists(), "training was not interrupted after a checkpoint"
 

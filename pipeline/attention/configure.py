@@ -16,14 +16,20 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
 from pipeline.attention.interface import module_head_dim, module_heads
 from pipeline.attention.loading import load_model
 from pipeline.attention.recording import attention_layers
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_predictor
 from pipeline.attention_kinds import attention_kind
-from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint, save_checkpoint
+from pipeline.checkpoint import (
+    load_auto_tokenizer,
+    loading,
+    read_manifest,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from pipeline.errors import UserError
 from pipeline.origin import Origin
 from pipeline.predictors.base import make_predictor
@@ -58,10 +64,10 @@ def configure_sparsefinder(
     only): exact α-entmax, the predictor deciding only which key blocks are skipped. Every mismatch is a
     one-line :class:`UserError`.
     """
-    resolve_checkpoint(teacher, "teacher", local=True)
+    resolve_checkpoint(teacher, "teacher", writer="teacher")
     with loading(teacher, "teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
-        tokenizer = AutoTokenizer.from_pretrained(teacher)
+        tokenizer = load_auto_tokenizer(teacher)
     layers = None
     if projections is not None:
         # the projections name the attention kind they were fitted for; read them again knowing its shape
@@ -71,7 +77,10 @@ def configure_sparsefinder(
     if predictor.fitted:
         if state is None:
             raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
-        predictor = select_state(state, predictor, _origin(teacher, model, kind), explicit=set(knobs or {}))
+        # the state's shapes are checked against the teacher's heads and the projections' rank
+        ranks = {layer: module.rank for layer, module in (layers or {}).items()}
+        origin = _origin(teacher, model, kind)
+        predictor = select_state(state, predictor, origin, explicit=set(knobs or {}), ranks=ranks)
     if predictor.needs_projections and layers is None:
         raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
     attach_predictor(

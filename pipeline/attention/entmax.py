@@ -12,6 +12,11 @@ Llama, ...).
 
 Config attributes read: ``entmax_alpha`` (float ≥ 1, default 1.5) and ``entmax_learn_alpha`` (bool,
 default False; then every attention module carries a :class:`LearnedAlpha`, see :func:`attach_learned_alpha`).
+
+In eval mode, scores that are not finite (NaN or infinite weights: a corrupt or diverged checkpoint) stop
+the forward pass with one :class:`~pipeline.errors.UserError` line naming the layer and kind
+(:func:`label_attention_modules` names the modules when a model is loaded), instead of an index error deep
+inside the normalizer.
 """
 
 from __future__ import annotations
@@ -26,14 +31,23 @@ from transformers import PreTrainedModel
 from kernels.dense_entmax import entmax_normalize
 from pipeline.attention.interface import (
     attach_to_modules,
+    attention_modules,
     mask_scores,
     module_heads,
     register_attention,
     register_state_attacher,
 )
+from pipeline.attention.recording import attention_layers, layout_kinds, model_layout
+from pipeline.attention_kinds import KINDS
+from pipeline.errors import UserError
 
 ENTMAX = "entmax"
 DEFAULT_ALPHA = 1.5
+KIND_NAMES = {
+    "decoder_self": "decoder self-attention",
+    "encoder_self": "encoder self-attention",
+    "cross": "cross-attention",
+}
 
 
 class LearnedAlpha(nn.Module):
@@ -128,6 +142,8 @@ def entmax_attention_forward(
     """
     key, value, scaling = attention_inputs("entmax", module, query, key, value, scaling, kwargs)
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (b, h, q, k)
+    if not module.training:  # training has its own guard: a non-finite loss stops it (pipeline.finite)
+        require_finite_scores(scores, module)
     if position_bias is not None:
         scores = scores + position_bias.float()
     scores = mask_scores(scores, attention_mask)
@@ -136,6 +152,43 @@ def entmax_attention_forward(
 
     output = torch.matmul(probs.to(value.dtype), value)  # (b, h, q, d)
     return output.transpose(1, 2).contiguous(), probs
+
+
+def require_finite_scores(scores: Tensor, module: nn.Module) -> None:
+    """Raise a one-line :class:`UserError` naming ``module``'s layer when q·kᵀ ``scores`` are not all
+    finite. Checked before masking and biases, which bring −inf and the dtype's most negative value on
+    purpose; one reduction per call, small next to the normalizer's sort, and only in eval mode (extract,
+    evaluate, generation), so training on a GPU never waits on it."""
+    if not torch.isfinite(scores).all():
+        raise UserError(
+            f"the attention scores are not finite in {_label(module)}: the model's weights or inputs hold "
+            "NaN or infinite values (a corrupt or diverged checkpoint)"
+        )
+
+
+def _label(module: nn.Module) -> str:
+    """Where ``module`` is: its :func:`label_attention_modules` label, else its class and layer index."""
+    label = getattr(module, "attention_label", None)
+    if label is not None:
+        return label
+    layer = getattr(module, "layer_idx", None)
+    return type(module).__name__ + ("" if layer is None else f" of layer {layer}")
+
+
+def label_attention_modules(model: PreTrainedModel) -> None:
+    """Give every attention module of ``model`` an ``attention_label`` saying where it is, ``layer 2
+    (decoder self-attention)``, for messages raised inside the attention function, which sees the module
+    alone. A layout :func:`~pipeline.attention.recording.attention_layers` cannot split into kinds
+    (encoder–decoders that are not laid out like Marian) names the module by its path in the model."""
+    for name, module in attention_modules(model):
+        module.attention_label = f"the attention module {name}"
+    try:
+        kinds = {kind: attention_layers(model, KINDS[kind]) for kind in layout_kinds(model_layout(model))}
+    except AttributeError:  # no ``layers`` list where the Marian/BART layout has one
+        return
+    for kind, modules in kinds.items():
+        for layer, module in enumerate(modules):
+            module.attention_label = f"layer {layer} ({KIND_NAMES[kind]})"
 
 
 def attach_learned_alpha(model: PreTrainedModel) -> list[str]:
@@ -152,7 +205,9 @@ def attach_learned_alpha(model: PreTrainedModel) -> list[str]:
     return names
 
 
-def _attach_learned_alpha_if_configured(model: PreTrainedModel) -> None:
+def _attach_entmax_state(model: PreTrainedModel) -> None:
+    """What every loaded model gets: its attention modules' labels, and a learned α when configured."""
+    label_attention_modules(model)
     if getattr(model.config, "entmax_learn_alpha", False):
         attach_learned_alpha(model)
 
@@ -160,4 +215,4 @@ def _attach_learned_alpha_if_configured(model: PreTrainedModel) -> None:
 def register_entmax() -> None:
     """Make ``attn_implementation="entmax"`` available to every model using the attention interface."""
     register_attention(ENTMAX, entmax_attention_forward)
-    register_state_attacher(ENTMAX, _attach_learned_alpha_if_configured)
+    register_state_attacher(ENTMAX, _attach_entmax_state)

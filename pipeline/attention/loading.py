@@ -10,19 +10,22 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from torch import Tensor
-from transformers import AutoConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from pipeline.attention.entmax import ENTMAX
 from pipeline.attention.interface import attach_state
-from pipeline.checkpoint import verify_checkpoint
+from pipeline.checkpoint import WEIGHTS, load_config, refuse_foreign_code, verify_checkpoint
 from pipeline.errors import UserError
+from pipeline.finite import require_finite_tensors
 from pipeline.par.stacks import build_configured_stacks
 
 
 def _load_state_dict(folder: Path) -> dict[str, Tensor]:
-    index = folder / "model.safetensors.index.json"
+    """The tensors of model.safetensors, or of the shards its index names (plain names of files the
+    manifest lists: :func:`~pipeline.checkpoint.verify_checkpoint` checked them)."""
+    index = folder / WEIGHTS[1]
     if not index.exists():
-        return load_file(folder / "model.safetensors")
+        return load_file(folder / WEIGHTS[0])
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     state: dict[str, Tensor] = {}
     for shard in shards:
@@ -44,13 +47,16 @@ def load_model(
     (every registered state attacher runs: learned α, predictors), and then loads model.safetensors (or
     its shards). Every stored tensor must find a parameter, and every parameter must be stored except
     those ``save_pretrained`` leaves out on purpose (tied weights, keys ignored on save).
-    The weights are first checked against the folder's manifest
-    (:func:`~pipeline.checkpoint.verify_checkpoint`). Returns the model in eval mode.
+    The folder is first checked against its manifest (:func:`~pipeline.checkpoint.verify_checkpoint`:
+    a folder without one is refused) and its weights must be finite. Returns the model in eval mode.
     """
     folder = Path(folder)
     verify_checkpoint(folder)
     model = _build(folder, model_cls, attn_implementation)
-    missing, unexpected = model.load_state_dict(_load_state_dict(folder), strict=False)
+    state = _load_state_dict(folder)
+    # writers refuse non-finite weights, so these were edited in (with the manifest's hash rewritten)
+    require_finite_tensors(state, str(folder))
+    missing, unexpected = model.load_state_dict(state, strict=False)
     left_out = set(model.all_tied_weights_keys) | set(model._keys_to_ignore_on_save)
     missing = sorted(set(missing) - left_out)
     if missing or unexpected:
@@ -77,12 +83,15 @@ def _build(
     folder: Path, model_cls: type[PreTrainedModel] | None, attn_implementation: str
 ) -> PreTrainedModel:
     """The model of ``folder``'s config (class from ``config.architectures`` unless ``model_cls`` is given)
-    with its stacks and attention state, weights freshly initialised."""
+    with its stacks and attention state, weights freshly initialised; no code of the folder's runs."""
     if model_cls is None:
-        config = AutoConfig.from_pretrained(folder)
+        config = load_config(folder)
+        if not config.architectures:
+            raise UserError(f"{folder / 'config.json'}: no architectures entry naming the model's class")
         model_cls = getattr(transformers, config.architectures[0])
     else:
-        config = model_cls.config_class.from_pretrained(folder)
+        refuse_foreign_code(folder)
+        config = model_cls.config_class.from_pretrained(folder, trust_remote_code=False)
     model = model_cls._from_config(config, attn_implementation=attn_implementation)
     build_configured_stacks(model)
     attach_state(model)

@@ -1,6 +1,6 @@
 """The ``sparsefinder`` command (also ``python -m pipeline``).
 
-sparsefinder params [--params FILE]        validate every section of a params file
+sparsefinder params [--params FILE]        validate a params file as every stage will, before any work
 sparsefinder inspect FOLDER [...]          summarise, verify or draw a graph store
 sparsefinder configure TEACHER OUT [...]   write a model that attends over a predictor's graph
 sparsefinder bench [...]                   bucketed-attention benchmark (kernels.bench)
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from types import ModuleType
 
 from pipeline.cli.configure import add_configure_parser
 from pipeline.cli.inspect import add_inspect_parser
@@ -17,9 +19,39 @@ from pipeline.errors import exits_cleanly
 from pipeline.params import load_all
 
 
+def _input_checks() -> dict[str, ModuleType]:
+    """The stages' checks of params against their inputs (:mod:`pipeline.checks`), by section.
+
+    Imported here: they load torch and the graph store, which the other subcommands never need.
+    """
+    from pipeline.checks import cluster, configure, evaluate, project
+
+    return {"project": project, "cluster": cluster, "evaluate": evaluate, "configure": configure}
+
+
 def _run_params(args: argparse.Namespace) -> int:
+    """Validate every section, then run each stage's own checks before work: its outputs can be written,
+    and its params agree with its inputs where those exist (a line says which checks wait for inputs)."""
+    from pipeline.stage import check_outputs
+
     sections = load_all(args.params)
+    checks = _input_checks()
+    waiting = []
+    for name, section in sections.items():
+        check_outputs(name, section, args.params)
+        module = checks.get(name)
+        if module is None:
+            continue
+        if hasattr(module, "check_params"):
+            module.check_params(section)
+        missing = [key for key in module.INPUTS if not Path(getattr(section, key)).exists()]
+        if missing:
+            waiting.append(f"{name}.{missing[0]}")
+        elif hasattr(module, "check_inputs"):
+            module.check_inputs(section)
     print(f"{args.params}: valid ({', '.join(sections)})")
+    if waiting:
+        print(f"not checked against their inputs, which do not exist yet: {', '.join(waiting)}")
     return 0
 
 

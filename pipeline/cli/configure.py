@@ -4,6 +4,10 @@ sparsefinder configure TEACHER OUT --method kmeans --knob buckets=8 --window 3
                        --projections artifacts/predictors/projections.safetensors
                        --centroids artifacts/predictors/centroids.safetensors
 
+OUT may lie anywhere but in the command's inputs (the teacher, the projections, the state file) and, where
+the working folder has a params.yaml, in an output of one of its stages (configure.out excepted). An existing
+OUT is replaced only when it is a folder configure wrote, or with --force.
+
 OUT is the teacher's checkpoint with the predictor in the projections' attention kind; load it with
 ``pipeline.attention.load_model(OUT, attn_implementation="sparsefinder")`` (after
 ``import pipeline.attention.sparsefinder``).
@@ -12,9 +16,11 @@ OUT is the teacher's checkpoint with the predictor in the projections' attention
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipeline.cli.predictor_args import add_predictor_arguments, parse_knobs
 from pipeline.errors import UserError
+from pipeline.stage import check_command_output
 
 
 def add_configure_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -36,8 +42,22 @@ def add_configure_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
         action="store_true",
         help="indexer only: exact α-entmax, the predicted sets deciding which key blocks are skipped",
     )
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing OUT that configure did not write"
+    )
     parser.set_defaults(run=run_configure)
     return parser
+
+
+def written_by_configure(folder: Path) -> bool:
+    """Whether ``folder`` is a model folder that configure (this command or the stage) wrote: its manifest
+    says so."""
+    from pipeline.checkpoint import read_manifest  # loads torch, like the command itself
+
+    try:
+        return folder.is_dir() and read_manifest(folder).get("stage") == "configure"
+    except UserError:  # a manifest that is not JSON: somebody else's folder
+        return False
 
 
 def run_configure(args: argparse.Namespace) -> int:
@@ -48,6 +68,19 @@ def run_configure(args: argparse.Namespace) -> int:
 
     if args.method is None:
         raise UserError("configure needs --method (a predictor name)")
+    check_command_output(
+        "OUT",
+        args.out,
+        inputs={
+            "teacher folder": args.teacher,
+            "projections file": args.projections,
+            "state file": args.state,
+        },
+        own=written_by_configure,
+        written_by="sparsefinder configure",
+        force=args.force,
+        stage_out="configure.out",
+    )
     model = configure_sparsefinder(
         args.teacher,
         args.out,

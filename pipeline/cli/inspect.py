@@ -6,6 +6,10 @@ sparsefinder inspect FOLDER --sentence S --layer L --head H --png FILE [--kind K
                             [--method NAME [--knob KEY=VALUE ...] --window W --global G
                              --projections FILE --state FILE]
 
+--png may lie anywhere but in the command's inputs (the store, the projections, the state file) and, where
+the working folder has a params.yaml, in an output of one of its stages. An existing file is replaced only
+when it is a picture inspect drew, or with --force.
+
 With --method, the cells the predictor selects (its graph ∪ the window ∪ the global tokens, within the valid
 pairs: exactly what evaluation scores) are shaded under the gold edges. Predictors: see
 ``pipeline.predictors`` (e.g. ``--method kmeans --knob buckets=8 --state centroids.safetensors``).
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from PIL import Image
 
 from kernels.attended import window_radius
 from pipeline.cli.predictor_args import add_predictor_arguments, parse_knobs
@@ -26,6 +32,10 @@ from pipeline.predictors import make_predictor
 from pipeline.predictors.scoring import Setting, sentence_graph
 from pipeline.predictors.state import select_state
 from pipeline.projection.model import HeadProjections, load_projections
+from pipeline.stage import check_command_output
+
+# what inspect writes in its PNGs' Software text chunk, so that it knows its own pictures again
+SOFTWARE = "sparsefinder inspect"
 
 
 def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -46,6 +56,9 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     picture.add_argument("--head", type=int, help="head index")
     picture.add_argument("--kind", default="decoder_self", help="attention kind (default decoder_self)")
     picture.add_argument("--png", help="write the picture to this file")
+    picture.add_argument(
+        "--force", action="store_true", help="replace an existing --png file that inspect did not draw"
+    )
     add_predictor_arguments(picture, method_help="shade the cells a predictor selects")
     parser.set_defaults(run=run_inspect)
     return parser
@@ -70,6 +83,14 @@ def run_inspect(args: argparse.Namespace) -> int:
         return 0
     if any(value is None for value in drawing):
         raise UserError("drawing a head needs all of --sentence, --layer, --head and --png")
+    check_command_output(
+        "--png",
+        args.png,
+        inputs={"graph store": args.folder, "projections file": args.projections, "state file": args.state},
+        own=drawn_by_inspect,
+        written_by="sparsefinder inspect",
+        force=args.force,
+    )
     _check_drawing_args(store, args)
     mask = None
     title = f"sentence {args.sentence}, {args.kind}, layer {args.layer}, head {args.head}"
@@ -79,9 +100,20 @@ def run_inspect(args: argparse.Namespace) -> int:
         graph = sentence_graph(store, args.kind, args.layer, args.sentence, setting, projections=projections)
         mask = graph[min(args.head, graph.shape[0] - 1)].numpy()
         title += f" — {setting.predictor.describe()}, window {args.window}, global {args.global_tokens}"
-    draw_head(store, args.sentence, args.layer, args.head, args.kind, mask, args.png, title)
+    draw_head(
+        store, args.sentence, args.layer, args.head, args.kind, mask, args.png, title, software=SOFTWARE
+    )
     print(f"wrote {args.png}")
     return 0
+
+
+def drawn_by_inspect(path: Path) -> bool:
+    """Whether ``path`` is a PNG that inspect drew: its Software text chunk names inspect."""
+    try:
+        with Image.open(path) as image:
+            return image.format == "PNG" and image.info.get("Software") == SOFTWARE
+    except (OSError, ValueError, Image.DecompressionBombError):  # not a picture PIL reads, or no file
+        return False
 
 
 def _setting(args: argparse.Namespace) -> Setting:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 from typing import Any
 
 import yaml
 
 from pipeline.errors import UserError
+from pipeline.params import knob_value_problem, parse_yaml, short_repr, yaml_problem
 from pipeline.predictors import PREDICTORS
+
+KNOB = re.compile(r"[a-z_]+")
 
 
 def add_predictor_arguments(group: argparse._ActionsContainer, *, method_help: str) -> None:
@@ -28,12 +33,33 @@ def add_predictor_arguments(group: argparse._ActionsContainer, *, method_help: s
     )
 
 
+def knob_names() -> list[str]:
+    """Every predictor's knob names, sorted."""
+    return sorted({field.name for cls in PREDICTORS.values() for field in dataclasses.fields(cls)})
+
+
 def parse_knobs(items: list[str]) -> dict[str, Any]:
-    """``["buckets=8", "top_k=2"]`` → ``{"buckets": 8, "top_k": 2}`` (values read as YAML scalars)."""
+    """``["buckets=8", "top_k=2"]`` → ``{"buckets": 8, "top_k": 2}``: each value one YAML scalar, read and
+    bounded as a knob in the params file is (:func:`pipeline.params.knob_value_problem`); the predictor
+    checks the knob's own range when it is built.
+
+    Every malformed flag is one line naming the flag, what it got and the form allowed; a knob the method
+    lacks is :func:`~pipeline.predictors.base.make_predictor`'s to name, with that method's knobs.
+    """
     knobs = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--knob {item!r} is not KEY=VALUE")
-        knobs[key] = yaml.safe_load(value)
+        flag = f"--knob {short_repr(item)}"
+        key, sep, text = item.partition("=")
+        if not sep or not KNOB.fullmatch(key):
+            raise UserError(
+                f"{flag}: not KEY=VALUE; allowed: --knob KEY=VALUE, KEY one of {', '.join(knob_names())}"
+            )
+        try:
+            value = parse_yaml(text)
+        except yaml.YAMLError as err:
+            raise UserError(f"{flag}: the value is not valid YAML ({yaml_problem(err)})") from None
+        problem = knob_value_problem(key, value)
+        if problem:
+            raise UserError(f"{flag}: {problem}")
+        knobs[key] = value
     return knobs

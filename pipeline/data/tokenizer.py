@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from pipeline.checkpoint import refuse_foreign_code
 from pipeline.errors import UserError
 
 PAD, EOS, UNK, MASK = "<pad>", "</s>", "<unk>", "<mask>"
@@ -60,5 +61,7 @@ def train_tokenizer(
 
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
-    """Load a tokenizer saved by ``save_pretrained`` (``<corpus>/tokenizer``)."""
-    return PreTrainedTokenizerFast.from_pretrained(os.fspath(path))
+    """Load a tokenizer saved by ``save_pretrained`` (``<corpus>/tokenizer``), running no code shipped with
+    it (:func:`~pipeline.checkpoint.refuse_foreign_code`)."""
+    refuse_foreign_code(path)
+    return PreTrainedTokenizerFast.from_pretrained(os.fspath(path), trust_remote_code=False)

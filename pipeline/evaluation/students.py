@@ -56,7 +56,7 @@ def student_folders(folder: str | None) -> dict[str, Path]:
 
 def load_student(folder: Path, key: str) -> PreTrainedModel:
     """The student in ``folder``, verified, with the attention implementation its manifest records."""
-    resolve_checkpoint(str(folder), key, local=True)
+    resolve_checkpoint(str(folder), key, writer="student")
     implementation = read_manifest(folder).get("attn_implementation")
     if implementation not in STUDENT_ATTENTIONS:
         raise UserError(

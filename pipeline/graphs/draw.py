@@ -23,12 +23,14 @@ def draw_head(
     predicted_mask: np.ndarray | None,
     png_path: str | os.PathLike,
     title: str,
+    software: str | None = None,
 ) -> None:
     """Save one head's attention graph as a PNG: gold edges as stars over shaded predicted cells.
 
     Rows are queries and columns keys, labelled with the sentence's tokens. Stars grow with the gold
     probability; a gold edge outside the predicted mask is drawn in red (a recall miss). Pairs the head
-    may not attend (the future, when causal) are hatched grey.
+    may not attend (the future, when causal) are hatched grey. ``software`` goes in the PNG's Software
+    text chunk (matplotlib's name by default), so that the program that drew it knows it again.
     """
     record = store.get(sentence, layer, head, kind)
     n, m = record.n, record.m
@@ -78,7 +80,7 @@ def draw_head(
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     figure.tight_layout()
     with atomic_path(png_path) as tmp:
-        figure.savefig(tmp, format="png")
+        figure.savefig(tmp, format="png", metadata={"Software": software} if software else None)
 
 
 def _label(token: str) -> str:

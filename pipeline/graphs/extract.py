@@ -7,6 +7,10 @@ computed from — after rotary embeddings in a Llama, after GPT-2's fused ``c_at
 they are exactly sparse, so the graph is {(i, j) : p_ij > 0}, and it is reproduced exactly by the stored q
 and k. Grouped keys are repeated to the query heads. Padding is stripped per sentence before storing.
 
+A teacher whose attention scores are not finite (NaN or infinite weights) stops extraction at its first
+batch with one line naming the checkpoint, the layer and the kind (checked inside the entmax attention
+function, :func:`~pipeline.attention.entmax.require_finite_scores`), and no store is written.
+
 The model's layout (:func:`~pipeline.attention.recording.model_layout`) decides its kinds and the dataset
 column each side is read from (:data:`SIDE_COLUMNS`): an encoder–decoder reads ``input_ids`` (source) and
 ``labels`` (target), whose decoder sees shift_tokens_right(labels); a decoder-only model reads
@@ -27,9 +31,12 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.marian.modeling_marian import shift_tokens_right
 
+from pipeline.atomic import current_path
+from pipeline.attention.entmax import label_attention_modules
 from pipeline.attention.interface import module_head_dim, module_heads
 from pipeline.attention.recording import Captured, Layout, attention_layers, capture_attention, model_layout
 from pipeline.attention_kinds import AttentionKind, attention_kind
+from pipeline.errors import UserError
 from pipeline.fingerprint import cached_file_sha256
 from pipeline.graphs.store import AttentionGraph, GraphStore, GraphStoreWriter
 
@@ -142,6 +149,7 @@ def extract_graphs(
         )
     layers, heads, head_dim, scaling = shapes.pop()
     modules = {(name, i): m for name, ms in per_kind.items() for i, m in enumerate(ms)}
+    label_attention_modules(model)  # so a non-finite score names its layer, however the model was built
 
     rows = select_rows(
         dataset, specs, layout=layout, min_length=min_length, max_sentences=max_sentences, seed=seed
@@ -176,7 +184,10 @@ def extract_graphs(
                     side: _pad([list(e[column]) for e in examples], pad_id)
                     for side, column in columns.items()
                 }
-                shown = _forward(model, layout, sides)
+                try:
+                    shown = _forward(model, layout, sides)
+                except UserError as err:  # raised inside the teacher, e.g. scores that are not finite
+                    raise UserError(f"teacher {fingerprint.get('checkpoint')}: {err}") from None
                 batch_graphs = {k.name: _batch_graph(k, layers, captured) for k in specs}
                 for b, row in enumerate(batch_rows):
                     lengths = {side: int(mask[b].sum()) for side, (_, mask) in sides.items()}
@@ -193,7 +204,7 @@ def extract_graphs(
             progress.close()
     finally:
         model.train(was_training)
-    return GraphStore(out_folder).manifest
+    return GraphStore(current_path(out_folder)).manifest  # read back where it was written
 
 
 def _forward(

@@ -13,7 +13,11 @@ store (allowed: shard-NNNNN.safetensors)``. The rules:
   a file outside the store folder. The folder's own entries may be symlinks (DVC's symlink cache type makes
   them so): what a shard holds is checked by its sha256, not by where it lives;
 - shard ranges ``[start, stop)`` are non-empty and contiguous from 0 to ``counts.sentences`` (no gap, no
-  overlap); shard ``bytes`` ≥ 0 sum to ``counts.bytes``; ``sha256`` is 64 lowercase hex digits.
+  overlap); shard ``bytes`` ≥ 0 sum to ``counts.bytes``; ``sha256`` is 64 lowercase hex digits;
+- the counts are possible: every side has at least one token per sentence, every kind at most one edge
+  per (layer, head, query, key), and no shard is larger than the most bytes these counts and shapes can
+  take (:meth:`Manifest.max_bytes`). A reader checks a shard's size before hashing it, so a forged
+  manifest claiming a huge shard is refused here, in milliseconds, not after minutes of hashing.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ SPLITS = ("train", "valid", "test")
 QK_DTYPES = ("float16", "float32")
 PROBS_DTYPES = ("float16", "float32")
 _SHARD_FILE = re.compile(r"shard-\d{5}\.safetensors")
+_ITEMSIZE = {"float16": 2, "float32": 4}
+# What a shard may hold beyond its arrays, for the size bound (max_bytes). Its safetensors header: an
+# 8-byte length and JSON of well under 256 bytes per tensor (name, dtype, shape, byte range) plus the
+# metadata. Its token texts: tokenizer pieces are a few characters, so a kilobyte per token on average
+# admits any real vocabulary while keeping a forged size far out of bounds.
+HEADER_BYTES_PER_TENSOR = 256
+HEADER_BYTES = 1024
+MAX_TOKEN_BYTES = 1024
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -143,6 +155,38 @@ class Manifest(_Strict):
     def _check_counts(self) -> None:
         _same_keys("counts.tokens", self.counts.tokens, self.sides)
         _same_keys("counts.edges", self.counts.edges, self.attention_kinds)
+        tokens, sentences = self.counts.tokens, self.counts.sentences
+        for side, count in tokens.items():
+            if count < sentences:
+                raise ValueError(
+                    f"counts.tokens.{side} = {count}: fewer than counts.sentences = {sentences} (every "
+                    "sentence has at least one token)"
+                )
+        for name, edges in self.counts.edges.items():
+            kind = KINDS[name]
+            pairs = self.layers * self.heads * tokens[kind.query_side] * tokens[kind.key_side]
+            if edges > pairs:
+                raise ValueError(
+                    f"counts.edges.{name} = {edges}: more than the {pairs} (layer, head, query, key) "
+                    "pairs the token counts allow"
+                )
+
+    def max_bytes(self) -> int:
+        """The most bytes the shards can take together for these counts and shapes: every array at the size
+        the counts give it, key indices as int32, token texts at :data:`MAX_TOKEN_BYTES` a token on average
+        and every shard's header at its bound (see the module docstring for the arrays)."""
+        tokens, edges = self.counts.tokens, self.counts.edges
+        sentences, shards = self.counts.sentences, len(self.shards)
+        tensors = 1 + 3 * len(tokens) + 5 * len(edges)
+        total = shards * (8 + HEADER_BYTES + HEADER_BYTES_PER_TENSOR * tensors) + 8 * sentences
+        for count in tokens.values():  # lengths, offsets (one more per shard), texts
+            total += 8 * sentences + 8 * (count + shards) + MAX_TOKEN_BYTES * count
+        for name, count in edges.items():
+            kind = KINDS[name]
+            rows, keys = tokens[kind.query_side], tokens[kind.key_side]
+            per_head = (rows + keys) * self.head_dim * _ITEMSIZE[self.dtype] + 8 * (rows + shards)
+            total += self.layers * self.heads * per_head + count * (4 + _ITEMSIZE[self.probs_dtype])
+        return total
 
     def _check_shards(self) -> None:
         stop = 0
@@ -163,6 +207,18 @@ class Manifest(_Strict):
         total = sum(shard.bytes for shard in self.shards)
         if total != self.counts.bytes:
             raise ValueError(f"counts.bytes = {self.counts.bytes}: the shards' bytes sum to {total}")
+        most = self.max_bytes()
+        for i, shard in enumerate(self.shards):
+            if shard.bytes > most:
+                raise ValueError(
+                    f"shards[{i}].bytes = {shard.bytes}: more than the {most} bytes the store's counts and "
+                    "shapes allow for all its shards together (counts.tokens, counts.edges, layers, heads, "
+                    "head_dim, dtype)"
+                )
+        if total > most:
+            raise ValueError(
+                f"counts.bytes = {total}: more than the {most} bytes the store's counts and shapes allow"
+            )
 
 
 def _same_keys(key: str, mapping: Mapping[str, Any], expected: Sequence[str]) -> None:

@@ -27,6 +27,8 @@ _DTYPES = {
     "F32": np.float32,
     "F64": np.float64,
 }
+# the safetensors library's own limit: a header length beyond it is corruption, not a header to read
+MAX_HEADER_BYTES = 100_000_000
 
 
 class SafetensorsError(ValueError):
@@ -44,8 +46,10 @@ def map_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every tensor of ``path`` as a read-only array view into one memory map.
 
     Raises :class:`SafetensorsError` when the file is shorter than its header says (truncated) or the header
-    is malformed: not a JSON object, an unknown dtype, a shape or byte range that is not non-negative
-    integers, or a byte range whose length is not the shape's.
+    is malformed: longer than :data:`MAX_HEADER_BYTES`, not a JSON object, an unknown dtype, a shape or byte
+    range that is not non-negative integers, a byte range whose length is not the shape's, or byte ranges
+    that do not tile the data exactly (a gap, an overlap or bytes after the last tensor: what the file
+    holds beyond its tensors would be hashed and stored for nothing).
     """
     path = Path(path)
     size = path.stat().st_size
@@ -53,11 +57,17 @@ def map_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise SafetensorsError(path, f"truncated ({size} bytes, no safetensors header)")
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     header_len = int.from_bytes(raw[:8].tobytes(), "little")
+    if header_len > MAX_HEADER_BYTES:
+        raise SafetensorsError(
+            path, f"corrupt safetensors header (says it is {header_len} bytes; at most {MAX_HEADER_BYTES})"
+        )
     if 8 + header_len > raw.size:
         raise SafetensorsError(path, f"truncated (header needs {8 + header_len} bytes, file has {raw.size})")
     header = _header(path, raw[8 : 8 + header_len].tobytes())
     base = 8 + header_len
-    return {name: _tensor(path, raw, base, name, entry) for name, entry in header.items()}
+    tensors = {name: _tensor(path, raw, base, name, entry) for name, entry in header.items()}
+    _check_tiling(path, [(*header[name]["data_offsets"], name) for name in tensors], raw.size - base)
+    return tensors
 
 
 def _header(path: Path, text: bytes) -> dict[str, Any]:
@@ -92,6 +102,22 @@ def _tensor(path: Path, raw: np.memmap, base: int, name: str, entry: Any) -> np.
     if base + stop > raw.size:
         raise SafetensorsError(path, f"truncated (tensor {name} ends at byte {base + stop} of {raw.size})")
     return raw[base + start : base + stop].view(_DTYPES[dtype]).reshape(shape)
+
+
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]], data_bytes: int) -> None:
+    """The tensors' byte ranges ``spans`` (start, stop, name) must cover [0, ``data_bytes``) without a gap
+    or an overlap, as the safetensors format lays them out."""
+    position = 0
+    for start, stop, name in sorted(spans):
+        if start != position:
+            raise SafetensorsError(
+                path, f"corrupt safetensors header: tensor {name} starts at data byte {start}, not {position}"
+            )
+        position = stop
+    if position != data_bytes:
+        raise SafetensorsError(
+            path, f"corrupt safetensors header: {data_bytes - position} bytes after the last tensor"
+        )
 
 
 def _counts(value: Any) -> bool:

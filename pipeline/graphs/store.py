@@ -29,9 +29,13 @@ manifest is written: a crash never leaves a store that looks whole. A shard's by
 content alone (its one metadata key holds canonical JSON), so re-running extract reproduces every sha256.
 
 The reader trusts nothing it has not checked: opening validates the manifest
-(:mod:`pipeline.graphs.manifest`), and each shard is verified on its first use in a process (size, sha256,
-safetensors header, tensor names, dtypes and shapes against the manifest); any problem is one
-:class:`~pipeline.errors.UserError` line naming the file.
+(:mod:`pipeline.graphs.manifest`), and each shard is verified on its first use in a process, cheapest
+first: its size against the manifest's (whose counts bound it), its safetensors header, its sha256, its
+tensor names, dtypes, shapes and offsets against the manifest, then what it holds (key indices within the
+sentence and causal where the kind is, probabilities in [0, 1] with every query's summing to 1, finite
+queries and keys). The sha256 only proves the file is the one the manifest describes, and a
+manifest can be rewritten with its shards. Any problem is one :class:`~pipeline.errors.UserError` line
+naming the file and, for what it holds, the first bad (sentence, layer, head).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import numpy as np
 import safetensors.numpy
 
 from pipeline.atomic import atomic_path, write_json
-from pipeline.attention_kinds import attention_kind
+from pipeline.attention_kinds import AttentionKind, attention_kind
 from pipeline.errors import UserError
 from pipeline.fingerprint import cached_file_sha256, file_sha256
 from pipeline.graphs.manifest import (
@@ -68,6 +72,9 @@ from pipeline.graphs.manifest import (
 from pipeline.graphs.mmap import SafetensorsError, map_safetensors
 
 _INT16_LIMIT = np.iinfo(np.int16).max
+# How far a stored query's probabilities may sum from 1: float16 storage rounds each by at most 2⁻¹¹
+# relative, so a whole row by at most 2⁻¹¹ ≈ 5e-4; the rest is room for the normalizer's own tolerance.
+ROW_SUM_TOLERANCE = 1e-2
 # One metadata key holding canonical JSON: safetensors writes its metadata map in a random order (a Rust
 # HashMap), so with several keys the same content gave different bytes, and sha256, from run to run.
 _SHARD_METADATA = {"format": json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION}, sort_keys=True)}
@@ -401,14 +408,20 @@ class _Shard:
     def problem(self, *, rehash: bool = False) -> str | None:
         """What is wrong with the shard, or None once it is verified and mapped.
 
-        In order: the file exists and has the manifest's size and sha256 (hashed once per process unless
-        ``rehash``), its safetensors header is well formed, and its tensors pass :func:`_check_tensors`.
+        In order, cheapest first: the file exists and has the manifest's size (which the manifest's counts
+        bound, so a forged huge file is refused before it is hashed), its safetensors header is well formed
+        (the header alone is read), its sha256 is the manifest's (hashed once per process unless
+        ``rehash``; a flipped byte stops here, named as corruption), its tensors pass
+        :func:`_check_tensors` and what they hold passes :func:`_check_contents`.
         """
         self._tensors = {}
         try:
-            self._check_file(rehash=rehash)
+            self._check_size()
             tensors = map_safetensors(self.path)
-            offsets = _check_tensors(tensors, self._manifest, self.stop - self.start)
+            if cached_file_sha256(self.path, rehash=rehash) != self._entry.sha256:
+                raise _ShardError("sha256 mismatch (corrupt)")
+            offsets = _check_tensors(tensors, self._manifest, self.stop - self.start, self.start)
+            _check_contents(tensors, self._manifest, offsets, self.start)
         except SafetensorsError as err:
             return err.reason
         except _ShardError as err:
@@ -416,7 +429,7 @@ class _Shard:
         self._tensors, self._offsets = tensors, offsets
         return None
 
-    def _check_file(self, *, rehash: bool) -> None:
+    def _check_size(self) -> None:
         if not self.path.is_file():
             raise _ShardError("missing")
         size, expected = self.path.stat().st_size, self._entry.bytes
@@ -424,8 +437,6 @@ class _Shard:
             raise _ShardError(f"truncated ({size} of {expected} bytes)")
         if size > expected:
             raise _ShardError(f"{size} bytes, manifest says {expected}")
-        if cached_file_sha256(self.path, rehash=rehash) != self._entry.sha256:
-            raise _ShardError("sha256 mismatch (corrupt)")
 
 
 def _tensor_names(manifest: Manifest) -> list[str]:
@@ -439,15 +450,17 @@ def _tensor_names(manifest: Manifest) -> list[str]:
 
 
 def _check_tensors(
-    tensors: Mapping[str, np.ndarray], manifest: Manifest, sentences: int
+    tensors: Mapping[str, np.ndarray], manifest: Manifest, sentences: int, first: int
 ) -> dict[str, np.ndarray]:
     """Check a shard's tensors against its manifest; returns per side (S + 1,) each sentence's first token.
 
     Names: exactly :func:`_tensor_names`. Dtypes: int64 ids, lengths, offsets and indptr, uint8 utf8, q/k in
     the manifest's ``dtype``, probs in its ``probs_dtype``, cols int16|int32. Shapes, from the manifest and
     each other: S = ``sentences``; every length >= 1; Nq/Nk are the sums of the kind's query/key-side lengths;
-    offsets and indptr are non-decreasing within [0, len(utf8)] and [0, len(cols)]; probs as long as cols.
-    Only the lengths, offsets and indptr are read; the rest is the header's.
+    offsets run non-decreasing from 0 to len(utf8) and indptr, read in (layer, head, row) order, from 0 to
+    len(cols) (one head's last offset is the next one's first); probs as long as cols. Only the lengths,
+    offsets and indptr are read; the rest is the header's. ``first`` is the shard's first sentence in the
+    store, for messages.
     """
     names = _tensor_names(manifest)
     missing, unexpected = [n for n in names if n not in tensors], sorted(set(tensors) - set(names))
@@ -463,7 +476,10 @@ def _check_tensors(
         starts[side] = np.concatenate([[0], np.cumsum(lengths)])
         utf8 = _expect(tensors, f"tokens.{side}.utf8", ("uint8",), (None,))
         offsets = _expect(tensors, f"tokens.{side}.offsets", ("int64",), (int(starts[side][-1]) + 1,))
-        _check_pointers(f"tokens.{side}.offsets", offsets, len(utf8))
+        if _first_bad_offset(offsets, len(utf8)) is not None:
+            raise _ShardError(
+                f"tensor tokens.{side}.offsets is not non-decreasing offsets from 0 to {len(utf8)}"
+            )
     for name in manifest.attention_kinds:
         kind = attention_kind(name)
         nq, nk = int(starts[kind.query_side][-1]), int(starts[kind.key_side][-1])
@@ -472,8 +488,125 @@ def _check_tensors(
         cols = _expect(tensors, f"{name}.cols", ("int16", "int32"), (None,))
         _expect(tensors, f"{name}.probs", (manifest.probs_dtype,), (len(cols),))
         indptr = _expect(tensors, f"{name}.indptr", ("int64",), (L, H, nq + 1))
-        _check_pointers(f"{name}.indptr", indptr.ravel(), len(cols))
+        bad = _first_bad_offset(indptr.ravel(), len(cols))
+        if bad is not None:
+            head, row = divmod(bad, nq + 1)
+            raise _ShardError(
+                f"tensor {name}.indptr is not non-decreasing offsets from 0 to {len(cols)}, first at "
+                f"{_place(manifest, starts[kind.query_side], first, head, min(row, nq - 1))}"
+            )
     return starts
+
+
+def _first_bad_offset(values: np.ndarray, end: int) -> int | None:
+    """The first index of ``values`` that breaks "non-decreasing from 0 to ``end``", or None."""
+    if values[0] != 0:
+        return 0
+    drops = np.flatnonzero(values[1:] < values[:-1])
+    if drops.size:
+        return int(drops[0]) + 1
+    return None if values[-1] == end else len(values) - 1
+
+
+def _place(
+    manifest: Manifest, row_starts: np.ndarray, first: int, head: int, row: int, what: str = "query"
+) -> str:
+    """``sentence S, layer L, head H, query I``: where flat head ``head`` (l·H + h) and shard row ``row``
+    (on the side whose sentences start at ``row_starts``) are, ``first`` being the shard's first sentence."""
+    layer, head = divmod(head, manifest.heads)
+    sentence = int(np.searchsorted(row_starts, row, side="right")) - 1
+    within = row - int(row_starts[sentence])
+    return f"sentence {first + sentence}, layer {layer}, head {head}, {what} {within}"
+
+
+def _check_contents(
+    tensors: Mapping[str, np.ndarray], manifest: Manifest, starts: Mapping[str, np.ndarray], first: int
+) -> None:
+    """What a shard's header cannot tell, for every kind: its edges pass :func:`_check_edges`, its queries
+    and keys are finite. ``starts`` are :func:`_check_tensors`' sentence starts, ``first`` is the shard's
+    first sentence in the store.
+
+    One vectorised pass over the shard's edges and q/k, once per shard and process like the hash: a shard
+    that lies under a valid sha256 (its manifest rewritten to match) is refused, naming the first bad
+    (sentence, layer, head), before any stage computes with it.
+    """
+    for name in manifest.attention_kinds:
+        kind = attention_kind(name)
+        _check_edges(tensors, manifest, kind, starts, first)
+        for part, side in (("q", kind.query_side), ("k", kind.key_side)):
+            values = tensors[f"{name}.{part}"]
+            if not _all_finite(values):
+                layer, head, token = (int(i) for i in np.argwhere(~np.isfinite(values).all(axis=-1))[0])
+                where = _place(manifest, starts[side], first, layer * manifest.heads + head, token, "token")
+                raise _ShardError(f"{name}.{part} is not finite at {where}; allowed: finite values")
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether float16/float32 ``values`` are all finite, read off the exponent bits (all ones: Inf or
+    NaN): numpy's ``isfinite`` on float16 converts every element and is ten times slower."""
+    ones = {np.dtype(np.float16): np.uint16(0x7C00), np.dtype(np.float32): np.uint32(0x7F800000)}
+    exponent = ones[values.dtype]
+    return not ((values.view(exponent.dtype) & exponent) == exponent).any()
+
+
+def _check_edges(
+    tensors: Mapping[str, np.ndarray],
+    manifest: Manifest,
+    kind: AttentionKind,
+    starts: Mapping[str, np.ndarray],
+    first: int,
+) -> None:
+    """Every query of ``kind`` has edges; their keys lie within its sentence, and at or before the query
+    when the kind is causal; their probabilities lie in [0, 1] and sum to 1 within
+    :data:`ROW_SUM_TOLERANCE` (a shard keeps every p > 0, so whole rows)."""
+    name = kind.name
+    q_starts, k_starts = starts[kind.query_side], starts[kind.key_side]
+    indptr = tensors[f"{name}.indptr"].reshape(manifest.layers * manifest.heads, -1)  # (L·H, rows + 1)
+    cols, probs = tensors[f"{name}.cols"], tensors[f"{name}.probs"]
+    rows = indptr.shape[1] - 1
+    row_starts = indptr[:, :-1].ravel()  # (L·H·rows,) first edge of every query, in (layer, head, row) order
+
+    def at(flat_row: int) -> str:
+        return _place(manifest, q_starts, first, *divmod(flat_row, rows))
+
+    edge_counts = np.diff(indptr, axis=1).ravel()
+    empty = np.flatnonzero(edge_counts == 0)
+    if empty.size:
+        raise _ShardError(
+            f"{name}: {at(int(empty[0]))} has no edge; allowed: every query attends at least one key (its "
+            "probabilities sum to 1)"
+        )
+    # the last key each query may attend: its sentence's last, or the query itself when causal
+    sentence = np.repeat(np.arange(len(q_starts) - 1), np.diff(q_starts))  # (rows,)
+    last = np.diff(k_starts)[sentence] - 1
+    if kind.causal:
+        last = np.minimum(last, np.arange(rows) - q_starts[sentence])
+    # rows are non-empty, so reduceat's segments are exactly the rows
+    outside = np.maximum.reduceat(cols, row_starts) > np.tile(last, len(indptr))
+    if cols.min() < 0:  # rare: a second pass to find the rows
+        outside |= np.minimum.reduceat(cols, row_starts) < 0
+    if outside.any():
+        row = int(np.flatnonzero(outside)[0])
+        limit = int(last[row % rows])
+        keys = cols[row_starts[row] : row_starts[row] + edge_counts[row]]
+        key = int(keys[(keys < 0) | (keys > limit)][0])
+        causal = f" and at or before the query ({name} is causal)" if kind.causal else ""
+        raise _ShardError(
+            f"{name}.cols holds key {key} at {at(row)}; allowed: keys 0 … {limit}, within the "
+            f"sentence{causal}"
+        )
+    within = (probs >= 0) & (probs <= 1)  # NaN fails both
+    if not within.all():
+        edge = int(np.argmin(within))
+        row = int(np.searchsorted(row_starts, edge, side="right")) - 1
+        raise _ShardError(f"{name}.probs holds {probs[edge]} at {at(row)}; allowed: probabilities in [0, 1]")
+    sums = np.add.reduceat(probs, row_starts, dtype=np.float64)
+    off = np.flatnonzero(np.abs(sums - 1) > ROW_SUM_TOLERANCE)
+    if off.size:
+        raise _ShardError(
+            f"{name}.probs sum to {sums[off[0]]:.6g} at {at(int(off[0]))}; allowed: every query's "
+            f"probabilities sum to 1 (± {ROW_SUM_TOLERANCE})"
+        )
 
 
 def _expect(
@@ -490,12 +623,6 @@ def _expect(
             f"tensor {name} is {array.dtype.name} {list(array.shape)}, expected {'|'.join(dtypes)} [{wanted}]"
         )
     return array
-
-
-def _check_pointers(name: str, values: np.ndarray, limit: int) -> None:
-    """``values`` must be non-decreasing offsets within [0, ``limit``] (token offsets, a CSR indptr)."""
-    if values[0] < 0 or values[-1] > limit or (np.diff(values) < 0).any():
-        raise _ShardError(f"tensor {name} is not non-decreasing offsets within [0, {limit}]")
 
 
 class GraphStore:

@@ -116,7 +116,7 @@ class Predictor(ABC):
     """One method with fixed knobs (the subclass's dataclass fields); see the module docstring.
 
     Subclasses are frozen dataclasses registered with :func:`register`; they set ``name``, ``fit_knobs``
-    and, when they learn state, ``fitted = True`` and :meth:`fit_layer`.
+    and, when they learn state, ``fitted = True``, :meth:`fit_layer` and :meth:`layer_state_shapes`.
     """
 
     name: ClassVar[str]
@@ -156,6 +156,14 @@ class Predictor(ABC):
 
     def set_layer_state(self, layer: int, tensors: dict[str, Tensor]) -> None:
         self._state[layer] = dict(tensors)
+
+    def layer_state_shapes(
+        self, heads: int | None, rank: int | None, head_dim: int | None
+    ) -> dict[str, tuple[int | None, ...]]:
+        """The tensors one layer's fitted state holds and their shapes, for ``heads`` heads, projections of
+        rank ``rank`` and heads of size ``head_dim`` (None where the reader does not know it: not checked).
+        A state file is checked against it where it is read (stateless predictors: none)."""
+        return {}
 
     @property
     def state_layers(self) -> list[int]:

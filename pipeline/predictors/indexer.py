@@ -104,6 +104,12 @@ class IndexerPredictor(Predictor):
         )
         return {"q_map": q_map, "k_map": k_map}
 
+    def layer_state_shapes(
+        self, heads: int | None, rank: int | None, head_dim: int | None
+    ) -> dict[str, tuple[int | None, ...]]:
+        # the maps' rank is this predictor's own knob, not the projections'
+        return {"q_map": (heads, self.rank, head_dim), "k_map": (heads, self.rank, head_dim)}
+
     def index_queries(self, layer: int, q: Tensor) -> Tensor:
         """The low-rank queries A q (b, h, n, r) of ``layer``, float32."""
         return low_rank(q, self._map(layer, "q_map", q))

@@ -118,6 +118,11 @@ class KMeansPredictor(Predictor):
         )
         return {"centroids": centroids}
 
+    def layer_state_shapes(
+        self, heads: int | None, rank: int | None, head_dim: int | None
+    ) -> dict[str, tuple[int | None, ...]]:
+        return {"centroids": (heads, self.buckets, rank)}
+
     def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
         centroids = self.layer_state(layer)["centroids"]
         q_proj, k_proj = inputs.projected()

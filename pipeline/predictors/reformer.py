@@ -66,6 +66,11 @@ class ReformerPredictor(Predictor):
         rotations = torch.randn(heads, rank, self.buckets // 2, generator=layer_generator(self.seed, layer))
         return {"rotations": rotations}  # (h, r, β/2)
 
+    def layer_state_shapes(
+        self, heads: int | None, rank: int | None, head_dim: int | None
+    ) -> dict[str, tuple[int | None, ...]]:
+        return {"rotations": (heads, rank, self.buckets // 2)}
+
     def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
         rotations = self.layer_state(layer)["rotations"]
         q_proj, k_proj = inputs.projected()

@@ -73,6 +73,11 @@ class RoutingPredictor(Predictor):
         )
         return {"centroids": centroids}  # (h, c, r), unit rows
 
+    def layer_state_shapes(
+        self, heads: int | None, rank: int | None, head_dim: int | None
+    ) -> dict[str, tuple[int | None, ...]]:
+        return {"centroids": (heads, self.clusters, rank)}
+
     def predict(self, layer: int, inputs: HeadInputs) -> Prediction:
         centroids = self.layer_state(layer)["centroids"]
         q_proj, k_proj = inputs.projected()

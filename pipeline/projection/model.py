@@ -12,8 +12,9 @@ x′[b, h, n] = g_h(x[b, h, n]).
 File format (one file for every layer): tensors ``layer{L}.q_weight`` (H, r, d or e), ``layer{L}.q_bias``
 (H, r), with an MLP also ``layer{L}.q_hidden_weight`` (H, e, d) and ``layer{L}.q_hidden_bias`` (H, e); unless
 shared, the same under ``k_``. The safetensors header holds one JSON string under ``"projections"``:
-``{"layers": {"L": {n_heads, head_dim, rank, shared[, hidden]}}, "extra": {...}}``; a layer config without
-``hidden`` is linear.
+``{"format_version": 1, "layers": {"L": {n_heads, head_dim, rank, shared[, hidden]}}, "extra": {...}}``; a
+layer config without ``hidden`` is linear. A file without ``format_version`` (written before it was
+recorded, or by another tool) is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pipeline.origin import Origin
 from pipeline.tensor_file import read_tensor_file, write_tensor_file
 
 METADATA_KEY = "projections"
+FORMAT_VERSION = 1
 
 
 class HeadProjections(nn.Module):
@@ -136,7 +138,11 @@ def save_projections(
     tensors = {
         f"layer{idx}.{name}": p for idx, module in layers.items() for name, p in module.named_parameters()
     }
-    header = {"layers": {str(idx): m.config() for idx, m in layers.items()}, "extra": dict(extra or {})}
+    header = {
+        "format_version": FORMAT_VERSION,
+        "layers": {str(idx): m.config() for idx, m in layers.items()},
+        "extra": dict(extra or {}),
+    }
     write_tensor_file(path, tensors, METADATA_KEY, header)
 
 
@@ -149,6 +155,13 @@ def load_projections(
     on its teacher and cover its layers, heads and head size. Every problem is a one-line :class:`UserError`.
     """
     header, tensors = read_tensor_file(path, METADATA_KEY, "projections file", "run the project stage")
+    version = header.get("format_version")
+    if version != FORMAT_VERSION:
+        found = "no format_version in its header" if version is None else f"format_version = {version!r}"
+        raise UserError(
+            f"{path}: {found}: written by an older or foreign tool (this reader reads version "
+            f"{FORMAT_VERSION}); re-run the project stage"
+        )
     try:
         configs = {int(idx): dict(config) for idx, config in header["layers"].items()}
         extra = dict(header["extra"])

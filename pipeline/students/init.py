@@ -17,13 +17,13 @@ student's attention in place.
 
 from __future__ import annotations
 
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from pipeline.attention.entmax import ENTMAX
 from pipeline.attention.loading import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.attention.ssa import set_sampling
-from pipeline.checkpoint import loading, read_manifest, resolve_checkpoint
+from pipeline.checkpoint import load_auto_tokenizer, loading, read_manifest, resolve_checkpoint
 from pipeline.errors import UserError
 from pipeline.par.from_teacher import rebuild_from_teacher
 from pipeline.par.pattern import parse_pattern
@@ -37,7 +37,9 @@ def build_student(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The student of ``spec``, in training mode, and its tokenizer; ``key`` names ``spec.init`` in errors
     and ``seed`` draws the initial values of the parameters its attention adds."""
-    init = resolve_checkpoint(spec.init, key, local=True)
+    # the stage whose folder each student starts from (a PAR student also from a teacher, given patterns)
+    writer = {SPARSEFINDER: "configure", PAR: "par_search or teacher"}.get(spec.attention, "teacher")
+    init = resolve_checkpoint(spec.init, key, writer=writer)
     implementation = read_manifest(init).get("attn_implementation")
     wanted = SPARSEFINDER if spec.attention == SPARSEFINDER else ENTMAX
     if implementation is None:
@@ -52,7 +54,7 @@ def build_student(
         )
     with loading(init, key):
         model = load_model(init, attn_implementation=ENTMAX if spec.attention == PAR else spec.attention)
-        tokenizer = AutoTokenizer.from_pretrained(init)
+        tokenizer = load_auto_tokenizer(init)
     if isinstance(spec, ParStudent):
         arrange_par(model, spec, key, seed=seed)
     attach_student_attention(model, spec, seed=seed)

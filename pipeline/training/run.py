@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from datasets import DatasetDict, load_from_disk
 from transformers import (
-    AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -24,9 +23,9 @@ from transformers import (
 
 import pipeline.attention  # noqa: F401  (registers the attention implementations)
 from pipeline.attention.sparsity import collect_marian_sparsity
-from pipeline.checkpoint import save_checkpoint
+from pipeline.checkpoint import load_auto_tokenizer, save_checkpoint
 from pipeline.corpus_card import Task, read_corpus_card
-from pipeline.errors import UserError
+from pipeline.errors import UserError, writing
 from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.language_model import evaluate_language_model
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
@@ -49,7 +48,7 @@ def load_corpus(
     card = read_corpus_card(folder, key)
     if card.task not in tasks:
         raise UserError(f"{key} = {folder!r} holds a {card.task!r} corpus; allowed here: {', '.join(tasks)}")
-    return load_from_disk(folder), AutoTokenizer.from_pretrained(Path(folder) / TOKENIZER_FOLDER)
+    return load_from_disk(folder), load_auto_tokenizer(Path(folder) / TOKENIZER_FOLDER)
 
 
 def longest_sequence(data: DatasetDict) -> int:
@@ -185,12 +184,13 @@ def train_and_evaluate(
     task = read_corpus_card(params.data, f"{stage}.data").task
     if task == "translation":
         set_generation(model, params.eval)
-    save_checkpoint(
-        params.out,
-        model,
-        tokenizer,
-        {"stage": stage, "params": params.model_dump(), "data_sha256": data_sha256, "parent": parent},
-    )
+    with writing(f"the checkpoint {params.out}"):
+        save_checkpoint(
+            params.out,
+            model,
+            tokenizer,
+            {"stage": stage, "params": params.model_dump(), "data_sha256": data_sha256, "parent": parent},
+        )
     if task == "translation":
         measured = evaluate_translation(model, tokenizer, data, params.eval)
     else:
@@ -205,5 +205,6 @@ def train_and_evaluate(
             sparsity_examples=settings.sparsity_examples,
         )
     metrics = {"train_seconds": round(train_seconds, 1), **measured}
-    write_metrics(params.metrics, metrics)
+    with writing(f"the metrics {params.metrics}"):
+        write_metrics(params.metrics, metrics)
     shutil.rmtree(params.run_dir, ignore_errors=True)

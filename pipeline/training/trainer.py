@@ -5,21 +5,33 @@ smoothing, gradient clipping, DDP under ``torchrun`` (gloo on CPU), progress bar
 What this module adds is the resume guard: a run folder remembers the fingerprint of what it trains
 (params + data + parent), and a re-run resumes from its last checkpoint only when the fingerprint matches,
 so a stage killed mid-way finishes where it stopped, and a stage whose params changed starts afresh.
+
+A checkpoint is resumed from only when its files are the ones this run saved: their sha256 are recorded
+once the Trainer has written them (:class:`RecordCheckpointFiles`) and checked before resuming
+(:func:`verify_checkpoint`). The Trainer loads optimizer, scheduler and RNG states with ``torch.load(...,
+weights_only=True)``, which refuses a pickle; the record makes a damaged or replaced file a one-line error
+naming it, with the command that clears the run folder, rather than a traceback from deep in the Trainer
+at every re-run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from pickle import (
+    UnpicklingError,
+)  # what torch.load(weights_only=True) raises for a pickle; nothing unpickles
 from typing import Any
 
 import torch
 from datasets import DatasetDict
+from safetensors import SafetensorError
 from transformers import (
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
@@ -29,14 +41,20 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from pipeline.atomic import write_json
 from pipeline.corpus_card import Task
+from pipeline.errors import UserError, one_line, writing
+from pipeline.fingerprint import file_sha256
 from pipeline.finite import require_finite
 from pipeline.params import Distillation, Training
 from pipeline.students.distill import DistillationTrainer
 
 RUN_FINGERPRINT = "run_fingerprint.json"
+# in each checkpoint folder, written last: the sha256 of every other file in it
+CHECKPOINT_FILES = "checkpoint_files.json"
 # the share of an mlm block's tokens chosen for prediction (BERT's and RoBERTa's)
 MASKED_FRACTION = 0.15
 
@@ -45,41 +63,155 @@ _WORKER_SETTLE_SECONDS = 0.2
 (:func:`leave_process_group`)."""
 
 
+def clear_hint(run_dir: str | os.PathLike) -> str:
+    """What ends a run-folder error: the command that clears the folder, so the stage trains afresh."""
+    return f"to train this stage afresh, clear its run folder: rm -rf {shlex.quote(str(run_dir))}"
+
+
+def read_run_fingerprint(run_dir: Path) -> str | None:
+    """The fingerprint ``run_dir`` was made for, None when there is no run folder yet.
+
+    Raises :class:`UserError` when ``run_dir`` holds something this module did not write: wiping it as
+    another run's folder could delete a user's files (``run_dir: .``), and resuming from it would load them.
+    """
+    marker = run_dir / RUN_FINGERPRINT
+    # a run killed before its marker was renamed into place leaves only the marker's temporary file
+    leftover = f".{RUN_FINGERPRINT}.tmp-"
+    if not run_dir.exists() or (
+        run_dir.is_dir()
+        and not marker.exists()
+        and all(entry.name.startswith(leftover) for entry in run_dir.iterdir())
+    ):
+        return None
+    if not run_dir.is_dir() or not marker.is_file():
+        what = "a folder" if run_dir.is_dir() else "not a folder"
+        raise UserError(
+            f"run_dir {run_dir}: {what} without a {RUN_FINGERPRINT}, so not a run folder of this pipeline "
+            f"(left as it is); choose another run_dir, or remove it: rm -rf {shlex.quote(str(run_dir))}"
+        )
+    return read_json_field(marker, "fingerprint", str, run_dir)
+
+
+_JSON_NAMES = {str: "string", dict: "object"}
+
+
+def read_json_field(path: Path, key: str, kind: type, run_dir: Path) -> Any:
+    """``path``'s JSON object's ``key``, of type ``kind``; else :class:`UserError` naming the file."""
+    try:
+        content = json.loads(path.read_bytes())
+    except ValueError as err:  # not JSON, or not in a Unicode encoding
+        raise UserError(f"{path}: not JSON ({one_line(str(err), 80)}); {clear_hint(run_dir)}") from None
+    value = content.get(key) if isinstance(content, dict) else None
+    if not isinstance(value, kind):
+        raise UserError(
+            f'{path}: not what this pipeline writes (a JSON object whose "{key}" is a {_JSON_NAMES[kind]}); '
+            f"{clear_hint(run_dir)}"
+        )
+    return value
+
+
 def prepare_run_folder(run_dir: str | os.PathLike, fingerprint: str, *, is_main: bool) -> str | None:
     """Return the checkpoint to resume from, wiping ``run_dir`` first if it belongs to another run."""
     run_dir = Path(run_dir)
-    marker = run_dir / RUN_FINGERPRINT
-    previous = json.loads(marker.read_text())["fingerprint"] if marker.is_file() else None
+    previous = read_run_fingerprint(run_dir)
     barrier()  # every rank has read the marker before the main one may wipe it, so all take one branch
     if previous != fingerprint:
         if is_main:
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
-            marker.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
+            write_json(run_dir / RUN_FINGERPRINT, {"fingerprint": fingerprint})
         barrier()
         return None
     return last_complete_checkpoint(run_dir)
 
 
 def last_complete_checkpoint(run_dir: Path) -> str | None:
-    """The newest ``checkpoint-N`` folder the Trainer finished writing, or None.
+    """The newest ``checkpoint-N`` folder whose saving finished, checked by :func:`verify_checkpoint`.
 
-    The Trainer writes a checkpoint in place (weights, optimizer, scheduler, RNG state) and its
-    ``trainer_state.json`` last, so a run killed while saving leaves a newer folder without a readable state;
-    that folder is skipped (the resumed run writes it again when it reaches that step)."""
+    Its :data:`CHECKPOINT_FILES` is written once every other file is, so a run killed while saving leaves
+    a newer folder without one; that folder is skipped (the resumed run writes it again when it reaches
+    that step)."""
     found = []
     for folder in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
         step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
         if folder.is_dir() and step.isdigit():
             found.append((int(step), folder))
     for _, folder in sorted(found, reverse=True):
-        try:
-            json.loads((folder / "trainer_state.json").read_text())
-        except (OSError, ValueError):
+        if not (folder / CHECKPOINT_FILES).is_file():
             print(f"skipping {folder}: interrupted while saving", flush=True)
             continue
+        verify_checkpoint(folder, run_dir)
         return str(folder)
     return None
+
+
+def checkpoint_files(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` but the record, by path relative to it, with its sha256.
+
+    Raises :class:`UserError` for an entry that is not a plain file or folder (a link could point the
+    Trainer at any file)."""
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            raise UserError(
+                f"{path}: not a plain file, so not saved by this run; {clear_hint(folder.parent)}"
+            )
+        name = path.relative_to(folder).as_posix()
+        if path.is_file() and name != CHECKPOINT_FILES:
+            files[name] = file_sha256(path)
+    return files
+
+
+def record_checkpoint_files(folder: Path) -> None:
+    """Write ``folder``'s :data:`CHECKPOINT_FILES`; the Trainer's pickled arguments, which nothing reads,
+    are deleted first (no pickle is kept)."""
+    (folder / TRAINING_ARGS_NAME).unlink(missing_ok=True)
+    write_json(folder / CHECKPOINT_FILES, {"files": checkpoint_files(folder)})
+
+
+def verify_checkpoint(folder: Path, run_dir: Path) -> None:
+    """Raise :class:`UserError`, naming the file, unless ``folder`` holds exactly the files its record
+    lists, with their sha256."""
+    record = folder / CHECKPOINT_FILES
+    if folder.is_symlink():
+        raise UserError(f"{folder}: a link, not a checkpoint saved by this run; {clear_hint(run_dir)}")
+    expected = read_json_field(record, "files", dict, run_dir)
+    found = checkpoint_files(folder)
+    for name in sorted(set(expected) | set(found)):
+        if name not in found:
+            problem = "missing: the checkpoint was saved with it"
+        elif name not in expected:
+            problem = "was not saved with the checkpoint (added since)"
+        elif found[name] != expected[name]:
+            problem = "changed since the checkpoint was saved (damaged or replaced)"
+        else:
+            continue
+        raise UserError(f"{folder / name}: {problem}; {clear_hint(run_dir)}")
+
+
+class RecordCheckpointFiles(TrainerCallback):
+    """Record each checkpoint's files once the Trainer has saved it (:func:`record_checkpoint_files`),
+    then delete the older checkpoints: the newest recorded one is kept until the next is recorded, so a
+    run killed at any moment leaves one to resume from."""
+
+    def on_save(self, args, state, control, **kwargs) -> None:
+        barrier()  # every rank has written its RNG state
+        if state.is_world_process_zero:
+            run_dir = Path(args.output_dir)
+            folder = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            record_checkpoint_files(folder)
+            for older in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+                if older != folder and older.is_dir() and not older.is_symlink():
+                    shutil.rmtree(older)
+
+
+class FirstStep(TrainerCallback):
+    """Notes that training has begun its first step: by then the Trainer has loaded all it resumes from."""
+
+    began = False
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self.began = True
 
 
 def barrier() -> None:
@@ -145,7 +277,7 @@ def training_arguments(run_dir: str | os.PathLike, settings: Training) -> Seq2Se
         eval_steps=settings.eval_steps,
         save_strategy="steps",
         save_steps=settings.save_steps,
-        save_total_limit=1,
+        save_total_limit=None,  # RecordCheckpointFiles deletes a checkpoint once a newer one is recorded
         logging_steps=settings.logging_steps,
         seed=settings.seed,
         data_seed=settings.seed,
@@ -215,6 +347,7 @@ def train_model(
     if resume_from is not None and is_main_process():
         print(f"resuming from {resume_from}", file=sys.stderr)
     columns, collator = batching(task, tokenizer, model)
+    started = FirstStep()
     options = dict(
         model=model,
         args=args,
@@ -222,13 +355,21 @@ def train_model(
         eval_dataset=data["valid"].select_columns(columns),
         data_collator=collator,
         processing_class=tokenizer,
-        callbacks=[FiniteLoss(), *callbacks],
+        callbacks=[FiniteLoss(), RecordCheckpointFiles(), started, *callbacks],
         optimizers=(optimizer, None),
     )
     if teacher is None:
         trainer = Seq2SeqTrainer(**options)
     else:
         trainer = DistillationTrainer(**options, teacher=teacher, distillation=distillation or Distillation())
-    trainer.train(resume_from_checkpoint=resume_from)
+    try:
+        with writing(f"checkpoints to {run_dir}"):
+            trainer.train(resume_from_checkpoint=resume_from)
+    except (UnpicklingError, SafetensorError) as err:
+        # the recorded sha256 matched, so the record itself was rewritten; weights_only=True refused a pickle
+        if resume_from is None or started.began:
+            raise
+        first = one_line(str(err).split(". ")[0], 120)  # torch's message goes on for paragraphs
+        raise UserError(f"{resume_from}: cannot be resumed from ({first}); {clear_hint(run_dir)}") from None
     leave_process_group()
     return trainer.model

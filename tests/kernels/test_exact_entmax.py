@@ -236,7 +236,9 @@ def test_a_library_is_built_once_into_its_cache_folder(monkeypatch, tmp_path):
     native.library.cache_clear()
     try:
         assert native.library("exact_entmax") is not None
-        [built] = tmp_path.iterdir()  # no temporary file left beside it
+        # the library and its record, no temporary file left beside them
+        assert sorted(path.suffix for path in tmp_path.iterdir()) == [".json", ".so"]
+        [built] = tmp_path.glob("*.so")
         assert built.name.startswith("exact_entmax-") and built.suffix == ".so"
         stamp = built.stat().st_mtime_ns
         native.library.cache_clear()

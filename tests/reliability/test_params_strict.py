@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic.fields import FieldInfo
 
-from pipeline.checkpoint import resolve_checkpoint
+from pipeline.checkpoint import resolve_checkpoint, resolve_outside_checkpoint
 from pipeline.errors import UserError
 from pipeline.params import (
     SECTIONS,
@@ -169,7 +169,8 @@ def test_merge_keys_may_override(tmp_path: Path) -> None:
 def test_python_tags_stay_refused(tmp_path: Path) -> None:
     path = tmp_path / "params.yaml"
     path.write_text("prepare: !!python/object/apply:os.system [echo unsafe]\n")
-    assert "not valid YAML (could not determine a constructor for the tag" in user_error("prepare", path)
+    expected = "not valid YAML (line 1: could not determine a constructor for the tag"
+    assert expected in user_error("prepare", path)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -206,16 +207,16 @@ def test_an_empty_section_means_all_defaults(tmp_path: Path, text: str) -> None:
 # checkpoints: hub ids only where a stage loads from the hub
 
 
-@pytest.mark.parametrize("key", ["pretrain.init", "teacher.init"])
-def test_init_may_be_a_hub_id(key: str) -> None:
-    assert resolve_checkpoint("org/model", key) == "org/model"
+def test_pretrain_init_may_be_a_hub_id() -> None:
+    """``pretrain.init`` is the one entry for a model from outside the pipeline."""
+    assert resolve_outside_checkpoint("org/model", "pretrain.init") == "org/model"
 
 
-@pytest.mark.parametrize("key", ["extract.teacher", "evaluate.teacher"])
-def test_teacher_to_read_must_be_local(key: str) -> None:
-    """``stages/extract.py`` and ``stages/evaluate.py`` resolve their teacher with ``local=True``."""
+@pytest.mark.parametrize("key", ["teacher.init", "extract.teacher", "evaluate.teacher"])
+def test_checkpoints_of_the_pipeline_must_be_local(key: str) -> None:
+    """Every other stage reads a folder the pipeline wrote (:func:`resolve_checkpoint`)."""
     with pytest.raises(UserError, match=f"{key} = 'org/model': not a local model folder"):
-        resolve_checkpoint("org/model", key, local=True)
+        resolve_checkpoint("org/model", key, writer="teacher")
 
 
 # ----------------------------------------------------------------------------------------------------------

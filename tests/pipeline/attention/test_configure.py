@@ -11,7 +11,7 @@ from transformers import MarianMTModel
 
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER, sparsefinder_heads
-from pipeline.checkpoint import read_manifest
+from pipeline.checkpoint import read_manifest, save_checkpoint
 from pipeline.cli import main
 from pipeline.graphs.extract import teacher_fingerprint
 from pipeline.predictors import HeadInputs, IndexerPredictor, KMeansPredictor
@@ -24,7 +24,7 @@ VOCAB, HEADS, HEAD_DIM, LAYERS = 30, 2, 8, 2
 
 
 def save_teacher(folder: Path, seed: int = 0) -> MarianMTModel:
-    """A tiny α-entmax Marian checkpoint folder with a word-level tokenizer."""
+    """A tiny α-entmax Marian checkpoint folder (with its manifest) with a word-level tokenizer."""
     model = tiny_marian(
         vocab=VOCAB,
         d_model=HEADS * HEAD_DIM,
@@ -34,8 +34,7 @@ def save_teacher(folder: Path, seed: int = 0) -> MarianMTModel:
         decoder_heads=HEADS,
         seed=seed,
     )
-    model.save_pretrained(folder)
-    word_tokenizer(VOCAB).save_pretrained(folder)
+    save_checkpoint(folder, model, word_tokenizer(VOCAB), {"stage": "teacher"})
     return model
 
 

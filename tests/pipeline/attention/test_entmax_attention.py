@@ -32,8 +32,9 @@ from pipeline.attention import (
     load_model,
     model_skeleton,
 )
+from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
-from tests.tiny import standard_marian
+from tests.tiny import standard_marian, word_tokenizer
 
 VOCAB = 40
 
@@ -370,7 +371,7 @@ def test_learned_alpha_gets_gradients_and_survives_save_and_load(tmp_path):
             alpha.theta.add_(torch.linspace(-1.0, 1.0, alpha.theta.numel()))
 
     model.eval()
-    model.save_pretrained(tmp_path)
+    save_checkpoint(tmp_path, model, word_tokenizer(VOCAB), {})
     restored = load_model(tmp_path)
     assert type(restored) is MarianMTModel and restored.config._attn_implementation == ENTMAX
     for (name, module), (_, restored_module) in zip(
@@ -387,9 +388,8 @@ def test_learned_alpha_gets_gradients_and_survives_save_and_load(tmp_path):
 
 def test_load_model_rejects_a_checkpoint_that_does_not_match(tmp_path):
     model = marian(1.5)
-    model.save_pretrained(tmp_path)
-    model.config.entmax_learn_alpha = True  # the config now asks for a learned α the weights do not hold
-    model.config.save_pretrained(tmp_path)
+    model.config.entmax_learn_alpha = True  # the config asks for a learned α the weights do not hold
+    save_checkpoint(tmp_path, model, word_tokenizer(VOCAB), {})
     with pytest.raises(UserError, match=r"missing .*entmax_alpha"):
         load_model(tmp_path, MarianMTModel)
 
@@ -397,7 +397,7 @@ def test_load_model_rejects_a_checkpoint_that_does_not_match(tmp_path):
 def test_model_skeleton_has_the_loaded_models_modules_and_reads_no_weights(tmp_path):
     model = marian(1.5)
     attach_learned_alpha(model)
-    model.save_pretrained(tmp_path)
+    save_checkpoint(tmp_path, model, word_tokenizer(VOCAB), {})
     loaded = load_model(tmp_path)
     (tmp_path / "model.safetensors").unlink()  # the skeleton needs the config alone
     skeleton = model_skeleton(tmp_path)

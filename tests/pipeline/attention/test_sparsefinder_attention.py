@@ -15,9 +15,10 @@ from pipeline.attention.sparsefinder import (
     sparsefinder_attention_forward,
     sparsefinder_heads,
 )
+from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
 from pipeline.projection.model import HeadProjections
-from tests.tiny import padded_batch, tiny_marian
+from tests.tiny import padded_batch, tiny_marian, word_tokenizer
 
 VOCAB, HEADS, HEAD_DIM, RANK, LAYERS = 40, 4, 8, 4, 2
 UNPROJECTED = ("window", "indexer")  # predictors that read the teacher's queries and keys directly
@@ -186,7 +187,7 @@ def test_measured_sparsity_counts_the_graphs_used():
 @pytest.mark.parametrize("projector", [{}, {"shared": True, "hidden": 6}], ids=["linear", "shared-mlp"])
 def test_save_and_reload_keeps_every_head(tmp_path, projector):
     _, sparse = sparsefinder_model("kmeans", {"buckets": 4, "top_k": 2}, window=3, projector=projector)
-    sparse.save_pretrained(tmp_path)
+    save_checkpoint(tmp_path, sparse, word_tokenizer(VOCAB), {})
     reloaded = load_model(tmp_path, attn_implementation=SPARSEFINDER)
     heads = sparsefinder_heads(reloaded)
     assert [h.layer for h in heads] == [0, 1]

@@ -11,7 +11,9 @@ import pipeline.attention.sparsefinder as sparsefinder
 from pipeline.attention import ENTMAX, entmax_attention_forward, load_model
 from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder, sparsefinder_attention_forward
+from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
+from tests.tiny import word_tokenizer
 
 VOCAB, HEADS, KV_HEADS, HEAD_DIM, LAYERS, RANK = 50, 4, 2, 16, 2, 4
 MAPS = ("q_map", "k_map")
@@ -162,7 +164,7 @@ def test_certified_heads_count_the_teachers_support():
 
 def test_certified_survives_save_and_reload(tmp_path):
     _, model = indexed_llama(certified=True)
-    model.save_pretrained(tmp_path)
+    save_checkpoint(tmp_path, model, word_tokenizer(VOCAB), {})
     reloaded = load_model(tmp_path, attn_implementation=SPARSEFINDER).eval()
     assert reloaded.config.sparsefinder["certified"] is True
     assert all(layer.self_attn.sparsefinder.certified for layer in reloaded.model.layers)

@@ -11,8 +11,6 @@ import yaml
 from tests.pipeline.evaluation.synthetic import synthetic_evaluation
 from tests.stage_runner import run_module
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def run_report(tmp_path: Path, evaluation: Path) -> subprocess.CompletedProcess:
     report = {
@@ -24,7 +22,8 @@ def run_report(tmp_path: Path, evaluation: Path) -> subprocess.CompletedProcess:
         "metrics": str(tmp_path / "out" / "metrics" / "report.json"),
     }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"report": report}))
-    return run_module("stages.report", "--params", str(tmp_path / "params.yaml"), cwd=ROOT)
+    # run in tmp_path, the project folder its outputs must lie in
+    return run_module("stages.report", "--params", str(tmp_path / "params.yaml"), cwd=tmp_path)
 
 
 def test_stage_writes_report_metrics_and_plots(tmp_path: Path):

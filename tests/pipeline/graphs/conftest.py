@@ -10,6 +10,7 @@ import pytest
 from transformers import MarianMTModel, PreTrainedTokenizerFast
 
 from pipeline.attention import load_model
+from pipeline.checkpoint import save_checkpoint
 from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
 from pipeline.graphs.store import AttentionGraph
 from tests.tiny import tiny_marian, word_tokenizer
@@ -52,18 +53,18 @@ def token_rows(seed: int, count: int, low: int, high: int) -> dict[str, list[lis
 
 @pytest.fixture(scope="session")
 def teacher(tmp_path_factory: pytest.TempPathFactory) -> tuple[MarianMTModel, PreTrainedTokenizerFast, Path]:
-    """A tiny random entmax-1.5 Marian saved as a checkpoint folder and loaded back."""
+    """A tiny random entmax-1.5 Marian saved as a checkpoint folder (with its manifest) and loaded back."""
     folder = tmp_path_factory.mktemp("teacher")
-    tiny_marian(
+    tokenizer = word_tokenizer(VOCAB)
+    model = tiny_marian(
         vocab=VOCAB,
         d_model=D_MODEL,
         encoder_layers=LAYERS,
         decoder_layers=LAYERS,
         encoder_heads=HEADS,
         decoder_heads=HEADS,
-    ).save_pretrained(folder)
-    tokenizer = word_tokenizer(VOCAB)
-    tokenizer.save_pretrained(folder)
+    )
+    save_checkpoint(folder, model, tokenizer, {"stage": "teacher"})
     return load_model(folder), tokenizer, folder
 
 

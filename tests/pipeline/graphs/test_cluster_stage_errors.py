@@ -24,7 +24,8 @@ def run_cluster(tmp_path: Path, store: Path, projections: Path) -> subprocess.Co
         metrics=str(tmp_path / "cluster.json"),
     )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    return run_module("stages.cluster", "--params", str(tmp_path / "params.yaml"), cwd=ROOT)
+    # run in tmp_path, the project folder its outputs must lie in
+    return run_module("stages.cluster", "--params", str(tmp_path / "params.yaml"), cwd=tmp_path)
 
 
 def fake_projections(store: GraphStore, path: Path, kind: str, split: dict) -> Path:

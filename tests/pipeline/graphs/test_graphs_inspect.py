@@ -158,7 +158,7 @@ def test_cli_draws_cross_attention(micro_store: Path, tmp_path: Path) -> None:
                 *["--sentence", "0", "--layer", "0", "--head", "0", "--png", "x.png"],
                 *["--method", "distance", "--knob", "threshold=.nan"],
             ],
-            "distance.threshold must be a number >= 0; got nan",
+            "--knob 'threshold=.nan': must be a finite number",
         ),
     ],
 )

@@ -77,7 +77,8 @@ def micro_params(tmp_path: Path, store: Path, **project: object) -> Path:
 
 
 def run_project(params: Path) -> subprocess.CompletedProcess:
-    return run_module("stages.project", "--params", str(params), cwd=ROOT)
+    """The stage run in the params file's folder, the project folder its outputs must lie in."""
+    return run_module("stages.project", "--params", str(params), cwd=params.parent)
 
 
 def test_project_stage_writes_mlp_projections(micro_store: Path, tmp_path: Path) -> None:

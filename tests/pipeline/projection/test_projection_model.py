@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 
 from pipeline.errors import UserError
-from pipeline.projection.model import HeadProjections, load_projections, save_projections
+from pipeline.projection.model import FORMAT_VERSION, HeadProjections, load_projections, save_projections
 from pipeline.tensor_file import write_tensor_file
 
 
@@ -170,7 +170,8 @@ def test_a_file_without_hidden_loads_as_linear(tmp_path):
     """Files written before the MLP option: the header has no ``hidden`` key and only the linear tensors."""
     gen = torch.Generator().manual_seed(4)
     tensors = {"layer0.q_weight": torch.randn(2, 3, 8, generator=gen), "layer0.q_bias": torch.randn(2, 3)}
-    header = {"layers": {"0": {"n_heads": 2, "head_dim": 8, "rank": 3, "shared": True}}, "extra": {}}
+    config = {"n_heads": 2, "head_dim": 8, "rank": 3, "shared": True}
+    header = {"format_version": FORMAT_VERSION, "layers": {"0": config}, "extra": {}}
     path = tmp_path / "old.safetensors"
     write_tensor_file(path, tensors, "projections", header)
     module = load_projections(path)[0][0]

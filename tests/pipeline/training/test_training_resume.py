@@ -12,16 +12,21 @@ from pipeline.training.trainer import (
     last_complete_checkpoint,
     one_gpu_per_process,
     prepare_run_folder,
+    record_checkpoint_files,
 )
 
 
-def checkpoint(run_dir: Path, step: int, state: str | None) -> Path:
-    """A checkpoint folder with weights and, unless ``state`` is None, that trainer_state.json text."""
+def checkpoint(run_dir: Path, step: int, state: str | None, *, recorded: bool = True) -> Path:
+    """A checkpoint folder with weights, the Trainer's pickled arguments and, unless ``state`` is None,
+    that trainer_state.json text; ``recorded``: its files' sha256 written, as once saving finished."""
     folder = run_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "training_args.bin").write_bytes(b"a pickle")
     if state is not None:
         (folder / "trainer_state.json").write_text(state)
+    if recorded:
+        record_checkpoint_files(folder)
     return folder
 
 
@@ -29,16 +34,17 @@ def test_newest_complete_checkpoint_wins_over_interrupted_ones(tmp_path, capsys)
     checkpoint(tmp_path, 2, json.dumps({"global_step": 2}))
     complete = checkpoint(tmp_path, 10, json.dumps({"global_step": 10}))  # 10 > 9: numeric, not text order
     checkpoint(tmp_path, 9, json.dumps({"global_step": 9}))
-    checkpoint(tmp_path, 12, None)  # killed before its state was written
-    checkpoint(tmp_path, 14, '{"global_step": 1')  # killed while writing its state
+    checkpoint(tmp_path, 12, None, recorded=False)  # killed before its state was written
+    checkpoint(tmp_path, 14, json.dumps({"global_step": 14}), recorded=False)  # killed before its record
     (tmp_path / "checkpoint-final").mkdir()  # not a step folder
     assert last_complete_checkpoint(tmp_path) == str(complete)
     printed = capsys.readouterr().out
     assert "checkpoint-14: interrupted while saving" in printed and "checkpoint-12" in printed
+    assert not (complete / "training_args.bin").exists()  # a pickle nothing reads: not kept
 
 
 def test_no_complete_checkpoint_means_a_fresh_start(tmp_path):
-    checkpoint(tmp_path, 4, None)
+    checkpoint(tmp_path, 4, "{}", recorded=False)
     assert last_complete_checkpoint(tmp_path) is None
 
 
