@@ -78,15 +78,7 @@ def save_checkpoint(
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     """The manifest of a checkpoint folder, or ``{}`` for a plain Hugging Face folder or hub id."""
     path = Path(folder) / MANIFEST
-    if not path.is_file():
-        return {}
-    try:
-        manifest = json.loads(path.read_text())
-    except (ValueError, OSError) as err:
-        raise UserError(f"{path}: not a readable JSON manifest ({err})") from None
-    if not isinstance(manifest, dict):
-        raise UserError(f"{path}: a checkpoint manifest must be a JSON object")
-    return manifest
+    return _json_object(path) if path.is_file() else {}
 
 
 def verify_checkpoint(folder: str | os.PathLike) -> None:

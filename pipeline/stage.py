@@ -178,9 +178,12 @@ def check_outputs(name: str, section: BaseModel, params: str | os.PathLike = "pa
             said = f"{key} = {value!r}"
             where = _written_at(value)
             if project not in where.parents:
+                # named inside the project but led out by a link on its way: say so, or it reads as a riddle
+                linked = project in Path(os.path.normpath(Path(value).absolute())).parents
+                through = f" (a link on its way leads to {where.parent})" if linked else ""
                 raise UserError(
-                    f"{said} lies outside the project folder {project}; allowed: a path inside it (a stage "
-                    "writes only below the folder it runs in)"
+                    f"{said} lies outside the project folder {project}{through}; allowed: a path inside "
+                    "it (a stage writes only below the folder it runs in)"
                 )
             for source, label in sources:
                 relation = _relation(where, source)

@@ -23,6 +23,8 @@ from pipeline.errors import UserError
 from pipeline.fingerprint import tensors_sha256
 
 HASH_KEY = "tensors_sha256"
+# the header key of the layout's version: a reader refuses any other than its own
+VERSION_KEY = "format_version"
 
 
 def write_tensor_file(
@@ -39,10 +41,11 @@ def write_tensor_file(
 
 
 def read_tensor_file(
-    path: str | os.PathLike, key: str, what: str, remedy: str
+    path: str | os.PathLike, key: str, what: str, remedy: str, *, version: int
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(header, tensors) of a file :func:`write_tensor_file` wrote; ``what`` names the kind of file and
-    ``remedy`` the stage that makes it, in one-line errors for a missing, foreign or corrupt file."""
+    """(header, tensors) of a file :func:`write_tensor_file` wrote with ``format_version`` = ``version`` in
+    its header; ``what`` names the kind of file and ``remedy`` the stage that makes it, in one-line errors for
+    a missing, foreign, corrupt or other-version file."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} {path} not found; {remedy} first")
@@ -65,4 +68,11 @@ def read_tensor_file(
         raise UserError(f"{path}: no {HASH_KEY} in its header (written by an older version); {remedy} again")
     if header[HASH_KEY] != tensors_sha256(tensors):
         raise UserError(f"{path}: its tensors do not match the hash in its header (corrupt); {remedy} again")
+    found = header.get(VERSION_KEY)
+    if found != version:
+        said = f"no {VERSION_KEY} in its header" if found is None else f"{VERSION_KEY} = {found!r}"
+        raise UserError(
+            f"{path}: {said}: written by an older or foreign tool (this reader reads version {version}); "
+            f"re-{remedy}"
+        )
     return header, tensors

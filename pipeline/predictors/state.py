@@ -63,14 +63,9 @@ class StateFile:
     ) -> None:
         self.path = Path(path)
         self.origin, self.ranks = origin, dict(ranks or {})
-        header, self.tensors = read_tensor_file(path, METADATA_KEY, "predictor state file", "run cluster")
-        version = header.get("format_version")
-        if version != FORMAT_VERSION:
-            found = "no format_version in its header" if version is None else f"format_version = {version!r}"
-            raise UserError(
-                f"{path}: {found}: written by an older or foreign tool (this reader reads version "
-                f"{FORMAT_VERSION}); re-run cluster"
-            )
+        header, self.tensors = read_tensor_file(
+            path, METADATA_KEY, "predictor state file", "run cluster", version=FORMAT_VERSION
+        )
         states, extra = header.get("states"), header.get("extra")
         if not isinstance(states, dict) or not isinstance(extra, dict):
             raise UserError(f"{path}: the predictor state header lacks its 'states' or 'extra' object")

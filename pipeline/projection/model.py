@@ -154,14 +154,9 @@ def load_projections(
     The tensors must hash to the header's ``tensors_sha256``; with ``origin``, the file must have been fitted
     on its teacher and cover its layers, heads and head size. Every problem is a one-line :class:`UserError`.
     """
-    header, tensors = read_tensor_file(path, METADATA_KEY, "projections file", "run the project stage")
-    version = header.get("format_version")
-    if version != FORMAT_VERSION:
-        found = "no format_version in its header" if version is None else f"format_version = {version!r}"
-        raise UserError(
-            f"{path}: {found}: written by an older or foreign tool (this reader reads version "
-            f"{FORMAT_VERSION}); re-run the project stage"
-        )
+    header, tensors = read_tensor_file(
+        path, METADATA_KEY, "projections file", "run the project stage", version=FORMAT_VERSION
+    )
     try:
         configs = {int(idx): dict(config) for idx, config in header["layers"].items()}
         extra = dict(header["extra"])

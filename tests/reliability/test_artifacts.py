@@ -212,7 +212,7 @@ def test_a_teacher_manifest_that_is_not_json_is_named(pipeline_run, checkpoint, 
     copy = copy_checkpoint(checkpoint, tmp_path)
     (copy / "manifest.json").write_text('{"model_sha256": ')
     line, _ = run_with(tmp_path, pipeline_run, "extract", {"extract.teacher": str(copy)}, capsys)
-    assert f"{copy / 'manifest.json'}: not a readable JSON manifest" in line
+    assert f"{copy / 'manifest.json'}: not a readable JSON file" in line
 
 
 def test_a_teacher_without_its_manifest_is_refused(pipeline_run, checkpoint, tmp_path, capsys):

@@ -137,8 +137,8 @@ def stage_cases(root: Path, project: Path) -> list[tuple[str, dict[str, Any], tu
             "report",
             {"report.out": "artifacts/elsewhere/report.md"},  # a link to the folder beside the project
             (),
-            f"report.out = 'artifacts/elsewhere/report.md' lies outside the project folder {project}; "
-            f"{OUTSIDE}",
+            f"report.out = 'artifacts/elsewhere/report.md' lies outside the project folder {project} "
+            f"(a link on its way leads to {root / 'outside'}); {OUTSIDE}",
         ),
         (
             "report",
