@@ -19,7 +19,13 @@ from pipeline.errors import UserError
 from pipeline.params import MAX_DEPTH, MAX_NODES, SECTIONS, Section, load_all
 from tests.reliability.test_params_strict import nested_sections, user_error
 from tests.stage_runner import run_module
-from tests.test_params_errors import MICRO, assert_user_error, params_file, run_stage
+from tests.test_params_errors import (
+    MICRO,
+    assert_user_error,
+    forbid_loading_weights,
+    params_file,
+    run_stage,
+)
 
 # no message, whatever the input, is longer than this
 MESSAGE_LIMIT = 600
@@ -238,6 +244,48 @@ def test_malformed_knobs(tmp_path: Path, flag: str, expected: str) -> None:
         "pipeline", "configure", "no-teacher", "out", "--method", "kmeans", "--knob", flag, cwd=tmp_path
     )
     assert one_line(result) == f"error: {err.value}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--knob", "nosuch=3"],
+            "predictor kmeans has no knob nosuch; its knobs: buckets, top_k, iterations, "
+            "max_points_per_centroid, backend",
+        ),
+        (["--knob", "buckets=x"], "kmeans.buckets must be an integer >= 1; got 'x'"),
+        (["--knob", "buckets=8"], "predictor kmeans is fitted; give its state file (--centroids)"),
+        (
+            ["--knob", "buckets=8", "--centroids", "state.safetensors"],
+            "predictor kmeans works on projected queries and keys; give --projections",
+        ),
+        (
+            ["--knob", "buckets=8", "--centroids", "state.safetensors", "--projections", "p.safetensors"],
+            "projections file p.safetensors not found; run the project stage first",
+        ),
+    ],
+    ids=["unknown-knob", "knob-value", "no-state", "no-projections", "missing-projections"],
+)
+@pytest.mark.parametrize("teacher_exists", [False, True], ids=["missing-teacher", "teacher"])
+def test_the_predictor_is_checked_before_the_teacher(
+    tmp_path: Path,
+    teacher: tuple[Any, Any, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    expected: str,
+    teacher_exists: bool,
+) -> None:
+    """What cannot make the predictor (its knobs, the inputs it needs) is reported before the teacher is
+    looked for, so a missing teacher does not hide it; a missing input file is reported after the teacher
+    is found but before it is loaded, so a large one is not read first."""
+    if not teacher_exists and "--projections" in flags:
+        expected = "teacher = 'no-teacher': not a local model folder"  # the files come after the teacher
+    forbid_loading_weights(monkeypatch, "pipeline.attention.configure", "load_model")
+    folder = str(teacher[2]) if teacher_exists else "no-teacher"
+    result = run_module("pipeline", "configure", folder, "out", "--method", "kmeans", *flags, cwd=tmp_path)
+    assert one_line(result).startswith(f"error: {expected}"), result.stderr
     assert not (tmp_path / "out").exists()
 
 
