@@ -1,8 +1,12 @@
 """The ``evaluate`` stage's checks: its grid names predictors and knobs, its graph store is held out, its
-state file holds every fitted setting the grid names, and a speed table has long sequences to run on."""
+state file holds every fitted setting the grid names, and a speed table has long sequences to run on;
+each of these runs in ``sparsefinder params`` once its own inputs exist."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
+from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import read_corpus_card
 from pipeline.errors import UserError
 from pipeline.evaluation.sweep import method_settings
@@ -11,8 +15,6 @@ from pipeline.origin import Origin
 from pipeline.params import Evaluate
 from pipeline.predictors.base import PREDICTORS, Predictor
 from pipeline.predictors.state import load_states
-
-INPUTS = ("graphs", "state", "data")
 
 
 def _settings(params: Evaluate, stored: list[Predictor], *, fitted: bool) -> None:
@@ -36,20 +38,51 @@ def check_params(params: Evaluate) -> None:
     _settings(params, [], fitted=False)
 
 
+class EvaluateInputs(StageInputs):
+    """The stage's inputs and its checks against them, each run as soon as its own inputs exist."""
+
+    def __init__(self, params: Evaluate) -> None:
+        self.params = params
+
+    @cached_property
+    def store(self) -> GraphStore:
+        """The graph store ``evaluate.graphs``, checked as held out from fitting."""
+        store = GraphStore(self.params.graphs)
+        if store.split == "train":
+            raise UserError(
+                f"evaluate.graphs = {self.params.graphs!r} was extracted from the train split, which the "
+                "predictors were fitted on; allowed: a store of the valid or test split"
+            )
+        return store
+
+    def check_state(self) -> None:
+        """The state file holds every fitted setting the grid names, fitted on this store's teacher."""
+        params = self.params
+        _settings(params, load_states(params.state, Origin.of_store(self.store)), fitted=True)
+
+    def check_speed(self) -> None:
+        """A speed table runs on long sequences, which a corpus of sentence pairs does not hold."""
+        params = self.params
+        task = read_corpus_card(params.data, "evaluate.data").task
+        if task == "translation" and params.speed.contexts:
+            raise UserError(
+                f"evaluate.speed.contexts = {params.speed.contexts}: {params.data} holds sentence pairs, "
+                "not long sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
+            )
+
+    def checks(self) -> list[InputCheck]:
+        graphs = {"evaluate.graphs": self.params.graphs}
+        return [
+            InputCheck(graphs, lambda: self.store),
+            InputCheck(graphs | {"evaluate.state": self.params.state}, self.check_state),
+            InputCheck({"evaluate.data": self.params.data}, self.check_speed),
+        ]
+
+
+def input_checks(params: Evaluate) -> list[InputCheck]:
+    return EvaluateInputs(params).checks()
+
+
 def check_inputs(params: Evaluate) -> GraphStore:
-    """The graph store ``evaluate.graphs``, after checking that it was held out from fitting, that the
-    state file holds every fitted setting the grid names, and that a speed table runs on long sequences."""
-    store = GraphStore(params.graphs)
-    if store.split == "train":
-        raise UserError(
-            f"evaluate.graphs = {params.graphs!r} was extracted from the train split, which the predictors "
-            "were fitted on; allowed: a store of the valid or test split"
-        )
-    _settings(params, load_states(params.state, Origin.of_store(store)), fitted=True)
-    task = read_corpus_card(params.data, "evaluate.data").task
-    if task == "translation" and params.speed.contexts:
-        raise UserError(
-            f"evaluate.speed.contexts = {params.speed.contexts}: {params.data} holds sentence pairs, not "
-            "long sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
-        )
-    return store
+    """The graph store ``evaluate.graphs``, after every check against the inputs."""
+    return EvaluateInputs(params).check().store

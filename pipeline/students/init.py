@@ -33,10 +33,27 @@ from pipeline.students.attention import attach_student_attention
 
 
 def build_student(
-    spec: StudentSpec, key: str, *, seed: int
+    spec: StudentSpec, key: str, *, seed: int, checked: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The student of ``spec``, in training mode, and its tokenizer; ``key`` names ``spec.init`` in errors
-    and ``seed`` draws the initial values of the parameters its attention adds."""
+    and ``seed`` draws the initial values of the parameters its attention adds. ``checked`` is the folder
+    :func:`check_student_init` already returned for ``spec``, not verified again (its files are hashed)."""
+    init = check_student_init(spec, key) if checked is None else checked
+    with loading(init, key):
+        model = load_model(init, attn_implementation=ENTMAX if spec.attention == PAR else spec.attention)
+        tokenizer = load_auto_tokenizer(init)
+    if isinstance(spec, ParStudent):
+        arrange_par(model, spec, key, seed=seed)
+    attach_student_attention(model, spec, seed=seed)
+    for name, parameter in model.named_parameters():
+        if f".{SPARSEFINDER}." in name:  # the predictor is fixed; see the module docstring
+            parameter.requires_grad_(False)
+    return model.train(), tokenizer
+
+
+def check_student_init(spec: StudentSpec, key: str) -> str:
+    """``spec.init`` after checking, from its manifest alone (no weight is read), that it is a folder of
+    the stage this student starts from, with the attention that student needs."""
     # the stage whose folder each student starts from (a PAR student also from a teacher, given patterns)
     writer = {SPARSEFINDER: "configure", PAR: "par_search or teacher"}.get(spec.attention, "teacher")
     init = resolve_checkpoint(spec.init, key, writer=writer)
@@ -52,16 +69,7 @@ def build_student(
             f"{key} = {spec.init!r} holds a model with {implementation} attention; allowed: a folder with "
             f"{wanted} attention ({spec.attention} students start from one)"
         )
-    with loading(init, key):
-        model = load_model(init, attn_implementation=ENTMAX if spec.attention == PAR else spec.attention)
-        tokenizer = load_auto_tokenizer(init)
-    if isinstance(spec, ParStudent):
-        arrange_par(model, spec, key, seed=seed)
-    attach_student_attention(model, spec, seed=seed)
-    for name, parameter in model.named_parameters():
-        if f".{SPARSEFINDER}." in name:  # the predictor is fixed; see the module docstring
-            parameter.requires_grad_(False)
-    return model.train(), tokenizer
+    return init
 
 
 def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int) -> None:

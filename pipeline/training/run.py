@@ -85,12 +85,21 @@ def data_for_model(
     the model's vocabulary is the corpus's (else :class:`UserError`)."""
     if task == "translation":
         return encode_with(tokenizer, data, model.config.max_position_embeddings)
-    if tokenizer.get_vocab() != corpus_tokenizer.get_vocab():
+    check_vocabulary(corpus_tokenizer, tokenizer, task=task, key=key)
+    return data
+
+
+def check_vocabulary(
+    corpus_tokenizer: PreTrainedTokenizerBase, tokenizer: PreTrainedTokenizerBase, *, task: Task, key: str
+) -> None:
+    """Raise :class:`UserError` when a model's ``tokenizer`` is not the one a block corpus (``task`` lm or
+    mlm) was cut with: blocks hold ids and no text to re-encode, so they mean other words to that model.
+    Sentence pairs are re-encoded with the model's own tokenizer, so any vocabulary fits them."""
+    if task != "translation" and tokenizer.get_vocab() != corpus_tokenizer.get_vocab():
         raise UserError(
             f"{key}: the model's tokenizer is not the one its {task} corpus was cut with; allowed: a model "
             "trained on that corpus (from the pretrain stage on)"
         )
-    return data
 
 
 def encode_with(tokenizer: PreTrainedTokenizerBase, data: DatasetDict, max_length: int) -> DatasetDict:
