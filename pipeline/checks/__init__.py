@@ -16,6 +16,7 @@ The package imports none of its modules, so a stage depends only on its own.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
@@ -30,13 +31,13 @@ class InputCheck:
     run: Callable[[], object]
 
 
-class StageInputs:
+class StageInputs(ABC):
     """A stage's inputs, each read once (as a ``cached_property``) when a check or the stage first asks
     for it, and its checks of params against them, in the stage's order."""
 
+    @abstractmethod
     def checks(self) -> list[InputCheck]:
         """Every check, in the order the stage runs them."""
-        raise NotImplementedError
 
     def check(self) -> Self:
         """Run every check, a missing input being an error, as the stage does; the inputs, for the stage."""
