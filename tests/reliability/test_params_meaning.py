@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.cli.predictor_args import parse_knobs
 from pipeline.errors import UserError
+from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
 from pipeline.params import MAX_DEPTH, MAX_NODES, SECTIONS, Section, load_all
 from tests.reliability.test_params_strict import nested_sections, user_error
 from tests.stage_runner import run_module
@@ -314,13 +315,32 @@ def test_well_formed_knobs_read_as_yaml_scalars() -> None:
 @pytest.fixture(scope="module")
 def projected(
     micro_store: Path,
+    teacher: tuple[Any, Any, Path],
+    dataset: Any,
     corpus: Path,  # noqa: F811
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, str]:
     """Every kind of input the checks read: the micro store (head dim 8, train split) and projections
-    fitted on it by the project stage; a prepared corpus of sentence pairs and a tiny α-entmax Marian over
-    it (32 positions); a prepared lm corpus of blocks, cut with a tokenizer of its own."""
+    fitted on it by the project stage (decoder_self), the micro teacher it was extracted from (64
+    positions) and two test-split stores of it (one of decoder_self and cross graphs, one of cross graphs
+    only); a prepared corpus of sentence pairs and a tiny α-entmax Marian over it (32 positions); a
+    prepared lm corpus of blocks, cut with a tokenizer of its own."""
     folder = tmp_path_factory.mktemp("projected")
+    model, tokenizer, micro_teacher = teacher
+    for name, kinds in [("held_out", ("decoder_self", "cross")), ("cross_only", ("cross",))]:
+        extract_graphs(
+            model,
+            tokenizer,
+            dataset,
+            folder / name,
+            fingerprint=teacher_fingerprint(model, micro_teacher),
+            split="test",
+            kinds=kinds,
+            min_length=4,
+            batch_size=4,
+            dtype="float32",
+            shard_sentences=4,
+        )
     result = run_stage("project", folder, {"project.graphs": str(micro_store)})
     assert result.returncode == 0, result.stderr[-3000:]
     splits = {"train": {f"Train {i}": 200 for i in range(4)}, "validation": {"V": 200}, "test": {"T": 200}}
@@ -334,6 +354,9 @@ def projected(
         "corpus": str(corpus),
         "teacher": str(save_tiny_teacher(corpus, folder / "teacher")),
         "blocks": str(folder / "blocks"),
+        "micro_teacher": str(micro_teacher),
+        "held_out": str(folder / "held_out"),
+        "cross_only": str(folder / "cross_only"),
     }
 
 
@@ -378,6 +401,32 @@ AGREEMENT = [
         lambda p: {"evaluate.graphs": p["graphs"]},
         "evaluate.graphs = '{graphs}' was extracted from the train split, which the predictors were fitted "
         "on; allowed: a store of the valid or test split",
+    ),
+    (
+        "evaluate",
+        lambda p: {"evaluate.graphs": p["held_out"], "evaluate.teacher": p["teacher"]},
+        "evaluate.teacher = '{teacher}' is not the teacher evaluate.graphs was extracted from",
+    ),
+    (
+        "evaluate",
+        lambda p: {
+            "evaluate.graphs": p["cross_only"],
+            "evaluate.teacher": p["micro_teacher"],
+            "evaluate.projections": p["projections"],
+        },
+        "evaluate.graphs = '{cross_only}' holds no decoder_self graphs (the projections' kind)",
+    ),
+    (
+        "evaluate",
+        lambda p: {
+            "evaluate.graphs": p["held_out"],
+            "evaluate.teacher": p["micro_teacher"],
+            "evaluate.projections": p["projections"],
+            "evaluate.data": p["blocks"],
+            "evaluate.speed.contexts": [128],
+        },
+        "evaluate.speed.contexts = [128]: the teacher has learned positions for 64 tokens; allowed: "
+        "contexts up to 64 (rotary models take any length)",
     ),
     (
         "configure",
@@ -486,6 +535,9 @@ AGREEMENT = [
         "knob-value",
         "speed-methods",
         "held-out-store",
+        "evaluate-teacher",
+        "evaluate-projections-kind",
+        "evaluate-speed-positions",
         "knob-name",
         "nan",
         "pretrain-init",
