@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention.interface import module_head_dim, module_heads
 from pipeline.attention.loading import load_model
@@ -34,7 +34,7 @@ from pipeline.errors import UserError
 from pipeline.origin import Origin
 from pipeline.predictors.base import Predictor, make_predictor
 from pipeline.predictors.state import StateFile, select_state
-from pipeline.projection.model import load_projections
+from pipeline.projection.model import HeadProjections, load_projections
 
 
 def _origin(teacher: str, model: PreTrainedModel, kind: str) -> Origin:
@@ -93,15 +93,63 @@ def configure_sparsefinder(
     with loading(teacher, "teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
         tokenizer = load_auto_tokenizer(teacher)
+    predictor, layers = fit_to_teacher(
+        teacher, model, predictor, kind, projections=projections, state=state, knobs=knobs
+    )
+    return write_configured(
+        teacher,
+        out,
+        model,
+        tokenizer,
+        predictor,
+        kind=kind,
+        layers=layers,
+        window=window,
+        global_tokens=global_tokens,
+        certified=certified,
+    )
+
+
+def fit_to_teacher(
+    teacher: str,
+    model: PreTrainedModel,
+    predictor: Predictor,
+    kind: str,
+    *,
+    projections: str | os.PathLike | None = None,
+    state: str | os.PathLike | None = None,
+    knobs: Mapping[str, Any] | None = None,
+) -> tuple[Predictor, dict[int, HeadProjections] | None]:
+    """(``predictor`` with its state, the projections per layer), read knowing the shape of ``teacher``'s
+    ``kind`` attention (``model``: the teacher, or its skeleton, which is enough): the projections must have
+    been fitted on ``teacher``'s graphs of that shape, and the state on those graphs with those projections'
+    ranks. Every mismatch is a one-line :class:`UserError`."""
     layers = None
     if projections is not None:
-        # read again knowing the teacher's shape, which the projections must fit
         layers, _ = load_projections(projections, origin=_origin(teacher, model, kind))
     if predictor.fitted:
         # the state's shapes are checked against the teacher's heads and the projections' rank
         ranks = {layer: module.rank for layer, module in (layers or {}).items()}
         origin = _origin(teacher, model, kind)
         predictor = select_state(state, predictor, origin, explicit=set(knobs or {}), ranks=ranks)
+    return predictor, layers
+
+
+def write_configured(
+    teacher: str,
+    out: str | os.PathLike,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    predictor: Predictor,
+    *,
+    kind: str,
+    layers: dict[int, HeadProjections] | None,
+    window: int = 0,
+    global_tokens: int = 0,
+    certified: bool = False,
+) -> PreTrainedModel:
+    """Attach ``predictor`` (checked by :func:`fit_to_teacher`) to the loaded teacher ``model`` and write
+    it, with ``tokenizer``, as the model folder ``out`` (atomically); the model."""
     attach_predictor(
         model,
         predictor,

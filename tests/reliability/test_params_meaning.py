@@ -433,6 +433,16 @@ AGREEMENT = [
         lambda p: {"configure.knobs": {"buckets": 8, "top_kk": 1}},
         "configure.method = 'kmeans', configure.knobs: predictor kmeans has no knob top_kk",
     ),
+    (
+        "configure",
+        lambda p: {
+            "configure.teacher": p["teacher"],
+            "configure.projections": p["projections"],
+            "configure.method": "distance",
+            "configure.knobs": {"threshold": 1.0},
+        },
+        "{projections} was fitted on the graphs of another teacher",
+    ),
     ("project", lambda p: {"project.lr": math.nan}, "project.lr = nan: Input should be a finite number"),
     (
         "pretrain",
@@ -539,6 +549,7 @@ AGREEMENT = [
         "evaluate-projections-kind",
         "evaluate-speed-positions",
         "knob-name",
+        "configure-projections-teacher",
         "nan",
         "pretrain-init",
         "pretrain-init-blocks",
@@ -594,7 +605,8 @@ def test_params_command_says_which_checks_wait_for_inputs(tmp_path: Path, projec
     assert result.returncode == 0, result.stderr[-3000:]
     waiting = (
         "pretrain.data, extract.teacher, extract.data, cluster.graphs, evaluate.graphs, evaluate.data, "
-        "par_search.teacher, par_search.data, student.data, student.instances.sparsefinder.init, "
+        "configure.teacher, configure.projections, configure.state, par_search.teacher, par_search.data, "
+        "student.data, student.instances.sparsefinder.init, "
         "student.instances.ssa.init, student.instances.sbm.init, student.instances.samsa.init, "
         "student.instances.par.init, student.instances.par-hand.init"
     )
