@@ -1,6 +1,7 @@
 """The ``student@NAME`` stages' checks: the teacher is the teacher stage's folder, the corpus is prepared,
-each student starts from a folder of the stage it needs with the attention it needs, and a block corpus
-was cut with that folder's tokenizer (manifests and tokenizers only: no weight is read)."""
+each student starts from a folder of the stage it needs with the attention it needs, a block corpus was
+cut with that folder's tokenizer, and a PAR student's patterns fit its folder's stacks (manifests,
+tokenizers and model skeletons only: no weight is read)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from functools import cached_property
 from datasets import DatasetDict
 from transformers import PreTrainedTokenizerBase
 
+from pipeline.attention import model_skeleton
+from pipeline.attention.entmax import ENTMAX
 from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import TASKS, Task, read_corpus_card
-from pipeline.params import Student
-from pipeline.students.init import check_student_init
+from pipeline.params import ParStudent, Student
+from pipeline.students.init import check_student_init, par_patterns
 from pipeline.training.run import check_vocabulary, load_corpus
 
 
@@ -54,6 +57,13 @@ class StudentInputs(StageInputs):
         _, corpus_tokenizer, task = self.corpus
         check_vocabulary(corpus_tokenizer, tokenizer, task=task, key=f"{key} = {spec.init!r}")
 
+    def check_par(self, name: str) -> None:
+        """PAR student ``name``'s patterns fit its folder's stacks (its skeleton: no weight is read)."""
+        spec, key, init = self.params.instances[name], self.key(name), self.init(name)
+        with loading(init, key):
+            skeleton = model_skeleton(init, attn_implementation=ENTMAX)
+        par_patterns(skeleton, spec, key)
+
     def checks(self) -> list[InputCheck]:
         teacher, data = {"student.teacher": self.params.teacher}, {"student.data": self.params.data}
         checks = [InputCheck(teacher, lambda: self.teacher), InputCheck(data, lambda: self.corpus)]
@@ -61,6 +71,8 @@ class StudentInputs(StageInputs):
             init = {self.key(name): self.params.instances[name].init}
             checks.append(InputCheck(init, lambda name=name: self.init(name)))
             checks.append(InputCheck(init | data, lambda name=name: self.check_vocabulary(name)))
+            if isinstance(self.params.instances[name], ParStudent):
+                checks.append(InputCheck(init, lambda name=name: self.check_par(name)))
         return checks
 
 

@@ -17,6 +17,8 @@ student's attention in place.
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from pipeline.attention.entmax import ENTMAX
@@ -73,9 +75,17 @@ def check_student_init(spec: StudentSpec, key: str) -> str:
 
 
 def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int) -> None:
-    """Rebuild the teacher ``model`` to ``spec``'s patterns; a model that already has PAR stacks (a
-    ``par_search`` folder) must come without patterns, a teacher with one per stack it has (an
-    encoder–decoder's two, a decoder-only LM's decoder)."""
+    """Rebuild the teacher ``model`` to ``spec``'s patterns (checked by :func:`par_patterns`)."""
+    patterns = par_patterns(model, spec, key)
+    if patterns is not None:
+        rebuild_from_teacher(model, patterns, seed=seed)
+
+
+def par_patterns(model: PreTrainedModel, spec: ParStudent, key: str) -> dict[str, Any] | None:
+    """The patterns to rebuild ``model`` (the init folder's model, or its skeleton: no weight is needed)
+    to, or None for a model that already has PAR stacks (a ``par_search`` folder), which must come
+    without patterns; a teacher needs one per stack it has (an encoder–decoder's two, a decoder-only LM's
+    decoder)."""
     stacks = list(stack_modules(model))
     wanted = " and ".join(stacks) + (" patterns" if len(stacks) > 1 else " pattern")
     given = [stack for stack in ("encoder", "decoder") if getattr(spec, stack) is not None]
@@ -86,7 +96,7 @@ def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int
             "or the teacher as init"
         )
     if searched is not None:
-        return
+        return None
     if given != stacks:
         found = " and ".join(given) or "no"
         raise UserError(
@@ -95,10 +105,9 @@ def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int
         )
     cross = reads_encoder(model)
     try:
-        patterns = {stack: parse_pattern(getattr(spec, stack), stack, cross=cross) for stack in stacks}
+        return {stack: parse_pattern(getattr(spec, stack), stack, cross=cross) for stack in stacks}
     except ValueError as err:
         raise UserError(f"{key}: {err}") from None
-    rebuild_from_teacher(model, patterns, seed=seed)
 
 
 class DenseFinetune(TrainerCallback):

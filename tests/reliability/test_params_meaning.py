@@ -531,6 +531,17 @@ AGREEMENT = [
         },
         "student.instances.ssa.init = '{teacher}': the model's tokenizer is not the one its lm corpus",
     ),
+    (
+        "student@par-hand",
+        lambda p: {
+            **trained_on("student", p, model="teacher"),
+            "student.instances.par-hand.init": p["teacher"],
+            "student.instances.par-hand.encoder": None,
+            "student.instances.par-hand.decoder": None,
+        },
+        "student.instances.par-hand.init = '{teacher}' is no PAR model and no patterns are given; "
+        "allowed: its encoder and decoder patterns to rebuild it to, or a par_search folder as init",
+    ),
 ]
 
 
@@ -565,6 +576,7 @@ AGREEMENT = [
         "student-teacher",
         "student-init-attention",
         "student-vocabulary",
+        "student-par-patterns",
     ],
 )
 def test_params_command_and_stage_agree(
