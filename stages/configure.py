@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
-from pipeline.attention.configure import configure_sparsefinder
-from pipeline.checks.configure import check_params
+from pipeline.attention import load_model
+from pipeline.attention.configure import write_configured
+from pipeline.attention.sparsefinder import SPARSEFINDER
+from pipeline.checkpoint import load_auto_tokenizer, loading
+from pipeline.checks.configure import check_inputs, check_params
 from pipeline.errors import exits_cleanly
 from pipeline.stage import stage_params
 
@@ -13,15 +16,21 @@ from pipeline.stage import stage_params
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("configure", argv)
     check_params(params)
-    configure_sparsefinder(
-        params.teacher,
+    inputs = check_inputs(params)
+    predictor, layers = inputs.fitted
+    with loading(inputs.teacher, "configure.teacher"):
+        model = load_model(inputs.teacher, attn_implementation=SPARSEFINDER)
+        tokenizer = load_auto_tokenizer(inputs.teacher)
+    write_configured(
+        inputs.teacher,
         params.out,
-        method=params.method,
-        knobs=params.knobs,
+        model,
+        tokenizer,
+        predictor,
+        kind=inputs.kind,
+        layers=layers,
         window=params.window,
         global_tokens=params.global_tokens,
-        projections=params.projections,
-        state=params.state,
     )
 
 

@@ -20,13 +20,13 @@ from collections.abc import Callable
 from functools import partial
 
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from pipeline.atomic import staged_outputs
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.checkpoint import load_auto_tokenizer, loading, read_manifest, resolve_checkpoint
-from pipeline.checks.evaluate import check_inputs, check_params
+from pipeline.checkpoint import load_auto_tokenizer, loading, read_manifest
+from pipeline.checks.evaluate import EvaluateInputs, check_inputs, check_params
 from pipeline.corpus_card import TASKS, Task, read_corpus_card
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import (
@@ -47,31 +47,21 @@ from pipeline.evaluation.students import (
     untrained_twin,
 )
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
-from pipeline.graphs import GraphStore
-from pipeline.models.language_model import max_context
-from pipeline.origin import Origin
 from pipeline.params import Evaluate
 from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.scoring import Setting
-from pipeline.predictors.state import load_states
 from pipeline.predictors.window import WindowPredictor
-from pipeline.projection.model import load_projections
 from pipeline.stage import stage_params
 from pipeline.timings import write_metrics
 from pipeline.training.run import data_for_model, load_corpus
 
 
 def graph_rows(
-    params: Evaluate, store: GraphStore, indices: range, full_window: int
-) -> tuple[str, dict, list, tuple]:
-    """(kind, projections, scored rows of the grid, the recall-1 row) on the held-out store; ``full_window``
-    is a band wider than any sentence, which attends every valid pair (the sparse-consistency check)."""
-    origin = Origin.of_store(store)
-    projections, extra = load_projections(params.projections, origin=origin)
-    kind = extra["kind"]
-    if kind not in store.kinds:
-        raise UserError(f"evaluate.graphs = {params.graphs!r} holds no {kind} graphs (the projections' kind)")
-    stored = load_states(params.state, origin, ranks={i: module.rank for i, module in projections.items()})
+    params: Evaluate, inputs: EvaluateInputs, indices: range, full_window: int
+) -> tuple[list, tuple]:
+    """(scored rows of the grid, the recall-1 row) on the held-out store; ``full_window`` is a band wider
+    than any sentence, which attends every valid pair (the sparse-consistency check)."""
+    kind, projections = inputs.projections
     settings = [
         *(
             setting
@@ -79,7 +69,7 @@ def graph_rows(
             for setting in method_settings(
                 method,
                 grid,
-                stored,
+                inputs.stored,
                 params.state,
                 windows=params.windows,
                 global_tokens=params.global_tokens,
@@ -87,22 +77,10 @@ def graph_rows(
         ),
         Setting(WindowPredictor(), full_window),
     ]
-    *rows, full = sweep_graphs(store, kind, settings, projections, indices, batch_size=params.batch_size)
-    return kind, projections, rows, full
-
-
-def check_speed(params: Evaluate, model: PreTrainedModel) -> None:
-    """One-line error, before any work, for a speed table longer than the teacher's positions (the params
-    schema checks that its methods are evaluated)."""
-    settings = params.speed
-    if not settings.contexts:
-        return
-    limit = max_context(model)
-    if limit is not None and max(settings.contexts) > limit:
-        raise UserError(
-            f"evaluate.speed.contexts = {settings.contexts}: the teacher has learned positions for {limit} "
-            f"tokens; allowed: contexts up to {limit} (rotary models take any length)"
-        )
+    *rows, full = sweep_graphs(
+        inputs.store, kind, settings, projections, indices, batch_size=params.batch_size
+    )
+    return rows, full
 
 
 GRAPH_FIELDS = ("graph_sparsity", "graph_recall", "perplexity")
@@ -261,22 +239,17 @@ def evaluate_students(
 def main(argv: list[str] | None = None) -> None:
     params: Evaluate = stage_params("evaluate", argv)
     check_params(params)
-    store = check_inputs(params)
-    teacher = resolve_checkpoint(params.teacher, "evaluate.teacher", writer="teacher")
-    weights = Origin.of_teacher(teacher, store.layers, store.heads, store.head_dim).teacher_sha256
-    if weights != store.manifest["teacher"].get("model_sha256"):
-        raise UserError(
-            f"evaluate.teacher = {params.teacher!r} is not the teacher evaluate.graphs was extracted from"
-        )
+    inputs = check_inputs(params)
+    store, teacher, weights = inputs.store, inputs.teacher, inputs.weights
+    kind, projections = inputs.projections
     data, corpus_tokenizer = load_corpus(params.data, "evaluate.data", tasks=TASKS)
     task = read_corpus_card(params.data, "evaluate.data").task
     with loading(teacher, "evaluate.teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
         tokenizer = load_auto_tokenizer(teacher)
-    check_speed(params, model)
     positions = model.config.max_position_embeddings
     indices = range(min(len(store), params.max_sentences or len(store)))
-    kind, projections, rows, full = graph_rows(params, store, indices, 2 * positions + 1)
+    rows, full = graph_rows(params, inputs, indices, 2 * positions + 1)
     gold = gold_sparsity(full[1])
 
     quality = params.quality

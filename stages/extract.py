@@ -9,71 +9,25 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedModel
 
 from pipeline.atomic import current_path, staged_outputs
-from pipeline.attention import load_model, model_skeleton
-from pipeline.attention.recording import Layout, model_layout
-from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
-from pipeline.corpus_card import TASKS, read_corpus_card
-from pipeline.errors import UserError, exits_cleanly
-from pipeline.graphs import GraphStore, attention_kind
-from pipeline.graphs.extract import extract_graphs, kind_shapes, query_lengths, teacher_fingerprint
+from pipeline.attention import load_model
+from pipeline.checkpoint import loading
+from pipeline.checks.extract import check_inputs
+from pipeline.errors import exits_cleanly
+from pipeline.graphs import GraphStore
+from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
 from pipeline.graphs.summary import summarize
-from pipeline.params import Extract
 from pipeline.stage import stage_params
 from pipeline.timings import timings_path, write_metrics
-from pipeline.training.run import data_for_model, load_corpus
-
-
-def check_kinds(params: Extract, model: PreTrainedModel) -> None:
-    """Raise :class:`UserError` unless the teacher has every kind asked for, all of one shape (layers,
-    heads and head size)."""
-    try:
-        shapes = kind_shapes(model, [attention_kind(k) for k in params.kinds])
-    except ValueError as err:
-        raise UserError(f"extract.kinds = {params.kinds}: {err}") from None
-    if len(set(shapes.values())) > 1:
-        described = ", ".join(f"{k} {s[0]} layers × {s[1]} heads × {s[2]} dims" for k, s in shapes.items())
-        raise UserError(
-            f"extract.kinds = {params.kinds}: the teacher's kinds differ in shape ({described}); "
-            "allowed: kinds of one shape"
-        )
-
-
-def check_lengths(params: Extract, name: str, dataset: Any, layout: Layout) -> None:
-    """Raise :class:`UserError` unless some sentence of store ``name``'s split is ``min_length`` long."""
-    store = params.stores[name]
-    key = f"extract.stores.{name}"
-    if len(dataset) == 0:
-        raise UserError(f"{key}.split = {store.split!r}: that split of {params.data} is empty")
-    kinds = [attention_kind(k) for k in params.kinds]
-    lengths = query_lengths(dataset, kinds, layout)
-    if lengths.max() < store.min_length:
-        sides = " and ".join(sorted({k.query_side for k in kinds}))
-        raise UserError(
-            f"{key}.min_length = {store.min_length}: no sentence of the {store.split} split has "
-            f"{store.min_length} {sides} tokens; the longest has {lengths.max()}"
-        )
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     """Check every store's split first, then extract the stores in order; one summary per store."""
     params = stage_params("extract", argv)
-    teacher = resolve_checkpoint(params.teacher, "extract.teacher", writer="teacher")
-    data, corpus_tokenizer = load_corpus(params.data, "extract.data", tasks=TASKS)
-    with loading(teacher, "extract.teacher"):
-        skeleton = model_skeleton(teacher)  # the checks need no weights: they come after
-        tokenizer = load_auto_tokenizer(teacher)
-    check_kinds(params, skeleton)
-    task = read_corpus_card(params.data, "extract.data").task
-    key = f"extract.teacher = {params.teacher!r}"
-    data = data_for_model(data, corpus_tokenizer, tokenizer, skeleton, task=task, key=key)
-    for name, store in params.stores.items():
-        check_lengths(params, name, data[store.split], model_layout(skeleton))
+    inputs = check_inputs(params)
+    teacher, data, tokenizer = inputs.teacher, inputs.data, inputs.skeleton[1]
     with loading(teacher, "extract.teacher"):
         model = load_model(teacher)
     fingerprint = teacher_fingerprint(model, teacher)

@@ -19,25 +19,19 @@ from transformers import TrainerCallback
 
 from pipeline.atomic import staged_outputs, write_json
 from pipeline.attention import load_model
-from pipeline.checkpoint import (
-    describe_parent,
-    load_auto_tokenizer,
-    loading,
-    resolve_checkpoint,
-    save_checkpoint,
-)
-from pipeline.corpus_card import TASKS, read_corpus_card
-from pipeline.errors import UserError, exits_cleanly
+from pipeline.checkpoint import describe_parent, loading, save_checkpoint
+from pipeline.checks.par_search import check_inputs
+from pipeline.errors import exits_cleanly
 from pipeline.models.marian import set_generation
 from pipeline.par.from_teacher import rebuild_from_teacher
 from pipeline.par.pattern import attention_share, compact_pattern, teacher_pattern
-from pipeline.par.stacks import reads_encoder, teacher_layers
+from pipeline.par.stacks import reads_encoder
 from pipeline.par.supernet import architecture_parameters, build_supernet, mixing_weights, searched_patterns
 from pipeline.params import ParSearch
 from pipeline.plots.par import plot_mixing_weights
 from pipeline.stage import stage_params
 from pipeline.timings import timings_path, write_metrics
-from pipeline.training.run import data_for_model, load_corpus, train_stage
+from pipeline.training.run import data_for_model, train_stage
 from pipeline.training.trainer import is_main_process
 
 
@@ -69,16 +63,11 @@ class FrozenArchitecture(TrainerCallback):
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params: ParSearch = stage_params("par_search", argv)
-    teacher_folder = resolve_checkpoint(params.teacher, "par_search.teacher", writer="teacher")
-    data, corpus_tokenizer = load_corpus(params.data, "par_search.data", tasks=TASKS)
-    task = read_corpus_card(params.data, "par_search.data").task
+    inputs = check_inputs(params)
+    teacher_folder, tokenizer, teachers = inputs.teacher, inputs.tokenizer, inputs.layers
+    data, corpus_tokenizer, task = inputs.corpus
     with loading(teacher_folder, "par_search.teacher"):
         teacher = load_model(teacher_folder)
-        tokenizer = load_auto_tokenizer(teacher_folder)
-    try:
-        teachers = teacher_layers(teacher)
-    except UserError as err:
-        raise UserError(f"par_search.teacher = {params.teacher!r}: {err}") from None
     cross = reads_encoder(teacher)
     supernet, searched = copy.deepcopy(teacher), copy.deepcopy(teacher)  # the teacher is read once
     build_supernet(supernet, params.architecture.temperature)

@@ -3,48 +3,23 @@
 
 from __future__ import annotations
 
-from pipeline.checkpoint import (
-    describe_parent,
-    load_auto_tokenizer,
-    load_config,
-    loading,
-    resolve_outside_checkpoint,
-)
-from pipeline.corpus_card import TASKS, read_corpus_card
-from pipeline.errors import UserError, exits_cleanly
+from pipeline.checkpoint import describe_parent, load_auto_tokenizer, loading
+from pipeline.checks.pretrain import check_inputs
+from pipeline.errors import exits_cleanly
 from pipeline.models.language_model import build_language_model
 from pipeline.models.marian import build_marian
 from pipeline.models.pretrained import load_pretrained
 from pipeline.stage import stage_params
-from pipeline.training.run import (
-    check_generation_fits,
-    encode_with,
-    load_corpus,
-    longest_sequence,
-    train_and_evaluate,
-)
+from pipeline.training.run import encode_with, train_and_evaluate
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("pretrain", argv)
-    init = None if params.init is None else resolve_outside_checkpoint(params.init, "pretrain.init")
-    data, tokenizer = load_corpus(params.data, "pretrain.data", tasks=TASKS)
-    card = read_corpus_card(params.data, "pretrain.data")
-    if card.task != "translation" and init is not None:
-        # blocks are cut by the corpus's own tokenizer; a checkpoint's tokenizer would cut other blocks
-        raise UserError(
-            f"pretrain.init = {params.init!r}: a {card.task} corpus holds blocks of its own tokenizer; "
-            "allowed: null (a model from scratch)"
-        )
+    inputs = check_inputs(params)
+    data, tokenizer, card = inputs.corpus
+    init = inputs.init
     if init is None:
-        longest = longest_sequence(data) if card.task == "translation" else card.context
-        if longest > params.model.max_positions:
-            raise UserError(
-                f"pretrain.model.max_positions = {params.model.max_positions}: {params.data} holds sequences "
-                f"of up to {longest} tokens; allowed: at least {longest} (or a shorter prepare.max_length "
-                "or prepare.context)"
-            )
         ids = {"pad_id": tokenizer.pad_token_id, "eos_id": tokenizer.eos_token_id}
         if card.task == "translation":
             model = build_marian(params.model, len(tokenizer), **ids, seed=params.train.seed)
@@ -55,7 +30,6 @@ def main(argv: list[str] | None = None) -> None:
         parent = None
     else:
         with loading(init, "pretrain.init"):
-            check_generation_fits("pretrain", params, load_config(init))
             tokenizer = load_auto_tokenizer(init)
             model = load_pretrained(init, attn_implementation="sdpa")
         table = getattr(model.config, "max_position_embeddings", params.model.max_positions)

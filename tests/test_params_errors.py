@@ -62,10 +62,9 @@ def corpus(texts: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
-@pytest.fixture(scope="module")
-def teacher(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random α-entmax Marian over the corpus tokenizer: 1 encoder and 2 decoder layers, 32 positions,
-    saved as the teacher stage saves it (with its manifest)."""
+def save_tiny_teacher(corpus: Path, folder: Path) -> Path:
+    """A random α-entmax Marian over ``corpus``'s tokenizer: 1 encoder and 2 decoder layers, 32 positions,
+    saved to ``folder`` as the teacher stage saves it (with its manifest)."""
     tokenizer = load_tokenizer(corpus / "tokenizer")
     torch.manual_seed(0)
     config = MarianConfig(
@@ -84,10 +83,15 @@ def teacher(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         decoder_start_token_id=tokenizer.pad_token_id,
     )
     config.entmax_alpha = 1.5
-    folder = tmp_path_factory.mktemp("teacher") / "model"
     model = MarianMTModel._from_config(config, attn_implementation=ENTMAX)
     save_checkpoint(folder, model, tokenizer, {"stage": "teacher"})
     return folder
+
+
+@pytest.fixture(scope="module")
+def teacher(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`save_tiny_teacher` over :func:`corpus`."""
+    return save_tiny_teacher(corpus, tmp_path_factory.mktemp("teacher") / "model")
 
 
 # a value in ``changes`` that deletes its key instead of setting it

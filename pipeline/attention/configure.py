@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention.interface import module_head_dim, module_heads
 from pipeline.attention.loading import load_model
@@ -32,15 +32,33 @@ from pipeline.checkpoint import (
 )
 from pipeline.errors import UserError
 from pipeline.origin import Origin
-from pipeline.predictors.base import make_predictor
-from pipeline.predictors.state import select_state
-from pipeline.projection.model import load_projections
+from pipeline.predictors.base import Predictor, make_predictor
+from pipeline.predictors.state import StateFile, select_state
+from pipeline.projection.model import HeadProjections, load_projections
 
 
 def _origin(teacher: str, model: PreTrainedModel, kind: str) -> Origin:
     """What projections and states used with ``teacher``'s ``kind`` attention must have been fitted on."""
     modules = attention_layers(model, attention_kind(kind))
     return Origin.of_teacher(teacher, len(modules), module_heads(modules[0]), module_head_dim(modules[0]))
+
+
+def configured_predictor(
+    method: str,
+    knobs: Mapping[str, Any] | None = None,
+    *,
+    projections: str | os.PathLike | None = None,
+    state: str | os.PathLike | None = None,
+) -> Predictor:
+    """The predictor ``method`` with ``knobs`` (its state not yet read), after checking that the inputs it
+    needs are given. It reads no file, so a misspelt knob is reported before any path is checked and
+    before the teacher (which may be large) is loaded."""
+    predictor = make_predictor(method, **(knobs or {}))
+    if predictor.fitted and state is None:
+        raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
+    if predictor.needs_projections and projections is None:
+        raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
+    return predictor
 
 
 def configure_sparsefinder(
@@ -62,27 +80,76 @@ def configure_sparsefinder(
     file (its attention kind is the one configured; ``kind`` only matters without projections), ``state``
     the cluster stage's file for fitted predictors (k-means centroids, ...). ``certified`` (the τ-indexer
     only): exact α-entmax, the predictor deciding only which key blocks are skipped. Every mismatch is a
-    one-line :class:`UserError`.
+    one-line :class:`UserError`: first the predictor's (:func:`configured_predictor`), then the input
+    files', and only then the teacher is loaded and the inputs checked against it.
     """
+    predictor = configured_predictor(method, knobs, projections=projections, state=state)
     resolve_checkpoint(teacher, "teacher", writer="teacher")
+    if projections is not None:
+        # the projections name the attention kind they were fitted for (read before the teacher is loaded)
+        kind = load_projections(projections)[1]["kind"]
+    if predictor.fitted:
+        StateFile(state)  # a missing or unreadable state file is reported before the teacher is loaded
     with loading(teacher, "teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
         tokenizer = load_auto_tokenizer(teacher)
+    predictor, layers = fit_to_teacher(
+        teacher, model, predictor, kind, projections=projections, state=state, knobs=knobs
+    )
+    return write_configured(
+        teacher,
+        out,
+        model,
+        tokenizer,
+        predictor,
+        kind=kind,
+        layers=layers,
+        window=window,
+        global_tokens=global_tokens,
+        certified=certified,
+    )
+
+
+def fit_to_teacher(
+    teacher: str,
+    model: PreTrainedModel,
+    predictor: Predictor,
+    kind: str,
+    *,
+    projections: str | os.PathLike | None = None,
+    state: str | os.PathLike | None = None,
+    knobs: Mapping[str, Any] | None = None,
+) -> tuple[Predictor, dict[int, HeadProjections] | None]:
+    """(``predictor`` with its state, the projections per layer), read knowing the shape of ``teacher``'s
+    ``kind`` attention (``model``: the teacher, or its skeleton, which is enough): the projections must have
+    been fitted on ``teacher``'s graphs of that shape, and the state on those graphs with those projections'
+    ranks. Every mismatch is a one-line :class:`UserError`."""
     layers = None
     if projections is not None:
-        # the projections name the attention kind they were fitted for; read them again knowing its shape
-        kind = load_projections(projections)[1]["kind"]
         layers, _ = load_projections(projections, origin=_origin(teacher, model, kind))
-    predictor = make_predictor(method, **(knobs or {}))
     if predictor.fitted:
-        if state is None:
-            raise UserError(f"predictor {predictor.name} is fitted; give its state file (--centroids)")
         # the state's shapes are checked against the teacher's heads and the projections' rank
         ranks = {layer: module.rank for layer, module in (layers or {}).items()}
         origin = _origin(teacher, model, kind)
         predictor = select_state(state, predictor, origin, explicit=set(knobs or {}), ranks=ranks)
-    if predictor.needs_projections and layers is None:
-        raise UserError(f"predictor {predictor.name} works on projected queries and keys; give --projections")
+    return predictor, layers
+
+
+def write_configured(
+    teacher: str,
+    out: str | os.PathLike,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    predictor: Predictor,
+    *,
+    kind: str,
+    layers: dict[int, HeadProjections] | None,
+    window: int = 0,
+    global_tokens: int = 0,
+    certified: bool = False,
+) -> PreTrainedModel:
+    """Attach ``predictor`` (checked by :func:`fit_to_teacher`) to the loaded teacher ``model`` and write
+    it, with ``tokenizer``, as the model folder ``out`` (atomically); the model."""
     attach_predictor(
         model,
         predictor,

@@ -1,18 +1,26 @@
-"""The ``evaluate`` stage's checks: its grid names predictors and knobs, its graph store is held out, its
-state file holds every fitted setting the grid names, and a speed table has long sequences to run on."""
+"""The ``evaluate`` stage's checks: its grid names predictors and knobs, its graph store is held out and was
+extracted from its teacher, its projections were fitted on that store's teacher for a kind the store holds,
+its state file holds every fitted setting the grid names, and a speed table has long sequences to run on,
+within the teacher's positions (the teacher's config and skeleton only: no weight is read); each of these
+runs in ``sparsefinder params`` once its own inputs exist."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
+from pipeline.attention import model_skeleton
+from pipeline.checkpoint import loading, resolve_checkpoint
+from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import read_corpus_card
 from pipeline.errors import UserError
 from pipeline.evaluation.sweep import method_settings
 from pipeline.graphs.store import GraphStore
+from pipeline.models.language_model import max_context
 from pipeline.origin import Origin
 from pipeline.params import Evaluate
 from pipeline.predictors.base import PREDICTORS, Predictor
 from pipeline.predictors.state import load_states
-
-INPUTS = ("graphs", "state", "data")
+from pipeline.projection.model import HeadProjections, load_projections
 
 
 def _settings(params: Evaluate, stored: list[Predictor], *, fitted: bool) -> None:
@@ -36,20 +44,101 @@ def check_params(params: Evaluate) -> None:
     _settings(params, [], fitted=False)
 
 
-def check_inputs(params: Evaluate) -> GraphStore:
-    """The graph store ``evaluate.graphs``, after checking that it was held out from fitting, that the
-    state file holds every fitted setting the grid names, and that a speed table runs on long sequences."""
-    store = GraphStore(params.graphs)
-    if store.split == "train":
-        raise UserError(
-            f"evaluate.graphs = {params.graphs!r} was extracted from the train split, which the predictors "
-            "were fitted on; allowed: a store of the valid or test split"
-        )
-    _settings(params, load_states(params.state, Origin.of_store(store)), fitted=True)
-    task = read_corpus_card(params.data, "evaluate.data").task
-    if task == "translation" and params.speed.contexts:
-        raise UserError(
-            f"evaluate.speed.contexts = {params.speed.contexts}: {params.data} holds sentence pairs, not "
-            "long sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
-        )
-    return store
+class EvaluateInputs(StageInputs):
+    """The stage's inputs and its checks against them, each run as soon as its own inputs exist."""
+
+    def __init__(self, params: Evaluate) -> None:
+        self.params = params
+
+    @cached_property
+    def store(self) -> GraphStore:
+        """The graph store ``evaluate.graphs``, checked as held out from fitting."""
+        store = GraphStore(self.params.graphs)
+        if store.split == "train":
+            raise UserError(
+                f"evaluate.graphs = {self.params.graphs!r} was extracted from the train split, which the "
+                "predictors were fitted on; allowed: a store of the valid or test split"
+            )
+        return store
+
+    @cached_property
+    def teacher(self) -> str:
+        """``evaluate.teacher``, checked as a folder the teacher stage wrote."""
+        return resolve_checkpoint(self.params.teacher, "evaluate.teacher", writer="teacher")
+
+    @cached_property
+    def weights(self) -> str | None:
+        """The sha256 of the teacher's weights, checked as those the store was extracted from."""
+        store = self.store
+        weights = Origin.of_teacher(self.teacher, store.layers, store.heads, store.head_dim).teacher_sha256
+        if weights != store.manifest["teacher"].get("model_sha256"):
+            raise UserError(
+                f"evaluate.teacher = {self.params.teacher!r} is not the teacher evaluate.graphs was "
+                "extracted from"
+            )
+        return weights
+
+    @cached_property
+    def projections(self) -> tuple[str, dict[int, HeadProjections]]:
+        """(kind, projections per layer), fitted on the store's teacher for a kind the store holds."""
+        projections, extra = load_projections(self.params.projections, origin=Origin.of_store(self.store))
+        kind = extra["kind"]
+        if kind not in self.store.kinds:
+            raise UserError(
+                f"evaluate.graphs = {self.params.graphs!r} holds no {kind} graphs (the projections' kind)"
+            )
+        return kind, projections
+
+    @cached_property
+    def stored(self) -> list[Predictor]:
+        """The state file's fitted predictors, fitted on the store's teacher with the projections' ranks."""
+        ranks = {i: module.rank for i, module in self.projections[1].items()}
+        return load_states(self.params.state, Origin.of_store(self.store), ranks=ranks)
+
+    def check_state(self) -> None:
+        """The state file holds every fitted setting the grid names."""
+        _settings(self.params, self.stored, fitted=True)
+
+    def check_speed(self) -> None:
+        """A speed table runs on long sequences, which a corpus of sentence pairs does not hold."""
+        params = self.params
+        task = read_corpus_card(params.data, "evaluate.data").task
+        if task == "translation" and params.speed.contexts:
+            raise UserError(
+                f"evaluate.speed.contexts = {params.speed.contexts}: {params.data} holds sentence pairs, "
+                "not long sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
+            )
+
+    def check_positions(self) -> None:
+        """A speed table within the teacher's learned positions (its skeleton: no weight is read)."""
+        contexts = self.params.speed.contexts
+        with loading(self.teacher, "evaluate.teacher"):
+            limit = max_context(model_skeleton(self.teacher))
+        if limit is not None and max(contexts) > limit:
+            raise UserError(
+                f"evaluate.speed.contexts = {contexts}: the teacher has learned positions for {limit} "
+                f"tokens; allowed: contexts up to {limit} (rotary models take any length)"
+            )
+
+    def checks(self) -> list[InputCheck]:
+        params = self.params
+        graphs, teacher = {"evaluate.graphs": params.graphs}, {"evaluate.teacher": params.teacher}
+        projections = graphs | {"evaluate.projections": params.projections}
+        checks = [
+            InputCheck(graphs, lambda: self.store),
+            InputCheck(graphs | teacher, lambda: self.weights),
+            InputCheck(projections, lambda: self.projections),
+            InputCheck({"evaluate.data": params.data}, self.check_speed),
+        ]
+        if params.speed.contexts:  # nothing to check against the teacher without a speed table
+            checks.append(InputCheck(teacher, self.check_positions))
+        return [*checks, InputCheck(projections | {"evaluate.state": params.state}, self.check_state)]
+
+
+def input_checks(params: Evaluate) -> list[InputCheck]:
+    return EvaluateInputs(params).checks()
+
+
+def check_inputs(params: Evaluate) -> EvaluateInputs:
+    """The stage's inputs, after every check against them."""
+    return EvaluateInputs(params).check()

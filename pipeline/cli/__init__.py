@@ -24,14 +24,36 @@ def _input_checks() -> dict[str, ModuleType]:
 
     Imported here: they load torch and the graph store, which the other subcommands never need.
     """
-    from pipeline.checks import cluster, configure, evaluate, project
+    from pipeline.checks import (
+        cluster,
+        configure,
+        evaluate,
+        extract,
+        par_search,
+        pretrain,
+        project,
+        student,
+        teacher,
+    )
 
-    return {"project": project, "cluster": cluster, "evaluate": evaluate, "configure": configure}
+    return {
+        "pretrain": pretrain,
+        "teacher": teacher,
+        "extract": extract,
+        "project": project,
+        "cluster": cluster,
+        "configure": configure,
+        "par_search": par_search,
+        "student": student,
+        "evaluate": evaluate,
+    }
 
 
 def _run_params(args: argparse.Namespace) -> int:
     """Validate every section, then run each stage's own checks before work: its outputs can be written,
-    and its params agree with its inputs where those exist (a line says which checks wait for inputs)."""
+    and its params agree with its inputs where those exist (a line says which checks wait for inputs).
+    Each check runs as soon as its own inputs exist, so one missing input holds back only the checks
+    that read it."""
     from pipeline.stage import check_outputs
 
     sections = load_all(args.params)
@@ -44,6 +66,14 @@ def _run_params(args: argparse.Namespace) -> int:
             continue
         if hasattr(module, "check_params"):
             module.check_params(section)
+        if hasattr(module, "input_checks"):
+            for check in module.input_checks(section):
+                missing = [key for key, path in check.inputs.items() if not Path(path).exists()]
+                if not missing:
+                    check.run()
+                elif missing[0] not in waiting:
+                    waiting.append(missing[0])
+            continue
         missing = [key for key in module.INPUTS if not Path(getattr(section, key)).exists()]
         if missing:
             waiting.append(f"{name}.{missing[0]}")

@@ -63,11 +63,14 @@ def written_by_configure(folder: Path) -> bool:
 def run_configure(args: argparse.Namespace) -> int:
     """Run ``configure``; prints what was written."""
     # imported here: they load transformers (seconds), which the command's other subcommands never need
-    from pipeline.attention.configure import configure_sparsefinder
+    from pipeline.attention.configure import configure_sparsefinder, configured_predictor
     from pipeline.attention.sparsefinder import sparsefinder_heads
 
     if args.method is None:
         raise UserError("configure needs --method (a predictor name)")
+    knobs = parse_knobs(args.knob)
+    # the predictor first: it needs no file, so a misspelt knob is reported before any path
+    configured_predictor(args.method, knobs, projections=args.projections, state=args.state)
     check_command_output(
         "OUT",
         args.out,
@@ -85,7 +88,7 @@ def run_configure(args: argparse.Namespace) -> int:
         args.teacher,
         args.out,
         method=args.method,
-        knobs=parse_knobs(args.knob),
+        knobs=knobs,
         window=args.window,
         global_tokens=args.global_tokens,
         projections=args.projections,

@@ -17,6 +17,8 @@ student's attention in place.
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from pipeline.attention.entmax import ENTMAX
@@ -33,10 +35,27 @@ from pipeline.students.attention import attach_student_attention
 
 
 def build_student(
-    spec: StudentSpec, key: str, *, seed: int
+    spec: StudentSpec, key: str, *, seed: int, checked: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The student of ``spec``, in training mode, and its tokenizer; ``key`` names ``spec.init`` in errors
-    and ``seed`` draws the initial values of the parameters its attention adds."""
+    and ``seed`` draws the initial values of the parameters its attention adds. ``checked`` is the folder
+    :func:`check_student_init` already returned for ``spec``, not verified again (its files are hashed)."""
+    init = check_student_init(spec, key) if checked is None else checked
+    with loading(init, key):
+        model = load_model(init, attn_implementation=ENTMAX if spec.attention == PAR else spec.attention)
+        tokenizer = load_auto_tokenizer(init)
+    if isinstance(spec, ParStudent):
+        arrange_par(model, spec, key, seed=seed)
+    attach_student_attention(model, spec, seed=seed)
+    for name, parameter in model.named_parameters():
+        if f".{SPARSEFINDER}." in name:  # the predictor is fixed; see the module docstring
+            parameter.requires_grad_(False)
+    return model.train(), tokenizer
+
+
+def check_student_init(spec: StudentSpec, key: str) -> str:
+    """``spec.init`` after checking, from its manifest alone (no weight is read), that it is a folder of
+    the stage this student starts from, with the attention that student needs."""
     # the stage whose folder each student starts from (a PAR student also from a teacher, given patterns)
     writer = {SPARSEFINDER: "configure", PAR: "par_search or teacher"}.get(spec.attention, "teacher")
     init = resolve_checkpoint(spec.init, key, writer=writer)
@@ -52,22 +71,21 @@ def build_student(
             f"{key} = {spec.init!r} holds a model with {implementation} attention; allowed: a folder with "
             f"{wanted} attention ({spec.attention} students start from one)"
         )
-    with loading(init, key):
-        model = load_model(init, attn_implementation=ENTMAX if spec.attention == PAR else spec.attention)
-        tokenizer = load_auto_tokenizer(init)
-    if isinstance(spec, ParStudent):
-        arrange_par(model, spec, key, seed=seed)
-    attach_student_attention(model, spec, seed=seed)
-    for name, parameter in model.named_parameters():
-        if f".{SPARSEFINDER}." in name:  # the predictor is fixed; see the module docstring
-            parameter.requires_grad_(False)
-    return model.train(), tokenizer
+    return init
 
 
 def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int) -> None:
-    """Rebuild the teacher ``model`` to ``spec``'s patterns; a model that already has PAR stacks (a
-    ``par_search`` folder) must come without patterns, a teacher with one per stack it has (an
-    encoder–decoder's two, a decoder-only LM's decoder)."""
+    """Rebuild the teacher ``model`` to ``spec``'s patterns (checked by :func:`par_patterns`)."""
+    patterns = par_patterns(model, spec, key)
+    if patterns is not None:
+        rebuild_from_teacher(model, patterns, seed=seed)
+
+
+def par_patterns(model: PreTrainedModel, spec: ParStudent, key: str) -> dict[str, Any] | None:
+    """The patterns to rebuild ``model`` (the init folder's model, or its skeleton: no weight is needed)
+    to, or None for a model that already has PAR stacks (a ``par_search`` folder), which must come
+    without patterns; a teacher needs one per stack it has (an encoder–decoder's two, a decoder-only LM's
+    decoder)."""
     stacks = list(stack_modules(model))
     wanted = " and ".join(stacks) + (" patterns" if len(stacks) > 1 else " pattern")
     given = [stack for stack in ("encoder", "decoder") if getattr(spec, stack) is not None]
@@ -78,7 +96,7 @@ def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int
             "or the teacher as init"
         )
     if searched is not None:
-        return
+        return None
     if given != stacks:
         found = " and ".join(given) or "no"
         raise UserError(
@@ -87,10 +105,9 @@ def arrange_par(model: PreTrainedModel, spec: ParStudent, key: str, *, seed: int
         )
     cross = reads_encoder(model)
     try:
-        patterns = {stack: parse_pattern(getattr(spec, stack), stack, cross=cross) for stack in stacks}
+        return {stack: parse_pattern(getattr(spec, stack), stack, cross=cross) for stack in stacks}
     except ValueError as err:
         raise UserError(f"{key}: {err}") from None
-    rebuild_from_teacher(model, patterns, seed=seed)
 
 
 class DenseFinetune(TrainerCallback):

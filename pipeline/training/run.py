@@ -22,6 +22,7 @@ from transformers import (
 )
 
 import pipeline.attention  # noqa: F401  (registers the attention implementations)
+from pipeline.atomic import staged_outputs
 from pipeline.attention.sparsity import collect_marian_sparsity
 from pipeline.checkpoint import load_auto_tokenizer, save_checkpoint
 from pipeline.corpus_card import Task, read_corpus_card
@@ -31,7 +32,7 @@ from pipeline.metrics.language_model import evaluate_language_model
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.models.marian import set_generation
 from pipeline.params import Evaluation, ParSearch, Pretrain, StudentRun, Teacher
-from pipeline.timings import write_metrics
+from pipeline.timings import timings_path, write_metrics
 from pipeline.training.batches import padded_batches
 from pipeline.training.trainer import is_main_process, train_model
 
@@ -84,12 +85,21 @@ def data_for_model(
     the model's vocabulary is the corpus's (else :class:`UserError`)."""
     if task == "translation":
         return encode_with(tokenizer, data, model.config.max_position_embeddings)
-    if tokenizer.get_vocab() != corpus_tokenizer.get_vocab():
+    check_vocabulary(corpus_tokenizer, tokenizer, task=task, key=key)
+    return data
+
+
+def check_vocabulary(
+    corpus_tokenizer: PreTrainedTokenizerBase, tokenizer: PreTrainedTokenizerBase, *, task: Task, key: str
+) -> None:
+    """Raise :class:`UserError` when a model's ``tokenizer`` is not the one a block corpus (``task`` lm or
+    mlm) was cut with: blocks hold ids and no text to re-encode, so they mean other words to that model.
+    Sentence pairs are re-encoded with the model's own tokenizer, so any vocabulary fits them."""
+    if task != "translation" and tokenizer.get_vocab() != corpus_tokenizer.get_vocab():
         raise UserError(
             f"{key}: the model's tokenizer is not the one its {task} corpus was cut with; allowed: a model "
             "trained on that corpus (from the pretrain stage on)"
         )
-    return data
 
 
 def encode_with(tokenizer: PreTrainedTokenizerBase, data: DatasetDict, max_length: int) -> DatasetDict:
@@ -172,7 +182,8 @@ def train_and_evaluate(
     teacher: PreTrainedModel | None = None,
     callbacks: Sequence[TrainerCallback] = (),
 ) -> None:
-    """Train ``model`` (:func:`train_stage`), save it to ``params.out`` and write ``params.metrics``.
+    """Train ``model`` (:func:`train_stage`), save it to ``params.out`` and write ``params.metrics``, the two
+    swapped in together.
 
     A student passes its ``teacher`` (distilled with ``params.distill``) and its own training callbacks.
     """
@@ -184,27 +195,30 @@ def train_and_evaluate(
     task = read_corpus_card(params.data, f"{stage}.data").task
     if task == "translation":
         set_generation(model, params.eval)
-    with writing(f"the checkpoint {params.out}"):
-        save_checkpoint(
-            params.out,
-            model,
-            tokenizer,
-            {"stage": stage, "params": params.model_dump(), "data_sha256": data_sha256, "parent": parent},
-        )
-    if task == "translation":
-        measured = evaluate_translation(model, tokenizer, data, params.eval)
-    else:
-        settings = params.eval
-        measured = evaluate_language_model(
-            model,
-            tokenizer,
-            task,
-            data,
-            batch_size=settings.batch_size,
-            test_examples=settings.test_examples,
-            sparsity_examples=settings.sparsity_examples,
-        )
-    metrics = {"train_seconds": round(train_seconds, 1), **measured}
-    with writing(f"the metrics {params.metrics}"):
-        write_metrics(params.metrics, metrics)
+    # the model, its metrics and their timings are swapped in together: a failure while measuring or while
+    # writing the metrics (a full disk) leaves the previous model and the metrics describing it as they were
+    with staged_outputs(params.out, params.metrics, timings_path(params.metrics)):
+        with writing(f"the checkpoint {params.out}"):
+            save_checkpoint(
+                params.out,
+                model,
+                tokenizer,
+                {"stage": stage, "params": params.model_dump(), "data_sha256": data_sha256, "parent": parent},
+            )
+        if task == "translation":
+            measured = evaluate_translation(model, tokenizer, data, params.eval)
+        else:
+            settings = params.eval
+            measured = evaluate_language_model(
+                model,
+                tokenizer,
+                task,
+                data,
+                batch_size=settings.batch_size,
+                test_examples=settings.test_examples,
+                sparsity_examples=settings.sparsity_examples,
+            )
+        metrics = {"train_seconds": round(train_seconds, 1), **measured}
+        with writing(f"the metrics {params.metrics}"):
+            write_metrics(params.metrics, metrics)
     shutil.rmtree(params.run_dir, ignore_errors=True)

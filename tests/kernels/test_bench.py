@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import types
+from collections.abc import Callable
 
 import matplotlib
 import pytest
@@ -27,16 +29,73 @@ def test_density_counts_valid_pairs():
     assert bench.density(36, 1, 1, 8, causal=True) == pytest.approx(1.0)
 
 
-def test_cpu_timings_repeat_quick_calls_within_the_budget_and_keep_the_count_of_slow_ones():
-    calls = []
-    bench._median_wall_ms(lambda: calls.append(1), 3, budget_s=60.0)
-    assert len(calls) == 1 + bench.CPU_MAX_REPS  # the warm-up, then the most repetitions
-    calls.clear()
-    bench._median_wall_ms(lambda: calls.append(1), 3, budget_s=0.0)
-    assert len(calls) == 1 + 3  # no time to spare: the given count
-    calls.clear()
-    assert bench._median_wall_ms(lambda: calls.append(1), 0, budget_s=0.0) >= 0.0  # at least one call
-    assert len(calls) == 2
+def clocked_calls(monkeypatch, durations_ms: list[float]) -> tuple[Callable[[], None], list[float]]:
+    """The benchmark's clock made one that only the returned call advances: its i-th call takes
+    ``durations_ms[i]`` milliseconds (the last one again past the end). Also returns the durations taken so
+    far, one per call."""
+    now, taken = [0.0], []
+
+    def perf_counter() -> float:
+        return now[0]
+
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=perf_counter))
+
+    def call() -> None:
+        taken.append(durations_ms[min(len(taken), len(durations_ms) - 1)])
+        now[0] += taken[-1] / 1e3
+
+    return call, taken
+
+
+def test_cpu_timings_are_the_median_after_a_warm_up_repeating_quick_calls_within_the_budget(monkeypatch):
+    # three repetitions after a slow warm-up: their median (not their mean, 7/3, nor one with the warm-up, 3)
+    call, taken = clocked_calls(monkeypatch, [50.0, 4.0, 1.0, 2.0])
+    assert bench._median_wall_ms(call, 3, budget_s=0.0) == pytest.approx(2.0)
+    assert len(taken) == 1 + 3  # no time to spare: the given count
+    # quick calls repeat while they have taken less than the budget, up to the most repetitions
+    call, taken = clocked_calls(monkeypatch, [3.0])
+    assert bench._median_wall_ms(call, 1, budget_s=0.010) == pytest.approx(3.0)
+    assert len(taken) == 1 + 4  # 3, 6 and 9 ms are under 10 ms: a fourth call
+    call, taken = clocked_calls(monkeypatch, [50.0, *range(1, 40)])
+    assert bench._median_wall_ms(call, 3, budget_s=60.0) == pytest.approx((1 + bench.CPU_MAX_REPS) / 2)
+    assert len(taken) == 1 + bench.CPU_MAX_REPS  # the warm-up, then the most repetitions (1 … 25 ms)
+    # slow calls keep the given count, and at least one call is timed
+    call, taken = clocked_calls(monkeypatch, [50.0, 40e3, 10e3, 30e3])
+    assert bench._median_wall_ms(call, 3, budget_s=60.0) == pytest.approx(30e3)
+    assert len(taken) == 1 + 3
+    call, taken = clocked_calls(monkeypatch, [50.0, 7.0])
+    assert bench._median_wall_ms(call, 0, budget_s=0.0) == pytest.approx(7.0)
+    assert len(taken) == 2
+
+
+def test_the_cpu_table_lists_every_row_in_order_with_ratios_of_its_times():
+    """The printed table: every column's title, a line per row in the order of the lengths, and speed-up,
+    efficiency and ent/sm cells that are the ratios of the times (and densities) in the same table."""
+    rows = []
+    for n, sdpa_ms in [(1024, 20.0), (2048, 80.0)]:
+        base = {"n": n, "causal": False, "status": "ok", "top": 1, "pattern": False, "density": 1 / 16}
+        rows += [
+            {**base, "method": "sdpa", "alpha": 1.0, "forward_ms": sdpa_ms, "top": None, "density": 1.0},
+            {**base, "method": "ours", "alpha": 1.0, "forward_ms": 4.0},
+            {**base, "method": "ours", "alpha": 1.5, "forward_ms": 5.0},
+        ]
+    bench.add_ratios(rows)
+    header, *lines = bench.cpu_table({"results": rows}).splitlines()
+    titles = ("n", "method", "alpha", "density", "fwd ms", "x sdpa", "eff fwd", "ent/sm", "overhead")
+    assert all(f" {title} " in f" {header} " for title in (*titles, "status"))
+    cells = [line.split() for line in lines]  # one word a cell: a dash where the row has no value
+    assert [(int(c[0]), c[4], float(c[5])) for c in cells] == [
+        (n, method, alpha)
+        for n in (1024, 2048)
+        for method, alpha in (("sdpa", 1), ("ours", 1), ("ours", 1.5))
+    ]
+    for sdpa, softmax, entmax in (cells[:3], cells[3:]):
+        assert sdpa[9] == sdpa[10] == sdpa[13] == "-"  # no ratios on the baseline's own row
+        for ours in (softmax, entmax):
+            density, forward, speedup, efficiency = (float(ours[i]) for i in (6, 7, 9, 10))
+            assert speedup == pytest.approx(float(sdpa[7]) / forward, abs=0.005)  # 2 decimals printed
+            assert efficiency == pytest.approx(speedup * density, abs=0.005)
+        assert float(entmax[13]) == pytest.approx(float(entmax[7]) / float(softmax[7]), abs=0.005)
 
 
 def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):

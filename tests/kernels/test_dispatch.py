@@ -13,6 +13,7 @@ import torch
 
 import kernels
 from kernels import torch_bucketed
+from kernels.reference import dense_bucketed_attention
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
@@ -108,10 +109,16 @@ def test_cuda_tensors_run_triton_except_float64(monkeypatch):
     assert calls == [torch.float32]
 
 
-def test_float64_and_cross_attention_are_accepted():
+def test_float64_cross_attention_computes_the_dense_reference():
+    """Nine queries against fourteen keys in float64, with a window and an explicit scale: the output is the
+    dense reference's to float64 round-off (the bound the kernel tests use for float64 inputs)."""
     q, k, v, qb, kb = inputs(n=9, m=14, t=3, dtype=torch.float64)
-    out = kernels.bucketed_attention(q, k, v, qb, kb, alpha=1, window=5, scale=0.3)
+    options = dict(alpha=1, window=5, scale=0.3)
+    out = kernels.bucketed_attention(q, k, v, qb, kb, **options)
     assert out.shape == q.shape and out.dtype == torch.float64
+    expected = dense_bucketed_attention(q, k, v, qb, kb, **options)
+    assert expected.abs().amax(-1).min() > 0.1  # every query attends something: no row is trivially zero
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
 
 
 def call_with(tensors: dict, options: dict):

@@ -3,7 +3,8 @@
 Writers run as processes of their own (``spawn``), all released at once, each writing a two-file folder to
 one target many times: every write must succeed and the target must end as one writer's complete folder,
 both through ``renameat2``'s exchange and through the portable rename dance. Staged outputs are checked
-on their own and in the extract stage, whose second store fails on a full disk.
+on their own, in the extract stage, whose second store fails on a full disk, and in a training stage,
+whose metrics fail on a full disk after its model was written.
 """
 
 from __future__ import annotations
@@ -15,18 +16,21 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 import safetensors.numpy
 import yaml
 
+import pipeline.timings
 from pipeline import atomic
 from pipeline.atomic import atomic_path, staged_outputs, write_json, write_text
 from pipeline.errors import ENVIRONMENT_FAILURES, UserError, environment_failure
 from tests.reliability.concurrent_writer import write_folders
 from tests.reliability.test_artifacts import checkpoint, micro_params  # noqa: F401  (module fixture)
+from tests.reliability.test_recovery import OUT, changes, run_teacher  # noqa: F401  (module fixture)
 from tests.stage_runner import run_module
-from tests.test_params_errors import corpus, teacher, texts  # noqa: F401  (module fixtures)
+from tests.test_params_errors import corpus, params_file, teacher, texts  # noqa: F401  (module fixtures)
 
 WRITERS, WRITES = 4, 20
 
@@ -185,3 +189,38 @@ def test_a_full_disk_on_the_second_store_leaves_the_first_and_the_metrics_as_the
     )
     assert (graphs / "train" / "previous").is_file() and metrics.read_text() == '{"run": "previous"}\n'
     assert sorted(p.name for p in graphs.iterdir()) == ["test", "train"]  # no temporary store left
+
+
+def test_a_full_disk_on_the_metrics_keeps_the_previous_model_and_metrics(
+    changes: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A training stage (teacher, two steps) writes its model, measures it, then writes its metrics; a full
+    disk on the metrics keeps the previous model and metrics, never the new model beside stale metrics."""
+    model, metrics = tmp_path / OUT, tmp_path / "artifacts/metrics/teacher.json"
+    timings = metrics.with_name("teacher.timings.json")
+    model.mkdir(parents=True)
+    (model / "previous").write_text("the previous run's model")
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"run": "previous"}\n')
+    timings.write_text('{"run": "previous"}\n')
+    write = pipeline.timings.write_json
+
+    def disk_full_on_the_metrics(target: Path, obj: Any) -> None:
+        if Path(target).name != metrics.name:
+            return write(target, obj)
+        with atomic_path(target):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pipeline.timings, "write_json", disk_full_on_the_metrics)
+    params_file(tmp_path, changes)
+    result = run_teacher(tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]  # the machine's
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: writing {Path('artifacts/metrics/teacher.json')}: {ENVIRONMENT_FAILURES[errno.ENOSPC]}"
+    )
+    assert [p.name for p in model.iterdir()] == ["previous"]
+    assert metrics.read_text() == timings.read_text() == '{"run": "previous"}\n'
+    assert sorted(p.name for p in model.parent.iterdir()) == ["teacher"]  # no temporary model left
+    assert sorted(p.name for p in metrics.parent.iterdir()) == ["teacher.json", "teacher.timings.json"]

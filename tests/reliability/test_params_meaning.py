@@ -16,10 +16,22 @@ import pytest
 
 from pipeline.cli.predictor_args import parse_knobs
 from pipeline.errors import UserError
+from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
 from pipeline.params import MAX_DEPTH, MAX_NODES, SECTIONS, Section, load_all
 from tests.reliability.test_params_strict import nested_sections, user_error
 from tests.stage_runner import run_module
-from tests.test_params_errors import MICRO, assert_user_error, params_file, run_stage
+from tests.test_params_errors import (  # noqa: F401  (module fixtures: corpus, texts)
+    MICRO,
+    TEACHER_POSITIONS,
+    assert_user_error,
+    corpus,
+    forbid_loading_weights,
+    params_file,
+    run_stage,
+    save_tiny_teacher,
+    texts,
+)
+from tests.tiny import wikitext_folder
 
 # no message, whatever the input, is longer than this
 MESSAGE_LIMIT = 600
@@ -241,6 +253,48 @@ def test_malformed_knobs(tmp_path: Path, flag: str, expected: str) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--knob", "nosuch=3"],
+            "predictor kmeans has no knob nosuch; its knobs: buckets, top_k, iterations, "
+            "max_points_per_centroid, backend",
+        ),
+        (["--knob", "buckets=x"], "kmeans.buckets must be an integer >= 1; got 'x'"),
+        (["--knob", "buckets=8"], "predictor kmeans is fitted; give its state file (--centroids)"),
+        (
+            ["--knob", "buckets=8", "--centroids", "state.safetensors"],
+            "predictor kmeans works on projected queries and keys; give --projections",
+        ),
+        (
+            ["--knob", "buckets=8", "--centroids", "state.safetensors", "--projections", "p.safetensors"],
+            "projections file p.safetensors not found; run the project stage first",
+        ),
+    ],
+    ids=["unknown-knob", "knob-value", "no-state", "no-projections", "missing-projections"],
+)
+@pytest.mark.parametrize("teacher_exists", [False, True], ids=["missing-teacher", "teacher"])
+def test_the_predictor_is_checked_before_the_teacher(
+    tmp_path: Path,
+    teacher: tuple[Any, Any, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    expected: str,
+    teacher_exists: bool,
+) -> None:
+    """What cannot make the predictor (its knobs, the inputs it needs) is reported before the teacher is
+    looked for, so a missing teacher does not hide it; a missing input file is reported after the teacher
+    is found but before it is loaded, so a large one is not read first."""
+    if not teacher_exists and "--projections" in flags:
+        expected = "teacher = 'no-teacher': not a local model folder"  # the files come after the teacher
+    forbid_loading_weights(monkeypatch, "pipeline.attention.configure", "load_model")
+    folder = str(teacher[2]) if teacher_exists else "no-teacher"
+    result = run_module("pipeline", "configure", folder, "out", "--method", "kmeans", *flags, cwd=tmp_path)
+    assert one_line(result).startswith(f"error: {expected}"), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_well_formed_knobs_read_as_yaml_scalars() -> None:
     parsed = parse_knobs(
         ["buckets=8", "threshold=1e-1", "tokens_per_bin=null", "fitting=pca", "seed=4294967295"]
@@ -259,19 +313,60 @@ def test_well_formed_knobs_read_as_yaml_scalars() -> None:
 
 
 @pytest.fixture(scope="module")
-def projected(micro_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The micro store (head dim 8) and projections fitted on it by the project stage."""
+def projected(
+    micro_store: Path,
+    teacher: tuple[Any, Any, Path],
+    dataset: Any,
+    corpus: Path,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, str]:
+    """Every kind of input the checks read: the micro store (head dim 8, train split) and projections
+    fitted on it by the project stage (decoder_self), the micro teacher it was extracted from (64
+    positions) and two test-split stores of it (one of decoder_self and cross graphs, one of cross graphs
+    only); a prepared corpus of sentence pairs and a tiny α-entmax Marian over it (32 positions); a
+    prepared lm corpus of blocks, cut with a tokenizer of its own."""
     folder = tmp_path_factory.mktemp("projected")
+    model, tokenizer, micro_teacher = teacher
+    for name, kinds in [("held_out", ("decoder_self", "cross")), ("cross_only", ("cross",))]:
+        extract_graphs(
+            model,
+            tokenizer,
+            dataset,
+            folder / name,
+            fingerprint=teacher_fingerprint(model, micro_teacher),
+            split="test",
+            kinds=kinds,
+            min_length=4,
+            batch_size=4,
+            dtype="float32",
+            shard_sentences=4,
+        )
     result = run_stage("project", folder, {"project.graphs": str(micro_store)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    splits = {"train": {f"Train {i}": 200 for i in range(4)}, "validation": {"V": 200}, "test": {"T": 200}}
+    hf = {"name": str(wikitext_folder(folder / "wikitext", splits)), "text_column": "text"}
+    blocks = {"prepare.task": "lm", "prepare.source": "hf", "prepare.hf": hf, "prepare.context": 48}
+    result = run_stage("prepare", folder, {**blocks, "prepare.vocab_size": 120, "prepare.out": "blocks"})
     assert result.returncode == 0, result.stderr[-3000:]
     return {
         "graphs": str(micro_store),
         "projections": str(folder / "artifacts/predictors/projections.safetensors"),
+        "corpus": str(corpus),
+        "teacher": str(save_tiny_teacher(corpus, folder / "teacher")),
+        "blocks": str(folder / "blocks"),
+        "micro_teacher": str(micro_teacher),
+        "held_out": str(folder / "held_out"),
+        "cross_only": str(folder / "cross_only"),
     }
 
 
 def cluster_inputs(projected: dict[str, str]) -> dict[str, str]:
     return {"cluster.graphs": projected["graphs"], "cluster.projections": projected["projections"]}
+
+
+def trained_on(section: str, p: dict[str, str], data: str = "corpus", model: str = "init") -> dict[str, str]:
+    """``section``'s corpus (``data``: "corpus" or "blocks") and its model key set to the tiny teacher."""
+    return {f"{section}.data": p[data], f"{section}.{model}": p["teacher"]}
 
 
 AGREEMENT = [
@@ -302,27 +397,203 @@ AGREEMENT = [
         "evaluate: speed.methods lists 'bigbird', which methods does not evaluate",
     ),
     (
+        "evaluate",
+        lambda p: {"evaluate.graphs": p["graphs"]},
+        "evaluate.graphs = '{graphs}' was extracted from the train split, which the predictors were fitted "
+        "on; allowed: a store of the valid or test split",
+    ),
+    (
+        "evaluate",
+        lambda p: {"evaluate.graphs": p["held_out"], "evaluate.teacher": p["teacher"]},
+        "evaluate.teacher = '{teacher}' is not the teacher evaluate.graphs was extracted from",
+    ),
+    (
+        "evaluate",
+        lambda p: {
+            "evaluate.graphs": p["cross_only"],
+            "evaluate.teacher": p["micro_teacher"],
+            "evaluate.projections": p["projections"],
+        },
+        "evaluate.graphs = '{cross_only}' holds no decoder_self graphs (the projections' kind)",
+    ),
+    (
+        "evaluate",
+        lambda p: {
+            "evaluate.graphs": p["held_out"],
+            "evaluate.teacher": p["micro_teacher"],
+            "evaluate.projections": p["projections"],
+            "evaluate.data": p["blocks"],
+            "evaluate.speed.contexts": [128],
+        },
+        "evaluate.speed.contexts = [128]: the teacher has learned positions for 64 tokens; allowed: "
+        "contexts up to 64 (rotary models take any length)",
+    ),
+    (
         "configure",
         lambda p: {"configure.knobs": {"buckets": 8, "top_kk": 1}},
         "configure.method = 'kmeans', configure.knobs: predictor kmeans has no knob top_kk",
     ),
+    (
+        "configure",
+        lambda p: {
+            "configure.teacher": p["teacher"],
+            "configure.projections": p["projections"],
+            "configure.method": "distance",
+            "configure.knobs": {"threshold": 1.0},
+        },
+        "{projections} was fitted on the graphs of another teacher",
+    ),
     ("project", lambda p: {"project.lr": math.nan}, "project.lr = nan: Input should be a finite number"),
+    (
+        "pretrain",
+        lambda p: {"pretrain.data": p["corpus"], "pretrain.init": p["corpus"]},
+        "pretrain.init = '{corpus}': not a model folder (need config.json there) nor a hub id like "
+        "'org/name'",
+    ),
+    (
+        "pretrain",
+        lambda p: trained_on("pretrain", p, "blocks"),
+        "pretrain.init = '{teacher}': a lm corpus holds blocks of its own tokenizer; allowed: null (a model "
+        "from scratch)",
+    ),
+    (
+        "pretrain",
+        lambda p: {
+            "pretrain.data": p["corpus"],
+            "pretrain.model.max_positions": 4,
+            "pretrain.eval.max_new_tokens": 4,
+        },
+        "pretrain.model.max_positions = 4: {corpus} holds sequences of up to",
+    ),
+    (
+        "pretrain",
+        lambda p: {**trained_on("pretrain", p), "pretrain.eval.max_new_tokens": 100},
+        "pretrain.eval.max_new_tokens = 100: the model of pretrain.init = '{teacher}' has "
+        f"{TEACHER_POSITIONS} positions; allowed: at most {TEACHER_POSITIONS}",
+    ),
+    (
+        "teacher",
+        lambda p: {"teacher.data": p["corpus"], "teacher.init": p["corpus"]},
+        "teacher.init = '{corpus}': not a local model folder (need config.json and model.safetensors)",
+    ),
+    (
+        "teacher",
+        lambda p: {**trained_on("teacher", p), "teacher.eval.max_new_tokens": 100},
+        "teacher.eval.max_new_tokens = 100: the model of teacher.init = '{teacher}' has",
+    ),
+    (
+        "teacher",
+        lambda p: trained_on("teacher", p, "blocks"),
+        "teacher.init = '{teacher}': the model's tokenizer is not the one its lm corpus was cut with",
+    ),
+    (
+        "extract",
+        lambda p: {
+            **trained_on("extract", p, model="teacher"),
+            "extract.kinds": ["decoder_self", "encoder_self"],
+        },
+        "extract.kinds = ['decoder_self', 'encoder_self']: the teacher's kinds differ in shape",
+    ),
+    (
+        "extract",
+        lambda p: {**trained_on("extract", p, model="teacher"), "extract.stores.test.min_length": 500},
+        "extract.stores.test.min_length = 500: no sentence of the test split has 500 target tokens",
+    ),
+    (
+        "extract",
+        lambda p: trained_on("extract", p, "blocks", "teacher"),
+        "extract.teacher = '{teacher}': the model's tokenizer is not the one its lm corpus was cut with",
+    ),
+    (
+        "par_search",
+        lambda p: trained_on("par_search", p, "blocks", "teacher"),
+        "par_search.teacher = '{teacher}': the model's tokenizer is not the one its lm corpus was cut with",
+    ),
+    (
+        "student@ssa",
+        lambda p: {**trained_on("student", p, model="teacher"), "student.teacher": p["corpus"]},
+        "student.teacher = '{corpus}': not a local model folder",
+    ),
+    (
+        "student@sparsefinder",
+        lambda p: {
+            **trained_on("student", p, model="teacher"),
+            "student.instances.sparsefinder.init": p["teacher"],
+        },
+        "student.instances.sparsefinder.init = '{teacher}' holds a model with entmax attention; allowed: a "
+        "folder with sparsefinder attention",
+    ),
+    (
+        "student@ssa",
+        lambda p: {
+            **trained_on("student", p, "blocks", "teacher"),
+            "student.instances.ssa.init": p["teacher"],
+        },
+        "student.instances.ssa.init = '{teacher}': the model's tokenizer is not the one its lm corpus",
+    ),
+    (
+        "student@par-hand",
+        lambda p: {
+            **trained_on("student", p, model="teacher"),
+            "student.instances.par-hand.init": p["teacher"],
+            "student.instances.par-hand.encoder": None,
+            "student.instances.par-hand.decoder": None,
+        },
+        "student.instances.par-hand.init = '{teacher}' is no PAR model and no patterns are given; "
+        "allowed: its encoder and decoder patterns to rebuild it to, or a par_search folder as init",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("stage", "changes", "expected"),
     AGREEMENT,
-    ids=["rank", "indexer-rank", "centroids", "method", "knob-value", "speed-methods", "knob-name", "nan"],
+    ids=[
+        "rank",
+        "indexer-rank",
+        "centroids",
+        "method",
+        "knob-value",
+        "speed-methods",
+        "held-out-store",
+        "evaluate-teacher",
+        "evaluate-projections-kind",
+        "evaluate-speed-positions",
+        "knob-name",
+        "configure-projections-teacher",
+        "nan",
+        "pretrain-init",
+        "pretrain-init-blocks",
+        "pretrain-positions",
+        "pretrain-generation",
+        "teacher-init",
+        "teacher-generation",
+        "teacher-vocabulary",
+        "extract-kinds",
+        "extract-min-length",
+        "extract-vocabulary",
+        "par-search-vocabulary",
+        "student-teacher",
+        "student-init-attention",
+        "student-vocabulary",
+        "student-par-patterns",
+    ],
 )
 def test_params_command_and_stage_agree(
     tmp_path: Path, projected: dict[str, str], stage: str, changes: Any, expected: str
 ) -> None:
+    """Each check a stage makes before its work: the same exit 2 and the same line from the stage and
+    from ``sparsefinder params`` (the student checks for one instance run for every instance there)."""
     path = params_file(tmp_path, changes(projected))
+    expected = expected.format(**projected)
     line = one_line(sparsefinder_params(path))
     assert expected in line, line
+    script, _, instance = stage.partition("@")
+    instance_args = [instance] if instance else []
     stage_line = assert_user_error(
-        run_module(f"stages.{stage}", "--params", str(path), cwd=tmp_path), expected, tmp_path / "artifacts"
+        run_module(f"stages.{script}", *instance_args, "--params", str(path), cwd=tmp_path),
+        expected,
+        tmp_path / "artifacts",
     )
     assert stage_line == line
 
@@ -335,12 +606,36 @@ def test_params_command_checks_outputs(tmp_path: Path) -> None:
 
 
 def test_params_command_says_which_checks_wait_for_inputs(tmp_path: Path, projected: dict[str, str]) -> None:
-    result = sparsefinder_params(params_file(tmp_path, {"project.graphs": projected["graphs"]}))
+    """Each check waits only for its own inputs: the corpus and the teacher exist, so every check of the
+    stages reading only those ran; the line names the first missing input of each check still waiting."""
+    changes = {
+        "project.graphs": projected["graphs"],
+        **trained_on("teacher", projected, model="init"),
+        "student.teacher": projected["teacher"],
+    }
+    result = sparsefinder_params(params_file(tmp_path, changes))
     assert result.returncode == 0, result.stderr[-3000:]
+    waiting = (
+        "pretrain.data, extract.teacher, extract.data, cluster.graphs, evaluate.graphs, evaluate.data, "
+        "configure.teacher, configure.projections, configure.state, par_search.teacher, par_search.data, "
+        "student.data, student.instances.sparsefinder.init, "
+        "student.instances.ssa.init, student.instances.sbm.init, student.instances.samsa.init, "
+        "student.instances.par.init, student.instances.par-hand.init"
+    )
     assert result.stdout.splitlines() == [
         f"{tmp_path / 'params.yaml'}: valid ({', '.join(SECTIONS)})",
-        "not checked against their inputs, which do not exist yet: cluster.graphs, evaluate.graphs",
+        f"not checked against their inputs, which do not exist yet: {waiting}",
     ]
+
+
+def test_a_check_runs_once_its_own_inputs_exist(tmp_path: Path, projected: dict[str, str]) -> None:
+    """evaluate's corpus check needs neither its graph store nor its state file."""
+    changes = {"evaluate.data": projected["corpus"], "evaluate.speed.contexts": [64]}
+    line = one_line(sparsefinder_params(params_file(tmp_path, changes)))
+    assert line == (
+        f"error: evaluate.speed.contexts = [64]: {projected['corpus']} holds sentence pairs, not long "
+        "sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
+    )
 
 
 def test_the_gpu_profiles_pass_the_command(tmp_path: Path) -> None:

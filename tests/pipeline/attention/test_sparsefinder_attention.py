@@ -220,18 +220,25 @@ def test_bad_configurations_fail_in_one_line(changes, message):
     assert "\n" not in str(err.value)
 
 
-def test_quantization_runs_in_encoder_self_attention():
-    encoder_spec = {**spec("quantization", {"bins": 2}), "kind": "encoder_self"}
+def test_quantization_with_one_bin_in_encoder_self_attention_reproduces_the_teacher():
+    """One bin per dimension holds every real source token, so the graph is every valid pair of the padded
+    batch, in both directions: the sparse model's logits are the teacher's, and its head attended them all."""
+    encoder_spec = {**spec("quantization", {"bins": 1}), "kind": "encoder_self"}
     encoder_spec["projections"] = HeadProjections(2, HEAD_DIM * 2, RANK).config()
-    model = teacher(SPARSEFINDER)
-    heads = attach_sparsefinder(model, encoder_spec)
+    model = teacher()
+    sparse = teacher(SPARSEFINDER)
+    sparse.load_state_dict(model.state_dict())
+    heads = attach_sparsefinder(sparse, encoder_spec)
     assert len(heads) == 1 and heads[0].causal is False
     with torch.no_grad():
         for head in heads:
             for p in head.projections.parameters():
                 p.normal_()
-        logits = model(**batch()).logits
-    assert torch.isfinite(logits).all()
+    inputs = batch()
+    with measure_sparsity(sparse) as measured:
+        logits = real_logits(sparse, inputs)
+    assert measured["sparsity"] == 0.0  # the head ran, on every valid pair
+    torch.testing.assert_close(logits, real_logits(model, inputs), rtol=1e-5, atol=1e-5)
 
 
 def test_valid_keys_are_read_once_per_mask_and_forgotten_with_it():
