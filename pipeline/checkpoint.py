@@ -36,6 +36,7 @@ from transformers.utils import cached_file
 from pipeline.atomic import atomic_path
 from pipeline.errors import UserError
 from pipeline.fingerprint import cached_file_sha256, file_sha256
+from pipeline.finite import first_non_finite
 
 MANIFEST = "manifest.json"
 # weight files a local checkpoint folder may hold: one file, or the index of a sharded one
@@ -54,9 +55,8 @@ def save_checkpoint(
 ) -> None:
     """Save model + tokenizer + manifest as one atomic folder (safetensors only); non-finite weights (a
     diverged run) are refused."""
-    for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise UserError(f"refusing to save {folder}: the weight {name} holds non-finite values")
+    if (name := first_non_finite(model.state_dict())) is not None:
+        raise UserError(f"refusing to save {folder}: the weight {name} holds non-finite values")
     with atomic_path(folder, directory=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -226,7 +226,8 @@ def load_auto_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
 def describe_parent(source: str) -> dict[str, Any]:
     """Identify the checkpoint a stage started from: its path or id, and its weights' hash when local."""
     weights = Path(source) / "model.safetensors"
-    return {"source": source, "model_sha256": file_sha256(weights) if weights.is_file() else None}
+    # cached: the stage's checks verified (hashed) this folder a moment ago
+    return {"source": source, "model_sha256": cached_file_sha256(weights) if weights.is_file() else None}
 
 
 def resolve_checkpoint(source: str, key: str, *, writer: str) -> str:

@@ -27,6 +27,7 @@ F = TypeVar("F", bound=Callable[..., object])
 MAX_MESSAGE = 500
 INTERRUPTED_STATUS = 130
 
+MEMORY_ADVICE = "free some memory or use smaller batches, models or contexts, and re-run"
 ENVIRONMENT_FAILURES = {
     errno.ENOSPC: "no space left on device (free some space and re-run)",
     errno.EDQUOT: "disk quota exceeded (free some space or raise the quota, and re-run)",
@@ -38,9 +39,8 @@ ENVIRONMENT_FAILURES = {
     errno.EIO: "input/output error (check the disk or network file system, and re-run)",
     errno.EMFILE: "too many open files (raise `ulimit -n` and re-run)",
     errno.ENFILE: "too many open files on the system (close other programs or raise the system's limit)",
+    errno.ENOMEM: f"out of memory ({MEMORY_ADVICE})",
 }
-MEMORY_ADVICE = "free some memory or use smaller batches, models or contexts, and re-run"
-ENVIRONMENT_FAILURES[errno.ENOMEM] = f"out of memory ({MEMORY_ADVICE})"
 
 # an OS error number quoted in the message of an exception that is not an OSError: Rust libraries
 # (safetensors, tokenizers) say "(os error 28)", Python code that re-raises says "[Errno 28]"
@@ -129,24 +129,23 @@ def environment_failure(err: BaseException) -> str | None:
     for cause in chain:
         if (line := _memory_failure(cause)) is not None:
             return line
-    numbers = [number for cause in chain if (number := _errno_of(cause)) is not None]
-    if numbers:
-        reason = ENVIRONMENT_FAILURES[numbers[0]]
-        if numbers[0] == errno.ENOMEM:
+    number = next((number for cause in chain if (number := _errno_of(cause)) is not None), None)
+    if number is not None:
+        reason = ENVIRONMENT_FAILURES[number]
+        if number == errno.ENOMEM:
             return reason
-    elif any(isinstance(cause, RuntimeError) and _torch_write_failed(str(cause)) for cause in chain):
+    elif any(
+        isinstance(cause, RuntimeError) and any(sign in str(cause) for sign in _TORCH_WRITE_FAILED)
+        for cause in chain
+    ):
         reason = "a write failed and torch gives no reason; most often the disk is full (free some space)"
     else:
         return None
     what = next((getattr(cause, _WRITING) for cause in chain if hasattr(cause, _WRITING)), None)
     if what is not None:
         return f"writing {what}: {reason}"
-    names = [cause.filename for cause in chain if isinstance(cause, OSError) and cause.filename]
-    return f"{names[0]}: {reason}" if names else reason
-
-
-def _torch_write_failed(message: str) -> bool:
-    return any(sign in message for sign in _TORCH_WRITE_FAILED)
+    name = next((cause.filename for cause in chain if isinstance(cause, OSError) and cause.filename), None)
+    return f"{name}: {reason}" if name else reason
 
 
 def _say(line: str) -> None:

@@ -25,6 +25,14 @@ def require_finite(loss: float, what: str, step: int) -> float:
     return loss
 
 
+def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor of ``tensors`` that holds NaN or ±inf, else None."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return name
+    return None
+
+
 def require_finite_tensors(tensors: Mapping[str, torch.Tensor], what: str) -> None:
     """Raise a one-line :class:`UserError` naming the first floating-point tensor of ``tensors`` (a state
     dict) that holds NaN or infinite values; ``what`` names their file or folder.
@@ -32,9 +40,9 @@ def require_finite_tensors(tensors: Mapping[str, torch.Tensor], what: str) -> No
     Writers refuse such weights, so a checkpoint that holds them was edited or written by another tool;
     caught at load, the message names the tensor instead of a failure deep inside the first forward pass.
     """
-    for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise UserError(
-                f"{what}: {name} holds NaN or infinite values (a corrupt or diverged checkpoint); re-run the "
-                "stage that wrote it"
-            )
+    name = first_non_finite(tensors)
+    if name is not None:
+        raise UserError(
+            f"{what}: {name} holds NaN or infinite values (a corrupt or diverged checkpoint); re-run the "
+            "stage that wrote it"
+        )

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from pipeline.atomic import atomic_path
 from pipeline.errors import UserError
 from pipeline.fingerprint import tensors_sha256
+from pipeline.finite import first_non_finite
 
 HASH_KEY = "tensors_sha256"
 # the header key of the layout's version: a reader refuses any other than its own
@@ -32,9 +33,8 @@ def write_tensor_file(
 ) -> None:
     """Write ``tensors`` and ``header`` (stored as JSON under metadata ``key``, with the tensors' hash)."""
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
-    for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise UserError(f"refusing to write {path}: {name} holds non-finite values (the fit diverged)")
+    if (name := first_non_finite(tensors)) is not None:
+        raise UserError(f"refusing to write {path}: {name} holds non-finite values (the fit diverged)")
     described = {**header, HASH_KEY: tensors_sha256(tensors)}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={key: json.dumps(described, sort_keys=True)})

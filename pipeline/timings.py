@@ -27,6 +27,11 @@ def timings_path(metrics: str | os.PathLike) -> Path:
     return metrics.with_name(f"{metrics.stem}.timings.json")
 
 
+def metrics_files(metrics: str | os.PathLike) -> tuple[Path, Path]:
+    """(the metrics file, its timings file): what :func:`write_metrics` writes, for staging them as one."""
+    return Path(metrics), timings_path(metrics)
+
+
 def split_timings(value: Any) -> tuple[Any, Any]:
     """(``value`` without its timing keys, those keys in the same nesting, or ``None`` if it has none)."""
     if isinstance(value, dict):

@@ -19,7 +19,7 @@ from pipeline.predictors.reformer import ReformerPredictor
 from pipeline.predictors.routing import RoutingPredictor
 from pipeline.predictors.state import save_states
 from pipeline.stage import stage_params
-from pipeline.timings import timings_path, write_metrics
+from pipeline.timings import metrics_files, write_metrics
 
 
 @exits_cleanly
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     report = fit_predictors(store, extra["kind"], predictors, layers, split, seed=params.seed)
     # the state file and the metrics describing it are swapped in together
-    with staged_outputs(params.out, params.metrics, timings_path(params.metrics)):
+    with staged_outputs(params.out, *metrics_files(params.metrics)):
         save_states(params.out, predictors, {"graphs": store.manifest["teacher"], "kind": extra["kind"]})
         write_metrics(params.metrics, {"backend": backend, **report})
 

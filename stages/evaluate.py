@@ -27,7 +27,7 @@ from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import load_auto_tokenizer, loading, read_manifest
 from pipeline.checks.evaluate import EvaluateInputs, check_inputs, check_params
-from pipeline.corpus_card import TASKS, Task, read_corpus_card
+from pipeline.corpus_card import TASKS, Task
 from pipeline.errors import UserError, exits_cleanly
 from pipeline.evaluation.quality import (
     attach_setting,
@@ -53,7 +53,7 @@ from pipeline.predictors.scoring import Setting
 from pipeline.predictors.window import WindowPredictor
 from pipeline.stage import stage_params
 from pipeline.timings import write_metrics
-from pipeline.training.run import data_for_model, load_corpus
+from pipeline.training.run import data_for_model, prepared_corpus
 
 
 def graph_rows(
@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     inputs = check_inputs(params)
     store, teacher, weights = inputs.store, inputs.teacher, inputs.weights
     kind, projections = inputs.projections
-    data, corpus_tokenizer = load_corpus(params.data, "evaluate.data", tasks=TASKS)
-    task = read_corpus_card(params.data, "evaluate.data").task
+    data, corpus_tokenizer, card = prepared_corpus(params.data, "evaluate.data", tasks=TASKS)
+    task = card.task
     with loading(teacher, "evaluate.teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
         tokenizer = load_auto_tokenizer(teacher)

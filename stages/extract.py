@@ -19,7 +19,7 @@ from pipeline.graphs import GraphStore
 from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
 from pipeline.graphs.summary import summarize
 from pipeline.stage import stage_params
-from pipeline.timings import timings_path, write_metrics
+from pipeline.timings import metrics_files, write_metrics
 
 
 @exits_cleanly
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     # the stores and their metrics are swapped in together: a failure on the last store (a full disk)
     # leaves the earlier stores and the metrics describing them as they were
     outputs = [store.out for store in params.stores.values()]
-    with staged_outputs(*outputs, params.metrics, timings_path(params.metrics)):
+    with staged_outputs(*outputs, *metrics_files(params.metrics)):
         for name, store in params.stores.items():
             started = time.perf_counter()
             extract_graphs(

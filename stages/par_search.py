@@ -30,7 +30,7 @@ from pipeline.par.supernet import architecture_parameters, build_supernet, mixin
 from pipeline.params import ParSearch
 from pipeline.plots.par import plot_mixing_weights
 from pipeline.stage import stage_params
-from pipeline.timings import timings_path, write_metrics
+from pipeline.timings import metrics_files, write_metrics
 from pipeline.training.run import data_for_model, train_stage
 from pipeline.training.trainer import is_main_process
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         set_generation(searched, params.eval)
     # the searched model, its mixing weights, their plot and the metrics are swapped in together, so a
     # failure on the last never leaves the new model beside another search's patterns
-    outputs = (params.out, params.mixing, params.plot, params.metrics, timings_path(params.metrics))
+    outputs = (params.out, params.mixing, params.plot, *metrics_files(params.metrics))
     with staged_outputs(*outputs):
         save_checkpoint(
             params.out,

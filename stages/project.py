@@ -11,7 +11,7 @@ from pipeline.errors import exits_cleanly
 from pipeline.projection.fit_store import fit_store_projections
 from pipeline.projection.model import save_projections
 from pipeline.stage import stage_params
-from pipeline.timings import timings_path, write_metrics
+from pipeline.timings import metrics_files, write_metrics
 
 
 @exits_cleanly
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     layers, report, curve = fit_store_projections(store, params)
     split = report.pop("split")
     # the projections, their metrics and their loss curve are swapped in together, never one without the rest
-    with staged_outputs(params.out, params.metrics, timings_path(params.metrics), params.plot):
+    with staged_outputs(params.out, *metrics_files(params.metrics), params.plot):
         save_projections(
             params.out, layers, {"kind": params.kind, "split": split, "graphs": store.manifest["teacher"]}
         )

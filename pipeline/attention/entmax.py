@@ -159,7 +159,8 @@ def require_finite_scores(scores: Tensor, module: nn.Module) -> None:
     finite. Checked before masking and biases, which bring −inf and the dtype's most negative value on
     purpose; one reduction per call, small next to the normalizer's sort, and only in eval mode (extract,
     evaluate, generation), so training on a GPU never waits on it."""
-    if not torch.isfinite(scores).all():
+    # min and max carry any NaN or ±inf: two numbers reduced in one pass, not a boolean (b, h, q, k) tensor
+    if scores.numel() and not torch.isfinite(torch.stack(torch.aminmax(scores))).all():
         raise UserError(
             f"the attention scores are not finite in {_label(module)}: the model's weights or inputs hold "
             "NaN or infinite values (a corrupt or diverged checkpoint)"

@@ -10,7 +10,7 @@ so that the command refuses a params file exactly when the stage would. A module
 - ``check_inputs(section)``: what the stage calls: every check in that order (a missing input is an error
   there), returning what the checks loaded, so that the stage reads nothing twice.
 
-Older modules (project, cluster) instead name their inputs in ``INPUTS`` and have one ``check_inputs``.
+The project and cluster modules have one ``check_inputs``, offered to the command as one :class:`InputCheck`.
 The package imports none of its modules, so a stage depends only on its own.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.checks import InputCheck
 from pipeline.clustering.kmeans import MIN_POINTS_PER_CENTROID
 from pipeline.errors import UserError
 from pipeline.graphs.store import GraphStore
@@ -12,7 +13,10 @@ from pipeline.origin import Origin
 from pipeline.params import Cluster
 from pipeline.projection.model import HeadProjections, load_projections
 
-INPUTS = ("graphs", "projections")
+
+def input_checks(params: Cluster) -> list[InputCheck]:
+    inputs = {"cluster.graphs": params.graphs, "cluster.projections": params.projections}
+    return [InputCheck(inputs, lambda: check_inputs(params))]
 
 
 def check_inputs(params: Cluster) -> tuple[GraphStore, dict[int, HeadProjections], dict[str, Any]]:

@@ -14,12 +14,12 @@ from pipeline.attention import model_skeleton
 from pipeline.attention.recording import Layout, model_layout
 from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
-from pipeline.corpus_card import TASKS, Task, read_corpus_card
+from pipeline.corpus_card import TASKS, Task
 from pipeline.errors import UserError
 from pipeline.graphs import attention_kind
 from pipeline.graphs.extract import kind_shapes, query_lengths
 from pipeline.params import Extract
-from pipeline.training.run import data_for_model, load_corpus
+from pipeline.training.run import data_for_model, prepared_corpus
 
 
 def check_kinds(params: Extract, model: PreTrainedModel) -> None:
@@ -67,8 +67,8 @@ class ExtractInputs(StageInputs):
     @cached_property
     def corpus(self) -> tuple[DatasetDict, PreTrainedTokenizerBase, Task]:
         """(the prepared corpus, the tokenizer it was cut with, its task)."""
-        data, tokenizer = load_corpus(self.params.data, "extract.data", tasks=TASKS)
-        return data, tokenizer, read_corpus_card(self.params.data, "extract.data").task
+        data, tokenizer, card = prepared_corpus(self.params.data, "extract.data", tasks=TASKS)
+        return data, tokenizer, card.task
 
     @cached_property
     def skeleton(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -12,12 +12,12 @@ from transformers import PreTrainedTokenizerBase
 from pipeline.attention import model_skeleton
 from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
-from pipeline.corpus_card import TASKS, Task, read_corpus_card
+from pipeline.corpus_card import TASKS, Task
 from pipeline.errors import UserError
 from pipeline.par.pattern import Stack
 from pipeline.par.stacks import teacher_layers
 from pipeline.params import ParSearch
-from pipeline.training.run import check_vocabulary, load_corpus
+from pipeline.training.run import check_vocabulary, prepared_corpus
 
 
 class ParSearchInputs(StageInputs):
@@ -34,8 +34,8 @@ class ParSearchInputs(StageInputs):
     @cached_property
     def corpus(self) -> tuple[DatasetDict, PreTrainedTokenizerBase, Task]:
         """(the prepared corpus, the tokenizer it was cut with, its task)."""
-        data, tokenizer = load_corpus(self.params.data, "par_search.data", tasks=TASKS)
-        return data, tokenizer, read_corpus_card(self.params.data, "par_search.data").task
+        data, tokenizer, card = prepared_corpus(self.params.data, "par_search.data", tasks=TASKS)
+        return data, tokenizer, card.task
 
     @cached_property
     def tokenizer(self) -> PreTrainedTokenizerBase:

@@ -11,10 +11,10 @@ from transformers import PreTrainedTokenizerBase
 
 from pipeline.checkpoint import load_config, loading, resolve_outside_checkpoint
 from pipeline.checks import InputCheck, StageInputs
-from pipeline.corpus_card import TASKS, CorpusCard, read_corpus_card
+from pipeline.corpus_card import TASKS, CorpusCard
 from pipeline.errors import UserError
 from pipeline.params import Pretrain
-from pipeline.training.run import check_generation_fits, load_corpus, longest_sequence
+from pipeline.training.run import check_generation_fits, longest_sequence, prepared_corpus
 
 
 class PretrainInputs(StageInputs):
@@ -33,8 +33,7 @@ class PretrainInputs(StageInputs):
     @cached_property
     def corpus(self) -> tuple[DatasetDict, PreTrainedTokenizerBase, CorpusCard]:
         """(the prepared corpus, its tokenizer, its card)."""
-        data, tokenizer = load_corpus(self.params.data, "pretrain.data", tasks=TASKS)
-        return data, tokenizer, read_corpus_card(self.params.data, "pretrain.data")
+        return prepared_corpus(self.params.data, "pretrain.data", tasks=TASKS)
 
     def check_init_task(self) -> None:
         """Blocks are cut by the corpus's own tokenizer; a checkpoint's tokenizer would cut other blocks."""

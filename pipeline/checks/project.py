@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pipeline.checks import InputCheck
 from pipeline.errors import UserError
 from pipeline.graphs.store import GraphStore
 from pipeline.params import Project
 
-INPUTS = ("graphs",)
+
+def input_checks(params: Project) -> list[InputCheck]:
+    return [InputCheck({"project.graphs": params.graphs}, lambda: check_inputs(params))]
 
 
 def check_inputs(params: Project) -> GraphStore:

@@ -14,10 +14,10 @@ from pipeline.attention import model_skeleton
 from pipeline.attention.entmax import ENTMAX
 from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
-from pipeline.corpus_card import TASKS, Task, read_corpus_card
+from pipeline.corpus_card import TASKS, Task
 from pipeline.params import ParStudent, Student
 from pipeline.students.init import check_student_init, par_patterns
-from pipeline.training.run import check_vocabulary, load_corpus
+from pipeline.training.run import check_vocabulary, prepared_corpus
 
 
 class StudentInputs(StageInputs):
@@ -36,8 +36,8 @@ class StudentInputs(StageInputs):
     @cached_property
     def corpus(self) -> tuple[DatasetDict, PreTrainedTokenizerBase, Task]:
         """(the prepared corpus, the tokenizer it was cut with, its task)."""
-        data, tokenizer = load_corpus(self.params.data, "student.data", tasks=TASKS)
-        return data, tokenizer, read_corpus_card(self.params.data, "student.data").task
+        data, tokenizer, card = prepared_corpus(self.params.data, "student.data", tasks=TASKS)
+        return data, tokenizer, card.task
 
     def init(self, name: str) -> str:
         """Student ``name``'s starting folder, checked (:func:`check_student_init`) once."""

@@ -10,9 +10,9 @@ from transformers import PreTrainedTokenizerBase
 
 from pipeline.checkpoint import load_auto_tokenizer, load_config, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
-from pipeline.corpus_card import TASKS, Task, read_corpus_card
+from pipeline.corpus_card import TASKS, Task
 from pipeline.params import Teacher
-from pipeline.training.run import check_generation_fits, check_vocabulary, load_corpus
+from pipeline.training.run import check_generation_fits, check_vocabulary, prepared_corpus
 
 
 class TeacherInputs(StageInputs):
@@ -29,8 +29,8 @@ class TeacherInputs(StageInputs):
     @cached_property
     def corpus(self) -> tuple[DatasetDict, PreTrainedTokenizerBase, Task]:
         """(the prepared corpus, the tokenizer it was cut with, its task)."""
-        data, tokenizer = load_corpus(self.params.data, "teacher.data", tasks=TASKS)
-        return data, tokenizer, read_corpus_card(self.params.data, "teacher.data").task
+        data, tokenizer, card = prepared_corpus(self.params.data, "teacher.data", tasks=TASKS)
+        return data, tokenizer, card.task
 
     @cached_property
     def tokenizer(self) -> PreTrainedTokenizerBase:

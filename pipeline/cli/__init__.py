@@ -66,19 +66,12 @@ def _run_params(args: argparse.Namespace) -> int:
             continue
         if hasattr(module, "check_params"):
             module.check_params(section)
-        if hasattr(module, "input_checks"):
-            for check in module.input_checks(section):
-                missing = [key for key, path in check.inputs.items() if not Path(path).exists()]
-                if not missing:
-                    check.run()
-                elif missing[0] not in waiting:
-                    waiting.append(missing[0])
-            continue
-        missing = [key for key in module.INPUTS if not Path(getattr(section, key)).exists()]
-        if missing:
-            waiting.append(f"{name}.{missing[0]}")
-        elif hasattr(module, "check_inputs"):
-            module.check_inputs(section)
+        for check in module.input_checks(section):
+            missing = [key for key, path in check.inputs.items() if not Path(path).exists()]
+            if not missing:
+                check.run()
+            elif missing[0] not in waiting:
+                waiting.append(missing[0])
     print(f"{args.params}: valid ({', '.join(sections)})")
     if waiting:
         print(f"not checked against their inputs, which do not exist yet: {', '.join(waiting)}")

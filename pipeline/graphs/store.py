@@ -541,11 +541,14 @@ def _check_contents(
                 raise _ShardError(f"{name}.{part} is not finite at {where}; allowed: finite values")
 
 
+# the exponent bits of each float dtype a store holds: all ones make an Inf or a NaN
+_EXPONENT_BITS = {np.dtype(np.float16): np.uint16(0x7C00), np.dtype(np.float32): np.uint32(0x7F800000)}
+
+
 def _all_finite(values: np.ndarray) -> bool:
     """Whether float16/float32 ``values`` are all finite, read off the exponent bits (all ones: Inf or
     NaN): numpy's ``isfinite`` on float16 converts every element and is ten times slower."""
-    ones = {np.dtype(np.float16): np.uint16(0x7C00), np.dtype(np.float32): np.uint32(0x7F800000)}
-    exponent = ones[values.dtype]
+    exponent = _EXPONENT_BITS[values.dtype]
     return not ((values.view(exponent.dtype) & exponent) == exponent).any()
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import UserError
+from pipeline.finite import first_non_finite
 from pipeline.origin import Origin
 from pipeline.predictors.base import Predictor, make_predictor
 from pipeline.tensor_file import read_tensor_file, write_tensor_file
@@ -71,10 +72,9 @@ class StateFile:
             raise UserError(f"{path}: the predictor state header lacks its 'states' or 'extra' object")
         self.states: dict[str, Any] = states
         self.extra: dict[str, Any] = extra
-        for name, tensor in self.tensors.items():
-            # the writer refuses these; a file holding them was edited (its hash rewritten to match)
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise UserError(f"{path}: {name} holds non-finite values; re-run cluster")
+        # the writer refuses these; a file holding them was edited (its hash rewritten to match)
+        if (name := first_non_finite(self.tensors)) is not None:
+            raise UserError(f"{path}: {name} holds non-finite values; re-run cluster")
         if origin is not None:
             origin.check_teacher(path, extra.get("graphs", {}))
             for key, entry in states.items():

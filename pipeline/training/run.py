@@ -25,31 +25,38 @@ import pipeline.attention  # noqa: F401  (registers the attention implementation
 from pipeline.atomic import staged_outputs
 from pipeline.attention.sparsity import collect_marian_sparsity
 from pipeline.checkpoint import load_auto_tokenizer, save_checkpoint
-from pipeline.corpus_card import Task, read_corpus_card
+from pipeline.corpus_card import CorpusCard, Task, read_corpus_card
 from pipeline.errors import UserError, writing
 from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.language_model import evaluate_language_model
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.models.marian import set_generation
 from pipeline.params import Evaluation, ParSearch, Pretrain, StudentRun, Teacher
-from pipeline.timings import timings_path, write_metrics
+from pipeline.timings import metrics_files, write_metrics
 from pipeline.training.batches import padded_batches
 from pipeline.training.trainer import is_main_process, train_model
 
 TOKENIZER_FOLDER = "tokenizer"
 
 
-def load_corpus(
+def prepared_corpus(
     folder: str, key: str = "data", tasks: Sequence[Task] = ("translation",)
-) -> tuple[DatasetDict, PreTrainedTokenizerBase]:
-    """The prepared DatasetDict and the tokenizer it was encoded with; ``key`` names ``folder`` in errors,
-    and the corpus must be of one of ``tasks`` (those the caller trains or evaluates)."""
+) -> tuple[DatasetDict, PreTrainedTokenizerBase, CorpusCard]:
+    """The prepared DatasetDict, the tokenizer it was encoded with and its card; ``key`` names ``folder`` in
+    errors, and the corpus must be of one of ``tasks`` (those the caller trains or evaluates)."""
     if not (Path(folder) / "dataset_dict.json").is_file():
         raise UserError(f"{key} = {folder!r}: no prepared corpus there (run the 'prepare' stage first)")
     card = read_corpus_card(folder, key)
     if card.task not in tasks:
         raise UserError(f"{key} = {folder!r} holds a {card.task!r} corpus; allowed here: {', '.join(tasks)}")
-    return load_from_disk(folder), load_auto_tokenizer(Path(folder) / TOKENIZER_FOLDER)
+    return load_from_disk(folder), load_auto_tokenizer(Path(folder) / TOKENIZER_FOLDER), card
+
+
+def load_corpus(
+    folder: str, key: str = "data", tasks: Sequence[Task] = ("translation",)
+) -> tuple[DatasetDict, PreTrainedTokenizerBase]:
+    """:func:`prepared_corpus` without its card."""
+    return prepared_corpus(folder, key, tasks)[:2]
 
 
 def longest_sequence(data: DatasetDict) -> int:
@@ -197,7 +204,7 @@ def train_and_evaluate(
         set_generation(model, params.eval)
     # the model, its metrics and their timings are swapped in together: a failure while measuring or while
     # writing the metrics (a full disk) leaves the previous model and the metrics describing it as they were
-    with staged_outputs(params.out, params.metrics, timings_path(params.metrics)):
+    with staged_outputs(params.out, *metrics_files(params.metrics)):
         with writing(f"the checkpoint {params.out}"):
             save_checkpoint(
                 params.out,

@@ -24,9 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from pickle import (
-    UnpicklingError,
-)  # what torch.load(weights_only=True) raises for a pickle; nothing unpickles
+from pickle import UnpicklingError  # torch.load(weights_only=True) refuses a pickle with it
 from typing import Any
 
 import torch
