@@ -1,144 +1,19 @@
-"""Bucketed sparse attention: one validated entry point, a Triton kernel on CUDA and a PyTorch path elsewhere.
+"""Attention kernels: exact α-entmax over a chosen set of keys, fast where the set is sparse.
 
-``bucketed_attention(q, k, v, q_buckets, k_buckets, *, alpha, causal, window, global_tokens, scale)``
-computes, per (batch, head), o_i = Σ_{j∈A_i} p_ij v_j with p_i = α-entmax(scale · q_i·K) over
+One room per concept; importing this package loads nothing, and importing a room loads only that room and
+what it builds on, so code that needs the entmax normaliser never loads Triton or the bucketed planner.
 
-    A_i = {j : i and j share a bucket id ≥ 0} ∪ {j : |i − j| ≤ w // 2} ∪ {j : i < g or j < g}
-          (∩ {j ≤ i} when causal, w = window: 0 or an odd size, g = global_tokens),
+- :mod:`kernels.attended`: the attended set A (shared buckets ∪ window ∪ global tokens, ∩ causal ∩ valid),
+  the one definition every kernel, predictor and metric uses.
+- :mod:`kernels.entmax`: dense α-entmax (the reference normaliser), the one threshold solver, the
+  Jacobian's weights and the fused support sums.
+- :mod:`kernels.bucketed`: ``bucketed_attention``, α-entmax over A from bucket ids: planning, the PyTorch
+  path (CPU, C++ block products), the Triton kernel (CUDA) and the dense reference they are tested against.
+- :mod:`kernels.indexed`: ``indexed_attention``, α-entmax whose keys a low-rank indexer chooses, exact in
+  its certified mode; PyTorch and Triton.
+- :mod:`kernels.native`: the C++ sources and the builder that compiles and verifies them.
+- :mod:`kernels.predictor_maps`: a learned predictor's per-token maps (head MLP, nearest centroid) in C++.
+- :mod:`kernels.checks`: the argument checks every entry point shares.
 
-as :mod:`kernels.attended` defines it for the whole project; softmax when α = 1, zeros for a query with
-no key, each pair counted once however many buckets it shares.
-With ``backend="auto"``, CUDA tensors in float16, bfloat16 or float32 run the Triton kernel (imported only
-then, so CPU use never needs Triton) and everything else runs the sub-quadratic PyTorch path, which also
-accepts float64. ``backend="triton"`` or ``"torch"`` forces one; the Triton kernel takes CPU tensors only
-under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests and debugging). Arguments are validated here
-once, for both backends.
-
-:func:`kernels.indexed_attention.indexed_attention` is α-entmax attention whose keys are chosen by a
-low-rank indexer, exact in its ``"certified"`` mode; import it from its module (the pipeline's stages do not
-need it, so importing this package does not load it).
+Kernels import nothing from the pipeline; benchmarks, tuning and the build report live in ``benchmarks/``.
 """
-
-from __future__ import annotations
-
-import math
-import os
-from numbers import Integral, Real
-
-import torch
-
-from kernels import torch_bucketed
-from kernels.attended import window_radius
-from kernels.checks import check_causal, check_qkv, check_scale
-
-__all__ = ["bucketed_attention"]
-
-_TRITON_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-_ID_MAX = 2**31 - 1  # ids travel as int32
-BACKENDS = ("auto", "triton", "torch")
-
-
-def _check_buckets(name: str, buckets: object, lead: tuple[int, int, int], device: torch.device) -> None:
-    """Bucket ids: an integer tensor (batch, heads, tokens, T ≥ 1) on ``device`` with values in [−1, 2³¹)."""
-    if not isinstance(buckets, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of bucket ids; got {type(buckets).__name__}")
-    if buckets.is_floating_point() or buckets.is_complex() or buckets.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer bucket ids (int32); got dtype {buckets.dtype}")
-    if buckets.dim() != 4 or tuple(buckets.shape[:3]) != lead or buckets.shape[3] < 1:
-        raise ValueError(
-            f"{name} must be (batch, heads, tokens, T) = ({', '.join(map(str, lead))}, T ≥ 1); "
-            f"got {tuple(buckets.shape)}"
-        )
-    if buckets.device != device:
-        raise ValueError(f"{name} is on {buckets.device} but q is on {device}")
-    if buckets.numel():
-        low, high = (int(x) for x in torch.aminmax(buckets))
-        if low < -1 or high > _ID_MAX:
-            raise ValueError(
-                f"{name} ids must be −1 (none) or in [0, {_ID_MAX}]; got values in [{low}, {high}]"
-            )
-
-
-def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-        raise ValueError(f"{name} must be an integer ≥ 0; got {value!r}")
-    return int(value)
-
-
-def _validate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_buckets: object,
-    k_buckets: object,
-    alpha: object,
-    causal: object,
-    window: object,
-    global_tokens: object,
-    scale: object,
-    backend: object,
-) -> tuple[float, bool, int, int, float | None, str]:
-    """Raise ValueError naming the first bad argument; return the options the backends take (window as
-    its radius w // 2, −1 for none)."""
-    batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=True, grouped=True)
-    _check_buckets("q_buckets", q_buckets, (batch, heads, n), q.device)
-    _check_buckets("k_buckets", k_buckets, (batch, heads, m), q.device)
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) or alpha < 1:
-        raise ValueError(f"alpha must be a finite number ≥ 1 (1 = softmax, 1.5 = entmax15); got {alpha!r}")
-    causal = check_causal(causal, n, m)
-    radius = window_radius(window)
-    global_tokens = _check_count("global_tokens", global_tokens)
-    scale = check_scale(scale)
-    backend = _check_backend(backend, q)
-    return float(alpha), causal, radius, global_tokens, scale, backend
-
-
-def _check_backend(backend: object, q: torch.Tensor) -> str:
-    """The backend that will run: "triton" or "torch"."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
-    if backend == "auto":
-        return "triton" if q.is_cuda and q.dtype in _TRITON_FLOATS else "torch"
-    if backend == "triton":
-        if q.dtype not in _TRITON_FLOATS:
-            raise ValueError(f"backend 'triton' takes float16, bfloat16 or float32; got {q.dtype}")
-        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(
-                f"backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for Triton's CPU interpreter); "
-                f"got tensors on {q.device}"
-            )
-    return backend
-
-
-def bucketed_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_buckets: torch.Tensor,
-    k_buckets: torch.Tensor,
-    *,
-    alpha: float = 1.5,
-    causal: bool = False,
-    window: int = 0,
-    global_tokens: int = 0,
-    scale: float | None = None,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Bucketed α-entmax attention (softmax for α = 1); returns (batch, heads, n, d) in q's dtype.
-
-    q (batch, heads, n, d); k, v (batch, kv_heads, m, d) with kv_heads a divisor of heads (grouped-query
-    attention: query head h reads key/value head h // (heads / kv_heads), and no copy of the keys and
-    values is made per query head); q_buckets (batch, heads, n, T) and k_buckets (batch, heads, m, T′)
-    integer ids, −1 for none, one assignment of the keys per query head. Differentiable in q, k and v.
-    ``backend``: "auto", "triton" or "torch" (see the module docstring). Bad arguments raise ValueError
-    before any work.
-    """
-    alpha, causal, radius, global_tokens, scale, backend = _validate(
-        q, k, v, q_buckets, k_buckets, alpha, causal, window, global_tokens, scale, backend
-    )
-    options = dict(alpha=alpha, causal=causal, radius=radius, global_tokens=global_tokens, scale=scale)
-    if backend == "triton":
-        from kernels.triton_bucketed import triton_bucketed_attention
-
-        return triton_bucketed_attention(q, k, v, q_buckets, k_buckets, **options)
-    return torch_bucketed.torch_bucketed_attention(q, k, v, q_buckets, k_buckets, **options)

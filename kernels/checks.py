@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from numbers import Real
 
 import torch
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TRITON_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+BACKENDS = ("auto", "triton", "torch")
 
 
 def check_qkv(
@@ -70,3 +73,20 @@ def check_scale(scale: object) -> float | None:
     if isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be None (1/√d) or a finite number > 0; got {scale!r}")
     return float(scale)
+
+
+def check_backend(backend: object, q: torch.Tensor) -> str:
+    """The backend that will run: "triton" or "torch"."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+    if backend == "auto":
+        return "triton" if q.is_cuda and q.dtype in TRITON_FLOATS else "torch"
+    if backend == "triton":
+        if q.dtype not in TRITON_FLOATS:
+            raise ValueError(f"backend 'triton' takes float16, bfloat16 or float32; got {q.dtype}")
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for Triton's CPU interpreter); "
+                f"got tensors on {q.device}"
+            )
+    return backend

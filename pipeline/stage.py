@@ -10,17 +10,20 @@ write (``sparsefinder configure``, ``inspect --png``) run the same comparisons o
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeVar
 
 from pydantic import BaseModel
 
 from pipeline.allocator import keep_freed_memory
 from pipeline.atomic import check_target
 from pipeline.errors import UserError
-from pipeline.params import SECTIONS, load_section
+from pipeline.params.base import Section, load_section
+
+S = TypeVar("S", bound=Section)
 
 # params keys that name what a stage writes (files or folders), at any depth of its section
 OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir", "mixing")
@@ -64,27 +67,30 @@ PROJECT_SOURCES = (
 APART = "not the same path, nor inside or around it"
 
 
-def stage_params(name: str, argv: list[str] | None = None) -> Any:
-    """Parse ``--params FILE`` (default params.yaml) and return the validated section ``name``, after
-    checking that every output it names can be written (:func:`check_outputs`)."""
-    section, _ = _parse(name, argv, instances=None)
+def stage_params(name: str, schema: type[S], argv: list[str] | None = None) -> S:
+    """Parse ``--params FILE`` (default params.yaml) and return section ``name`` validated by its
+    ``schema``, after checking that every output it names can be written (:func:`check_outputs`)."""
+    section, _ = _parse(name, schema, argv, instances=None)
     return section
 
 
-def stage_instance(name: str, instances: str, argv: list[str] | None = None) -> tuple[Any, str]:
-    """For a DVC ``foreach`` stage (``NAME@INSTANCE``, run as ``python -m stages.NAME INSTANCE``): the
-    validated section ``name`` and the instance, which must be a key of the section's ``instances`` map."""
-    return _parse(name, argv, instances=instances)
+def stage_instance(
+    name: str, schema: type[S], instances: str, argv: list[str] | None = None
+) -> tuple[S, str]:
+    """For a DVC ``foreach`` stage (``NAME@INSTANCE``, run as ``python -m stages.NAME INSTANCE``): section
+    ``name`` validated by its ``schema``, and the instance, which must be a key of the section's
+    ``instances`` map."""
+    return _parse(name, schema, argv, instances=instances)
 
 
-def _parse(name: str, argv: list[str] | None, instances: str | None) -> tuple[Any, str | None]:
+def _parse(name: str, schema: type[S], argv: list[str] | None, instances: str | None) -> tuple[S, str | None]:
     parser = argparse.ArgumentParser(prog=f"python -m stages.{name}", description=f"DVC stage '{name}'.")
     if instances is not None:
         parser.add_argument("instance", help=f"which entry of {name}.{instances} to run")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     keep_freed_memory()  # a stage's tensors are reused, not page-faulted anew at every step
-    section = load_section(name, args.params)
+    section = load_section(name, args.params, schema=schema)
     instance = getattr(args, "instance", None)
     if instances is not None and instance not in getattr(section, instances):
         allowed = ", ".join(getattr(section, instances))
@@ -138,22 +144,29 @@ def section_stages(name: str, section: BaseModel) -> list[Stage]:
     return stages
 
 
+# The module of every section's schema, imported by name (below) rather than by an import statement, so that
+# a stage's code, as tests/test_dvc_deps.py walks it and dvc.yaml lists it, holds its own section's schema
+# and no other: an edit to one stage's schema re-runs that stage alone. The other schemas serve only to
+# refuse an output that collides with another stage's, never to change what a stage writes, and a collision
+# is seen from both sides: an edit that makes section X's outputs collide with this stage's is refused by
+# X's own stage, which that edit re-runs. (Likewise a stage's params deps are its own section alone, though
+# this check reads the others.)
+WHOLE_FILE = "pipeline.params.sections"
+
+
 def declared_outputs(params: str | os.PathLike, skip: str | None = None) -> list[tuple[str, str, str]]:
     """(stage, key, path) of every output the sections of ``params`` declare, but section ``skip``'s.
 
     Lenient: a missing or unreadable file declares nothing, and a section that fails validation is left
     out (its own stage reports it when it runs).
     """
-    declared = []
-    for name in SECTIONS:
-        if name == skip:
-            continue
-        try:
-            section = load_section(name, params)
-        except UserError:
-            continue
-        declared += [(s.name, key, path) for s in section_stages(name, section) for key, path in s.outputs]
-    return declared
+    sections = importlib.import_module(WHOLE_FILE).valid_sections(params, skip=skip)
+    return [
+        (stage.name, key, path)
+        for name, section in sections
+        for stage in section_stages(name, section)
+        for key, path in stage.outputs
+    ]
 
 
 def check_outputs(name: str, section: BaseModel, params: str | os.PathLike = "params.yaml") -> None:

@@ -12,6 +12,7 @@ from pipeline.atomic import staged_outputs
 from pipeline.checks.cluster import check_inputs
 from pipeline.clustering import resolve_backend
 from pipeline.errors import exits_cleanly
+from pipeline.params.cluster import Cluster
 from pipeline.predictors.fitting import fit_predictors
 from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.kmeans import KMeansPredictor
@@ -24,7 +25,7 @@ from pipeline.timings import metrics_files, write_metrics
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
-    params = stage_params("cluster", argv)
+    params = stage_params("cluster", Cluster, argv)
     store, layers, extra = check_inputs(params)
     split = extra["split"]
     backend = resolve_backend(params.backend)

@@ -9,12 +9,13 @@ from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import load_auto_tokenizer, loading
 from pipeline.checks.configure import check_inputs, check_params
 from pipeline.errors import exits_cleanly
+from pipeline.params.configure import Configure
 from pipeline.stage import stage_params
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
-    params = stage_params("configure", argv)
+    params = stage_params("configure", Configure, argv)
     check_params(params)
     inputs = check_inputs(params)
     predictor, layers = inputs.fitted

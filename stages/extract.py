@@ -18,6 +18,7 @@ from pipeline.errors import exits_cleanly
 from pipeline.graphs import GraphStore
 from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
 from pipeline.graphs.summary import summarize
+from pipeline.params.extract import Extract
 from pipeline.stage import stage_params
 from pipeline.timings import metrics_files, write_metrics
 
@@ -25,7 +26,7 @@ from pipeline.timings import metrics_files, write_metrics
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     """Check every store's split first, then extract the stores in order; one summary per store."""
-    params = stage_params("extract", argv)
+    params = stage_params("extract", Extract, argv)
     inputs = check_inputs(params)
     teacher, data, tokenizer = inputs.teacher, inputs.data, inputs.skeleton[1]
     with loading(teacher, "extract.teacher"):

@@ -9,13 +9,14 @@ from pipeline.errors import exits_cleanly
 from pipeline.models.language_model import build_language_model
 from pipeline.models.marian import build_marian
 from pipeline.models.pretrained import load_pretrained
+from pipeline.params.pretrain import Pretrain
 from pipeline.stage import stage_params
 from pipeline.training.run import encode_with, train_and_evaluate
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
-    params = stage_params("pretrain", argv)
+    params = stage_params("pretrain", Pretrain, argv)
     inputs = check_inputs(params)
     data, tokenizer, card = inputs.corpus
     init = inputs.init

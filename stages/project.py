@@ -8,6 +8,7 @@ from __future__ import annotations
 from pipeline.atomic import staged_outputs, write_text
 from pipeline.checks.project import check_inputs
 from pipeline.errors import exits_cleanly
+from pipeline.params.project import Project
 from pipeline.projection.fit_store import fit_store_projections
 from pipeline.projection.model import save_projections
 from pipeline.stage import stage_params
@@ -16,7 +17,7 @@ from pipeline.timings import metrics_files, write_metrics
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
-    params = stage_params("project", argv)
+    params = stage_params("project", Project, argv)
     store = check_inputs(params)
     layers, report, curve = fit_store_projections(store, params)
     split = report.pop("split")

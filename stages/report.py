@@ -8,14 +8,14 @@ from pathlib import Path
 from pipeline.atomic import staged_outputs, write_json, write_text
 from pipeline.errors import exits_cleanly
 from pipeline.evaluation.report import build_report, load_evaluation
-from pipeline.params import Report
+from pipeline.params.report import Report
 from pipeline.plots.pareto import CAPTIONS, write_report_plots
 from pipeline.stage import stage_params
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
-    params = stage_params("report", argv)
+    params = stage_params("report", Report, argv)
     evaluation = load_evaluation(params.evaluation, params.timings)
     # the figures, the report linking them and its headline numbers are swapped in together
     with staged_outputs(params.plots, params.out, params.metrics):

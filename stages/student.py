@@ -7,6 +7,7 @@ from pipeline.attention import load_model
 from pipeline.checkpoint import describe_parent, loading
 from pipeline.checks.student import check_inputs
 from pipeline.errors import exits_cleanly
+from pipeline.params.student import Student
 from pipeline.stage import stage_instance
 from pipeline.students.init import build_student, student_callbacks
 from pipeline.training.run import data_for_model, train_and_evaluate
@@ -14,7 +15,7 @@ from pipeline.training.run import data_for_model, train_and_evaluate
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
-    section, name = stage_instance("student", "instances", argv)
+    section, name = stage_instance("student", Student, "instances", argv)
     inputs = check_inputs(section, name)
     params = section.run(name)
     teacher_folder = inputs.teacher

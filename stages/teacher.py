@@ -7,13 +7,14 @@ from pipeline.checkpoint import describe_parent, loading
 from pipeline.checks.teacher import check_inputs
 from pipeline.errors import exits_cleanly
 from pipeline.models.pretrained import load_pretrained
+from pipeline.params.teacher import Teacher
 from pipeline.stage import stage_params
 from pipeline.training.run import data_for_model, train_and_evaluate
 
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
-    params = stage_params("teacher", argv)
+    params = stage_params("teacher", Teacher, argv)
     inputs = check_inputs(params)
     init, tokenizer = inputs.init, inputs.tokenizer
     data, corpus_tokenizer, task = inputs.corpus

@@ -9,7 +9,11 @@ too), following the project's own packages; a module's parent packages count, si
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,8 +70,8 @@ def stage_files(script_module: str) -> set[Path]:
 
 
 def native_sources(files: set[Path]) -> set[Path]:
-    """The C++ kernels that ``files`` build (``library("name")`` is kernels/name.cpp), and the headers beside
-    them, which they may include."""
+    """The C++ kernels that ``files`` build (``library("name")`` is kernels/native/name.cpp), and the headers
+    beside them, which they may include."""
     names = {
         name
         for path in files
@@ -75,8 +79,8 @@ def native_sources(files: set[Path]) -> set[Path]:
     }
     if not names:
         return set()
-    headers = {path.relative_to(ROOT) for path in (ROOT / "kernels").glob("*.h")}
-    return {Path("kernels") / f"{name}.cpp" for name in names} | headers
+    headers = {path.relative_to(ROOT) for path in (ROOT / "kernels" / "native").glob("*.h")}
+    return {Path("kernels") / "native" / f"{name}.cpp" for name in names} | headers
 
 
 def stages() -> dict[str, dict]:
@@ -106,13 +110,84 @@ def test_stage_lists_every_file_it_imports(stage: str) -> None:
     assert not missing, f"dvc.yaml stage {stage} does not list: {', '.join(missing)}"
 
 
+def source_files(dep: Path) -> set[Path]:
+    """The project files a dependency names: itself, or every file in the folder (caches left out)."""
+    if not (ROOT / dep).is_dir():
+        return {dep}
+    found = (ROOT / dep).rglob("*")
+    return {path.relative_to(ROOT) for path in found if path.is_file() and "__pycache__" not in path.parts}
+
+
 @pytest.mark.parametrize("stage", sorted(stages()))
 def test_stage_lists_no_code_it_does_not_import(stage: str) -> None:
     deps, files = stage_code(stage)
     unused = sorted(
-        str(dep) for dep in deps if dep.parts[0] in PACKAGES and not any(covers(dep, path) for path in files)
+        str(path)
+        for dep in deps
+        if dep.parts[0] in PACKAGES
+        for path in source_files(dep)
+        if path not in files
     )
     assert not unused, f"dvc.yaml stage {stage} lists code it never imports: {', '.join(unused)}"
+
+
+BEFORE_THE_KERNELS = ("prepare", "pretrain", "teacher", "extract", "project", "cluster")
+
+
+@pytest.mark.parametrize("stage", BEFORE_THE_KERNELS)
+def test_attention_kernel_edits_leave_the_stages_before_them_alone(stage: str) -> None:
+    """prepare … cluster never run bucketed or indexed attention, so an edit there must not re-run them."""
+    _, files = stage_code(stage)
+    reached = sorted(
+        str(path) for path in files if path.parts[:2] in {("kernels", "bucketed"), ("kernels", "indexed")}
+    )
+    assert not reached, f"stage {stage} imports {', '.join(reached)}"
+
+
+@pytest.mark.parametrize("stage", ["evaluate", "student"])
+def test_stages_that_run_sparse_attention_depend_on_its_kernels(stage: str) -> None:
+    deps, _ = stage_code(stage)
+    for path in (Path("kernels/bucketed/torch_path.py"), Path("kernels/indexed/attention.py")):
+        assert any(covers(dep, path) for dep in deps), f"{stage} does not list {path}"
+
+
+def package_files(package: str) -> list[Path]:
+    return sorted(path for path in (ROOT / package).rglob("*.py") if "__pycache__" not in path.parts)
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper"), [("kernels", "pipeline"), ("kernels", "benchmarks"), ("pipeline", "benchmarks")]
+)
+def test_layers_import_downward_only(lower: str, upper: str) -> None:
+    """Kernels never import the pipeline; neither imports the benchmarks (function-level imports included)."""
+    offenders = []
+    for path in package_files(lower):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if any(name.split(".")[0] == upper for name in imports_of(path, module)):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"{lower} imports {upper} in: {', '.join(offenders)}"
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "evaluate"])
+def test_walker_finds_whatever_importing_the_stage_loads(stage: str) -> None:
+    """The static walk misses nothing a real import loads: ``sys.modules`` after importing the stage."""
+    code = (
+        "import json, sys\n"
+        f"import stages.{stage}\n"
+        "print(json.dumps([getattr(m, '__file__', None) for m in list(sys.modules.values())]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = {Path(name).resolve() for name in json.loads(done.stdout) if name}
+    ours = {
+        path.relative_to(ROOT)
+        for path in loaded
+        if ROOT in path.parents and path.parts[len(ROOT.parts)] in PACKAGES
+    }
+    _, files = stage_code(stage)
+    assert ours, "the import loaded no project file"
+    assert ours <= files, f"the walk misses {sorted(map(str, ours - files))}"
 
 
 def test_walker_sees_function_level_and_package_imports() -> None:
@@ -120,4 +195,6 @@ def test_walker_sees_function_level_and_package_imports() -> None:
     assert Path("pipeline/graphs/store.py") in files
     assert Path("pipeline/__init__.py") in files  # importing pipeline.x runs pipeline/__init__.py
     assert Path("pipeline/attention/entmax.py") in files  # extract runs the teacher's entmax attention
-    assert Path("kernels/planning.cpp") in native_sources(files)  # its bucketed attention plans in C++
+    assert not native_sources(files)  # the teacher's entmax runs no C++ kernel
+    evaluated = stage_files("stages.evaluate")
+    assert Path("kernels/native/planning.cpp") in native_sources(evaluated)  # bucketed attention plans in C++

@@ -27,7 +27,7 @@ from pipeline.checkpoint import MANIFEST, save_checkpoint
 from pipeline.data.corpus import build_corpus
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.errors import UserError
-from pipeline.params import load_section
+from pipeline.params.sections import load_section
 from tests.stage_runner import run_module
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
     α-entmax(z) = [(α − 1) z − τ 1]₊^{1/(α−1)},   τ such that the result sums to 1.
 
-The normaliser is :func:`kernels.dense_entmax.entmax_normalize` (softmax at α = 1, exact sorting at 1.5 and
+The normaliser is :func:`kernels.entmax.dense.entmax_normalize` (softmax at α = 1, exact sorting at 1.5 and
 2, bisection otherwise and for a learned per-head α). For α > 1 the attention probabilities are exactly
 sparse, which is what the teacher's attention graphs are made of.
 
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from kernels.dense_entmax import entmax_normalize
+from kernels.entmax.dense import entmax_normalize
 from pipeline.attention.interface import (
     attach_to_modules,
     attention_modules,

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from kernels.dense_entmax import entmax_normalize
+from kernels.entmax.dense import entmax_normalize
 from pipeline.attention.entmax import attention_alpha
 from pipeline.attention.heads import (
     attach_heads,

@@ -10,7 +10,7 @@ from pipeline.clustering.kmeans import MIN_POINTS_PER_CENTROID
 from pipeline.errors import UserError
 from pipeline.graphs.store import GraphStore
 from pipeline.origin import Origin
-from pipeline.params import Cluster
+from pipeline.params.cluster import Cluster
 from pipeline.projection.model import HeadProjections, load_projections
 
 

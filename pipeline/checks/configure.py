@@ -14,7 +14,7 @@ from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.errors import UserError
-from pipeline.params import Configure
+from pipeline.params.configure import Configure
 from pipeline.predictors.base import Predictor, make_predictor
 from pipeline.predictors.state import StateFile
 from pipeline.projection.model import HeadProjections, load_projections

@@ -17,7 +17,7 @@ from pipeline.evaluation.sweep import method_settings
 from pipeline.graphs.store import GraphStore
 from pipeline.models.language_model import max_context
 from pipeline.origin import Origin
-from pipeline.params import Evaluate
+from pipeline.params.evaluate import Evaluate
 from pipeline.predictors.base import PREDICTORS, Predictor
 from pipeline.predictors.state import load_states
 from pipeline.projection.model import HeadProjections, load_projections

@@ -18,7 +18,7 @@ from pipeline.corpus_card import TASKS, Task
 from pipeline.errors import UserError
 from pipeline.graphs import attention_kind
 from pipeline.graphs.extract import kind_shapes, query_lengths
-from pipeline.params import Extract
+from pipeline.params.extract import Extract
 from pipeline.training.run import data_for_model, prepared_corpus
 
 

@@ -16,7 +16,7 @@ from pipeline.corpus_card import TASKS, Task
 from pipeline.errors import UserError
 from pipeline.par.pattern import Stack
 from pipeline.par.stacks import teacher_layers
-from pipeline.params import ParSearch
+from pipeline.params.par_search import ParSearch
 from pipeline.training.run import check_vocabulary, prepared_corpus
 
 

@@ -13,7 +13,7 @@ from pipeline.checkpoint import load_config, loading, resolve_outside_checkpoint
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import TASKS, CorpusCard
 from pipeline.errors import UserError
-from pipeline.params import Pretrain
+from pipeline.params.pretrain import Pretrain
 from pipeline.training.run import check_generation_fits, longest_sequence, prepared_corpus
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pipeline.checks import InputCheck
 from pipeline.errors import UserError
 from pipeline.graphs.store import GraphStore
-from pipeline.params import Project
+from pipeline.params.project import Project
 
 
 def input_checks(params: Project) -> list[InputCheck]:

@@ -15,7 +15,7 @@ from pipeline.attention.entmax import ENTMAX
 from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import TASKS, Task
-from pipeline.params import ParStudent, Student
+from pipeline.params.student import ParStudent, Student
 from pipeline.students.init import check_student_init, par_patterns
 from pipeline.training.run import check_vocabulary, prepared_corpus
 

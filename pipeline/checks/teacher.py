@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from pipeline.checkpoint import load_auto_tokenizer, load_config, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import TASKS, Task
-from pipeline.params import Teacher
+from pipeline.params.teacher import Teacher
 from pipeline.training.run import check_generation_fits, check_vocabulary, prepared_corpus
 
 

@@ -3,7 +3,6 @@
 sparsefinder params [--params FILE]        validate a params file as every stage will, before any work
 sparsefinder inspect FOLDER [...]          summarise, verify or draw a graph store
 sparsefinder configure TEACHER OUT [...]   write a model that attends over a predictor's graph
-sparsefinder bench [...]                   bucketed-attention benchmark (kernels.bench)
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from types import ModuleType
 from pipeline.cli.configure import add_configure_parser
 from pipeline.cli.inspect import add_inspect_parser
 from pipeline.errors import exits_cleanly
-from pipeline.params import load_all
+from pipeline.params.sections import load_all
 
 
 def _input_checks() -> dict[str, ModuleType]:
@@ -78,12 +77,6 @@ def _run_params(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_bench(args: argparse.Namespace) -> int:
-    from kernels.bench import main as bench_main
-
-    return bench_main(args.bench_args) or 0
-
-
 @exits_cleanly
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparsefinder", description=__doc__.split("\n\n")[0])
@@ -95,10 +88,6 @@ def main(argv: list[str] | None = None) -> int:
 
     add_inspect_parser(commands)
     add_configure_parser(commands)
-
-    bench = commands.add_parser("bench", help="benchmark bucketed attention (see python -m kernels.bench -h)")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    bench.set_defaults(run=_run_bench)
 
     args = parser.parse_args(argv)
     return args.run(args)

@@ -2,7 +2,7 @@
 
 sparsefinder configure TEACHER OUT --method kmeans --knob buckets=8 --window 3
                        --projections artifacts/predictors/projections.safetensors
-                       --centroids artifacts/predictors/centroids.safetensors
+                       --centroids artifacts/predictors/state.safetensors
 
 OUT may lie anywhere but in the command's inputs (the teacher, the projections, the state file) and, where
 the working folder has a params.yaml, in an output of one of its stages (configure.out excepted). An existing

@@ -12,7 +12,7 @@ when it is a picture inspect drew, or with --force.
 
 With --method, the cells the predictor selects (its graph ∪ the window ∪ the global tokens, within the valid
 pairs: exactly what evaluation scores) are shaded under the gold edges. Predictors: see
-``pipeline.predictors`` (e.g. ``--method kmeans --knob buckets=8 --state centroids.safetensors``).
+``pipeline.predictors`` (e.g. ``--method kmeans --knob buckets=8 --state state.safetensors``).
 """
 
 from __future__ import annotations

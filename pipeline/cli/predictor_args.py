@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import UserError
-from pipeline.params import knob_value_problem, parse_yaml, short_repr, yaml_problem
+from pipeline.params.base import knob_value_problem, parse_yaml, short_repr, yaml_problem
 from pipeline.predictors import PREDICTORS
 
 KNOB = re.compile(r"[a-z_]+")
@@ -29,7 +29,7 @@ def add_predictor_arguments(group: argparse._ActionsContainer, *, method_help: s
         "--state",
         "--centroids",
         dest="state",
-        help="fitted predictor state file (kmeans: centroids.safetensors)",
+        help="fitted predictor state file (the cluster stage's state.safetensors)",
     )
 
 
@@ -40,7 +40,7 @@ def knob_names() -> list[str]:
 
 def parse_knobs(items: list[str]) -> dict[str, Any]:
     """``["buckets=8", "top_k=2"]`` → ``{"buckets": 8, "top_k": 2}``: each value one YAML scalar, read and
-    bounded as a knob in the params file is (:func:`pipeline.params.knob_value_problem`); the predictor
+    bounded as a knob in the params file is (:func:`pipeline.params.base.knob_value_problem`); the predictor
     checks the knob's own range when it is built.
 
     Every malformed flag is one line naming the flag, what it got and the form allowed; a knob the method

@@ -11,9 +11,7 @@ ratios between them compare passes run minutes apart at most.
 from __future__ import annotations
 
 import os
-import statistics
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +20,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from pipeline.attention.recording import synchronize, time_attention
+from pipeline.timer import median_seconds, seconds_each
 
 
 def long_sequence(dataset: Dataset, n: int) -> torch.Tensor:
@@ -33,16 +32,6 @@ def long_sequence(dataset: Dataset, n: int) -> torch.Tensor:
         if len(ids) >= n:
             return torch.tensor([ids[:n]], dtype=torch.long)
     raise ValueError(f"the blocks hold {len(ids)} tokens, fewer than the {n} asked for")
-
-
-def _timed(run: Callable[[], None], repeats: int) -> Iterator[float]:
-    """The wall seconds of each of ``repeats`` calls of ``run``, each yielded as soon as that call is done."""
-    for _ in range(repeats):
-        synchronize()
-        started = time.perf_counter()
-        run()
-        synchronize()
-        yield time.perf_counter() - started
 
 
 def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, backward: bool) -> dict[str, Any]:
@@ -61,10 +50,10 @@ def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, back
         model.zero_grad(set_to_none=True)
         model(input_ids=ids, labels=ids).loss.backward()
 
-    forward()  # warm-up
-    forward_seconds = statistics.median(_timed(forward, repeats))
+    forward_seconds = median_seconds(forward, repeats=repeats, warmup=1, synchronize=synchronize)
     with time_attention(model) as spent:
-        passes = sum(_timed(forward, repeats))  # the attention's time accrues over the same passes
+        # the attention's time accrues over the same passes
+        passes = sum(seconds_each(forward, repeats=repeats, synchronize=synchronize))
     times = {
         "forward_seconds": forward_seconds,
         # per pass, on the passes the attention was timed in (its share is their ratio)
@@ -72,8 +61,9 @@ def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, back
         "attention_pass_seconds": passes / repeats,
     }
     if backward:
-        forward_backward()  # warm-up
-        times["forward_backward_seconds"] = statistics.median(_timed(forward_backward, repeats))
+        times["forward_backward_seconds"] = median_seconds(
+            forward_backward, repeats=repeats, warmup=1, synchronize=synchronize
+        )
         model.zero_grad(set_to_none=True)
     return {key: round(value, 6) for key, value in times.items()}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, RobertaConfig, RobertaForMaskedLM
 
 from pipeline.models.seeding import built_with_seed
-from pipeline.params import ModelShape
+from pipeline.params.training import ModelShape
 
 
 def build_language_model(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedModel
 
 from pipeline.models.seeding import built_with_seed
-from pipeline.params import Evaluation, ModelShape
+from pipeline.params.training import Evaluation, ModelShape
 
 
 def build_marian(shape: ModelShape, vocab_size: int, pad_id: int, eos_id: int, seed: int) -> MarianMTModel:

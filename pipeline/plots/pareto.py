@@ -23,9 +23,9 @@ from pipeline.atomic import atomic_path, write_text
 from pipeline.evaluation.pareto import finite_number, pareto_front
 from pipeline.evaluation.report import (
     BLEU,
-    DASH,
     METHOD_ORDER,
     finite_points,
+    num,
     operating_point,
     rows_by_method,
     student_rows,
@@ -282,8 +282,8 @@ def plot_recall_heatmap(evaluation: dict, setting: dict | None, path: str | os.P
     for layer in range(layers):
         for head in range(heads):
             value = values[layer, head]
-            text, color = (DASH, "black") if np.isnan(value) else (f"{value:.2f}", _ink(value))
-            ax.text(head, layer, text, ha="center", va="center", fontsize=8, color=color)
+            color = "black" if np.isnan(value) else _ink(value)
+            ax.text(head, layer, num(value, 2), ha="center", va="center", fontsize=8, color=color)
     ax.set_xticks(range(heads))
     ax.set_yticks(range(layers))
     ax.set_xlabel("head")
@@ -291,7 +291,7 @@ def plot_recall_heatmap(evaluation: dict, setting: dict | None, path: str | os.P
     figure.colorbar(image, ax=ax, label="recall")
     ax.set_title(
         f"{title}: {setting.get('label') or setting['method']}\n"
-        f"sparsity {_format(setting.get('sparsity'))}, recall {_format(setting.get('recall'))}",
+        f"sparsity {num(setting.get('sparsity'), 3)}, recall {num(setting.get('recall'), 3)}",
         fontsize=10,
     )
     save_png(figure, path)
@@ -300,11 +300,6 @@ def plot_recall_heatmap(evaluation: dict, setting: dict | None, path: str | os.P
 def _ink(value: float) -> str:
     """Text colour readable on viridis: white on its dark low end, black on its light high end."""
     return "white" if value < 0.6 else "black"
-
-
-def _format(value: Any) -> str:
-    number = finite_number(value)
-    return DASH if number is None else f"{number:.3f}"
 
 
 # ----------------------------------------------------------------------------------------------------------

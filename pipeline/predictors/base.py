@@ -8,7 +8,7 @@ the prediction can run sparsely) or a boolean mask of pairs (distance, random pa
 
 The window and global pattern and the valid pairs are not a predictor's business: :func:`predicted_graph`
 adds them the one way the kernel computes them (:mod:`kernels.attended`), so a graph scored here is exactly
-the set ``kernels.bucketed_attention`` attends for the same bucket ids.
+the set ``kernels.bucketed.bucketed_attention`` attends for the same bucket ids.
 
 Knobs are the dataclass fields of a predictor; ``fit_knobs`` names those that change its fitted state (a
 k-means predictor's centroids depend on B, not on top-k), so predictors that differ only in other knobs

@@ -25,32 +25,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from kernels.dense_entmax import entmax_normalize
+from kernels.entmax.threshold import threshold_from_probabilities
 from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
 from pipeline.predictors.indexer_fit import FITS, distill_maps, low_rank, principal_basis
 
 
-def entmax_threshold(scores: Tensor, alpha: float) -> Tensor:
-    """(..., 1) τ of α-entmax over the last dim of ``scores`` (−inf marks excluded keys; −inf for a row
-    with none), so that p_j = [(α − 1) z_j − τ]₊^{1/(α−1)}.
-
-    The probabilities come from the exact normalizer (sort for α = 1.5 and 2, bisection otherwise); τ is
-    read off the row's top key, which is always in the support: τ = (α − 1) z_max − p_max^{α−1}.
-    """
-    probs = entmax_normalize(scores, alpha)
-    top_score, top = scores.max(dim=-1, keepdim=True)
-    tau = (alpha - 1.0) * top_score - probs.gather(-1, top).pow(alpha - 1.0)
-    return tau.masked_fill(torch.isneginf(top_score), float("-inf"))
-
-
 def indexed_set(scores: Tensor, pairs: Tensor, alpha: float, margin: float) -> Tensor:
     """(b, h, n, m) bool Ĝ_i = {j ∈ pairs_i : (α − 1) z′_ij ≥ τ′_i − δ} (see the module docstring)."""
     masked = scores.masked_fill(~pairs, float("-inf"))
-    tau = entmax_threshold(masked, alpha)  # (b, h, n, 1)
+    tau = threshold_from_probabilities(masked, alpha)  # (b, h, n, 1)
     return ((alpha - 1.0) * scores >= tau - margin) & pairs
 
 
@@ -116,7 +102,7 @@ class IndexerPredictor(Predictor):
 
     def index_keys(self, layer: int, k: Tensor) -> Tensor:
         """The low-rank keys B k (b, h, m, r) of ``layer``, float32: z′ is the model's scaling times their dot
-        products with the low-rank queries (what :func:`kernels.indexed_attention` takes)."""
+        products with the low-rank queries (what :func:`kernels.indexed.attention` takes)."""
         return low_rank(k, self._map(layer, "k_map", k))
 
     def _map(self, layer: int, name: str, x: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ import numpy as np
 from pipeline.errors import UserError
 from pipeline.graphs.batches import epoch_batches, iter_batches
 from pipeline.graphs.store import GraphStore
-from pipeline.params import Project
+from pipeline.params.project import Project
 from pipeline.predictors.distance import DistancePredictor
 from pipeline.predictors.metrics import summarize
 from pipeline.predictors.quantization import QuantizationPredictor

@@ -11,14 +11,13 @@ into a model loaded from the student's starting folder.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
 
 from pipeline.attention import ENTMAX, samsa, sbm, ssa
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.params import StudentSpec
 
 Attacher = Callable[[PreTrainedModel, dict[str, Any]], Any]
 
@@ -31,7 +30,15 @@ ATTACHED: dict[str, tuple[Attacher, tuple[str, ...]]] = {
 STUDENT_ATTENTIONS = (SPARSEFINDER, ENTMAX, *ATTACHED)
 
 
-def attach_student_attention(model: PreTrainedModel, spec: StudentSpec, *, seed: int) -> None:
+class AttentionSpec(Protocol):
+    """What this module reads of a student's spec (a :data:`~pipeline.params.student.StudentSpec`): the
+    attention's name, and the fields its ``SPEC_KEYS`` name. A protocol rather than the schema, so that
+    reading a student folder (the evaluate stage) does not import the student section's schema."""
+
+    attention: str
+
+
+def attach_student_attention(model: PreTrainedModel, spec: AttentionSpec, *, seed: int) -> None:
     """Put ``spec``'s attention heads into ``model`` (loaded with ``attn_implementation=spec.attention``).
 
     Heads with parameters (SBM, SAMSA) draw their initial values from a generator seeded with ``seed``,

@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, Seq2SeqTrainer
 
 from pipeline.attention.interface import loss_penalty
 from pipeline.attention.recording import model_layout
-from pipeline.params import Distillation
+from pipeline.params.training import Distillation
 
 
 def distillation_loss_sum(

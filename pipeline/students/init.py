@@ -30,7 +30,7 @@ from pipeline.errors import UserError
 from pipeline.par.from_teacher import rebuild_from_teacher
 from pipeline.par.pattern import parse_pattern
 from pipeline.par.stacks import PAR, reads_encoder, stack_modules
-from pipeline.params import ParStudent, SsaStudent, StudentRun, StudentSpec
+from pipeline.params.student import ParStudent, SsaStudent, StudentRun, StudentSpec
 from pipeline.students.attention import attach_student_attention
 
 

@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from datasets import DatasetDict, load_from_disk
@@ -31,12 +31,33 @@ from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.language_model import evaluate_language_model
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate
 from pipeline.models.marian import set_generation
-from pipeline.params import Evaluation, ParSearch, Pretrain, StudentRun, Teacher
+from pipeline.params.training import Evaluation, Training
 from pipeline.timings import metrics_files, write_metrics
 from pipeline.training.batches import padded_batches
 from pipeline.training.trainer import is_main_process, train_model
 
 TOKENIZER_FOLDER = "tokenizer"
+
+
+class TrainedSection(Protocol):
+    """What this module reads of a training stage's section (pretrain, teacher, a student's run, par_search;
+    a student's and par_search's also ``distill``): the keys each of them has, so that the module imports
+    none of their schemas."""
+
+    data: str
+    run_dir: str
+    out: str
+    metrics: str
+    train: Training
+    eval: Evaluation
+
+    def model_dump(self) -> dict[str, Any]: ...
+
+
+class InitializedSection(TrainedSection, Protocol):
+    """A section whose model starts from the folder ``init`` (pretrain: null, a model from scratch)."""
+
+    init: str | None
 
 
 def prepared_corpus(
@@ -67,7 +88,7 @@ def longest_sequence(data: DatasetDict) -> int:
     )
 
 
-def check_generation_fits(stage: str, params: Pretrain | Teacher, config: PretrainedConfig) -> None:
+def check_generation_fits(stage: str, params: InitializedSection, config: PretrainedConfig) -> None:
     """Raise :class:`UserError` when ``eval.max_new_tokens`` runs past the positions of the ``init`` model
     (its ``config``: checked before any weight is loaded)."""
     positions = getattr(config, "max_position_embeddings", None)
@@ -146,7 +167,7 @@ def evaluate_translation(
 
 
 def train_stage(
-    params: Pretrain | Teacher | StudentRun | ParSearch,
+    params: TrainedSection,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     data: DatasetDict,
@@ -180,7 +201,7 @@ def train_stage(
 
 def train_and_evaluate(
     stage: str,
-    params: Pretrain | Teacher | StudentRun,
+    params: TrainedSection,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     data: DatasetDict,

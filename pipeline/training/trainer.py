@@ -47,7 +47,7 @@ from pipeline.corpus_card import Task
 from pipeline.errors import UserError, one_line, writing
 from pipeline.fingerprint import file_sha256
 from pipeline.finite import require_finite
-from pipeline.params import Distillation, Training
+from pipeline.params.training import Distillation, Training
 from pipeline.students.distill import DistillationTrainer
 
 RUN_FINGERPRINT = "run_fingerprint.json"

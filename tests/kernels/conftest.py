@@ -12,14 +12,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels import torch_bucketed  # after the interpreter's variable
+from kernels.bucketed import torch_path  # after the interpreter's variable
 
 
 @pytest.fixture(autouse=True)
 def blocks_at_every_length(monkeypatch):
     """The PyTorch path's blocks at every length: the small shapes of these tests would otherwise take its
     dense computation of short rows, which tests of that path switch back on."""
-    monkeypatch.setattr(torch_bucketed, "SHORT_KEYS", 0)
+    monkeypatch.setattr(torch_path, "SHORT_KEYS", 0)
 
 
 @pytest.fixture(scope="module")

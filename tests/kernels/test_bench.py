@@ -1,9 +1,10 @@
-"""Smoke test of ``python -m kernels.bench --device cpu --quick``: the report's fields and the figure."""
+"""Smoke test of ``python -m benchmarks.attention --device cpu --quick``: the report's fields and the
+figure."""
 
 from __future__ import annotations
 
 import json
-import types
+import time
 from collections.abc import Callable
 
 import matplotlib
@@ -13,7 +14,8 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from kernels import bench
+from benchmarks import attention as bench
+from pipeline.evaluation.report import DASH
 
 
 def test_balanced_buckets_hold_equal_counts():
@@ -30,15 +32,15 @@ def test_density_counts_valid_pairs():
 
 
 def clocked_calls(monkeypatch, durations_ms: list[float]) -> tuple[Callable[[], None], list[float]]:
-    """The benchmark's clock made one that only the returned call advances: its i-th call takes
-    ``durations_ms[i]`` milliseconds (the last one again past the end). Also returns the durations taken so
-    far, one per call."""
+    """The wall clock (:mod:`pipeline.timer`'s) made one that only the returned call advances: its i-th call
+    takes ``durations_ms[i]`` milliseconds (the last one again past the end). Also returns the durations
+    taken so far, one per call."""
     now, taken = [0.0], []
 
     def perf_counter() -> float:
         return now[0]
 
-    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(time, "perf_counter", perf_counter)
 
     def call() -> None:
         taken.append(durations_ms[min(len(taken), len(durations_ms) - 1)])
@@ -90,7 +92,7 @@ def test_the_cpu_table_lists_every_row_in_order_with_ratios_of_its_times():
         for method, alpha in (("sdpa", 1), ("ours", 1), ("ours", 1.5))
     ]
     for sdpa, softmax, entmax in (cells[:3], cells[3:]):
-        assert sdpa[9] == sdpa[10] == sdpa[13] == "-"  # no ratios on the baseline's own row
+        assert sdpa[9] == sdpa[10] == sdpa[13] == DASH  # no ratios on the baseline's own row
         for ours in (softmax, entmax):
             density, forward, speedup, efficiency = (float(ours[i]) for i in (6, 7, 9, 10))
             assert speedup == pytest.approx(float(sdpa[7]) / forward, abs=0.005)  # 2 decimals printed

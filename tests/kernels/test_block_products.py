@@ -1,4 +1,4 @@
-"""The C++ block products (kernels.block_products) against the batched matmul of gathered rows."""
+"""The C++ block products (kernels.bucketed.block_products) against the batched matmul of gathered rows."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import block_products, torch_bucketed
-from kernels.block_products import block_outputs, block_scores, wide_kernel
-from kernels.bucket_blocks import take
+from kernels.bucketed import block_products, torch_path
+from kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
+from kernels.bucketed.planning import take
 from kernels.native import call
 
 
@@ -183,7 +183,7 @@ def test_attention_through_the_batched_matmul_is_the_same(alpha, pattern, monkey
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(12))
 
     def attend(q, k, v, qb, kb):
-        return torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, alpha=alpha, **pattern)
+        return torch_path.torch_bucketed_attention(q, k, v, qb, kb, alpha=alpha, **pattern)
 
     def run() -> list[torch.Tensor]:
         with torch.no_grad():
@@ -191,7 +191,7 @@ def test_attention_through_the_batched_matmul_is_the_same(alpha, pattern, monkey
         return [out, *_grads(attend, q, k, v, qb, kb, {}, grad_out)]
 
     wide = run()
-    for module in (block_products, torch_bucketed):
+    for module in (block_products, torch_path):
         monkeypatch.setattr(module, "wide_kernel", lambda: None)
     narrow = run()
     for got, want in zip(narrow, wide, strict=True):

@@ -1,5 +1,6 @@
-"""The single-bucket fast path (``kernels.bucket_blocks`` plans, ``BucketBlockAttention`` computes) against
-the dense reference: exact pair coverage, values and gradients at awkward shapes, gradcheck in float64."""
+"""The single-bucket fast path (``kernels.bucketed.planning`` plans, ``BucketBlockAttention`` computes)
+against the dense reference: exact pair coverage, values and gradients at awkward shapes, gradcheck in
+float64."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import pytest
 import torch
 from entmax import entmax15, sparsemax
 
-from kernels import bucket_blocks, bucketed_attention, torch_bucketed
+from benchmarks.attention import balanced_buckets
 from kernels.attended import attended_mask
-from kernels.bench import balanced_buckets
-from kernels.bucket_blocks import ladder, plan_blocks
+from kernels.bucketed import bucketed_attention, planning, torch_path
+from kernels.bucketed.planning import ladder, plan_blocks
+from kernels.bucketed.reference import dense_bucketed_attention
+from kernels.bucketed.torch_path import plan_attention
 from kernels.native import call
-from kernels.reference import dense_bucketed_attention
-from kernels.torch_bucketed import plan_attention
 from tests.kernels.test_block_products import needs_compiler
 from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64, pair_counts
 
@@ -38,18 +39,18 @@ def skewed_ids(heads: int, n: int, *, seed: int) -> torch.Tensor:
 def test_stable_order_is_the_stable_sort(count, dtype):
     """Padded to the radix sort's length or not, the order is the stable sort's: equal keys keep theirs."""
     keys = torch.randint(0, 7, (count,), generator=torch.Generator().manual_seed(count), dtype=dtype)
-    order = bucket_blocks._stable_order(keys)
+    order = planning._stable_order(keys)
     assert torch.equal(order, torch.sort(keys, stable=True).indices)
 
 
 def test_a_causal_buckets_short_chunk_comes_first_with_full_rows():
     """Every causal bucket block facing few keys has the full rows, its bucket's short chunk the first (so
     the padding rows face the fewest keys), and key counts are whole KEY_STEPs."""
-    n, rows = 300, bucket_blocks.CAUSAL_ROWS
+    n, rows = 300, planning.CAUSAL_ROWS
     ids = torch.zeros(1, n, 1, dtype=torch.long)  # one bucket of 300 queries: chunks of 44, 64, 64, 64, 64
     plan = plan_blocks(ids, ids, causal=True)
     assert all(c.queries.shape[1] == rows for c in plan.classes)
-    assert all(c.keys.shape[1] % bucket_blocks.KEY_STEP == 0 for c in plan.classes)
+    assert all(c.keys.shape[1] % planning.KEY_STEP == 0 for c in plan.classes)
     first = min(plan.classes, key=lambda c: c.keys.shape[1])
     real = first.real_queries()[0]
     assert int(real.sum()) == n - 4 * rows  # the short chunk: positions 0..43
@@ -64,7 +65,7 @@ def test_causal_buckets_of_one_chunk_keep_their_rows_on_the_ladder():
     G, n, nid = 8, 48, 12
     ids = torch.randint(0, nid, (G, n, 1), generator=torch.Generator().manual_seed(0))
     plan = plan_blocks(ids, ids, causal=True)
-    assert all(c.queries.shape[1] < bucket_blocks.CAUSAL_ROWS for c in plan.classes)
+    assert all(c.queries.shape[1] < planning.CAUSAL_ROWS for c in plan.classes)
     for blocks in plan.classes:
         real = blocks.real_queries().sum(1)
         assert bool((ladder(real) == blocks.queries.shape[1]).all())
@@ -93,7 +94,7 @@ def test_a_causal_buckets_copies_of_every_slot_are_one_run():
     for bucket, runs in chunks.items():
         copies = [t for t in range(n) if bucket in held[t]]  # 128 of them, from both slots
         assert [t for run in sorted(runs) for t in run] == copies
-        assert len(runs) == len(copies) // bucket_blocks.CAUSAL_ROWS
+        assert len(runs) == len(copies) // planning.CAUSAL_ROWS
 
 
 def test_ladder_rounds_up_by_at_most_a_quarter():
@@ -116,9 +117,9 @@ def test_blocks_hold_each_attended_pair_once(n, m, causal):
     assert plan.num_pairs == int(mask.sum())
     # ladder rounding, whole KEY_STEPs of keys per row, and when causal the full rows of short chunks of
     # buckets of several chunks (at most 2 · rows² entries for each of the 5 buckets of 3 heads)
-    rows = bucket_blocks.CAUSAL_ROWS
+    rows = planning.CAUSAL_ROWS
     short_chunks = 3 * 5 * 2 * rows * rows if causal else 0
-    assert plan.num_entries <= 4 * plan.num_pairs + 3 * n * (8 + bucket_blocks.KEY_STEP) + short_chunks
+    assert plan.num_entries <= 4 * plan.num_pairs + 3 * n * (8 + planning.KEY_STEP) + short_chunks
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -157,10 +158,10 @@ def test_values_and_gradients_match_reference(n, d, alpha, causal):
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0, 1.7])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gradcheck_over_several_chunks(alpha, causal, spread, monkeypatch):
-    monkeypatch.setattr(torch_bucketed, "CHUNK_ENTRIES", 8)  # one block per chunk
-    monkeypatch.setattr(bucket_blocks, "ROWS", 3)
-    monkeypatch.setattr(bucket_blocks, "CAUSAL_ROWS", 2)  # buckets span several query chunks
-    monkeypatch.setattr(bucket_blocks, "BAND_ROWS", 2)
+    monkeypatch.setattr(torch_path, "CHUNK_ENTRIES", 8)  # one block per chunk
+    monkeypatch.setattr(planning, "ROWS", 3)
+    monkeypatch.setattr(planning, "CAUSAL_ROWS", 2)  # buckets span several query chunks
+    monkeypatch.setattr(planning, "BAND_ROWS", 2)
     gen = torch.Generator().manual_seed(4)
     q, k, v = (
         torch.randn(1, 2, 11, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in "qkv"
@@ -170,7 +171,7 @@ def test_gradcheck_over_several_chunks(alpha, causal, spread, monkeypatch):
     if spread:  # two ids per token, a window and a global token: every query's keys in several rows
         ids = torch.cat([ids, skewed_ids(2, 11, seed=5)], dim=-1)
         pattern = {"window": 3, "global_tokens": 1}
-    plan = torch_bucketed.plan_attention(
+    plan = torch_path.plan_attention(
         ids, ids, causal=causal, radius=1 if spread else -1, **({"global_tokens": 1} if spread else {})
     )
     assert plan.spread == spread and len(plan.classes) > 1
@@ -190,7 +191,7 @@ def test_one_id_per_token_keeps_whole_rows():
     ids = skewed_ids(2, 40, seed=0)
     wide = torch.cat([ids, torch.full_like(ids, -1), ids], dim=-1)
     wide[0, 0, ::3, 1], wide[0, 0, ::3, 0] = wide[0, 0, ::3, 0], -1
-    assert not torch_bucketed.plan_attention(wide, wide, causal=True).spread
+    assert not torch_path.plan_attention(wide, wide, causal=True).spread
     out = attention(q, k, v, ids, ids, alpha=1.5, causal=True)
     torch.testing.assert_close(out, dense_bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True))
     torch.testing.assert_close(attention(q, k, v, wide, wide, alpha=1.5, causal=True), out)
@@ -207,8 +208,8 @@ def test_row_normaliser_equals_sort_based_entmax(alpha, spread):
     scores[0, 0] = float("-inf")
     expected = (entmax15 if alpha == 1.5 else sparsemax)(scores.masked_fill(scores.isinf(), -1e300), dim=-1)
     expected[0, 0] = 0
-    rows = torch_bucketed._SpreadRows([torch.arange(6 * 64).view(6, 64)], 6 * 64)
-    [probs] = torch_bucketed._normalise([scores.clone()], alpha, rows)
+    rows = torch_path._SpreadRows([torch.arange(6 * 64).view(6, 64)], 6 * 64)
+    [probs] = torch_path._normalise([scores.clone()], alpha, rows)
     torch.testing.assert_close(probs, expected, rtol=0, atol=1e-12)
 
 
@@ -224,13 +225,13 @@ def test_pattern_blocks_are_shared_between_plans_of_one_shape_and_left_as_they_w
     def fields(p):
         return [x for c in p.classes for x in (c.queries, c.keys, *vars(c.mask).values()) if x is not None]
 
-    bucket_blocks._pattern_blocks.cache_clear()
+    planning._pattern_blocks.cache_clear()
     first = fields(plan(0, **pattern))
     plan(1, **pattern), plan(2, causal=True, radius=1), plan(3, causal=False, radius=4, global_tokens=2)
-    assert bucket_blocks._pattern_blocks.cache_info().hits == 1
+    assert planning._pattern_blocks.cache_info().hits == 1
     again = fields(plan(0, **pattern))
     assert len(again) == len(first) and all(torch.equal(a, b) for a, b in zip(again, first, strict=True))
-    bucket_blocks._pattern_blocks.cache_clear()
+    planning._pattern_blocks.cache_clear()
     fresh = fields(plan(0, **pattern))
     assert all(torch.equal(a, b) for a, b in zip(fresh, first, strict=True))
 
@@ -258,9 +259,9 @@ def test_bucket_runs_in_cpp_equal_the_tensor_reference(groups, n, m, slots, nid,
         return torch.stack(rows).view(groups, length, slots) if rows else torch.empty(groups, 0, slots).long()
 
     q_ids, k_ids = ids(n, nid), ids(m, nid - 2)  # the top two ids only among the queries
-    found = bucket_blocks._bucket_runs(q_ids, k_ids, causal, rows)
-    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
-    expected = bucket_blocks._bucket_runs(q_ids, k_ids, causal, rows)
+    found = planning._bucket_runs(q_ids, k_ids, causal, rows)
+    monkeypatch.setattr(planning, "library", lambda name: None)
+    expected = planning._bucket_runs(q_ids, k_ids, causal, rows)
     assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(found, expected, strict=True))
     assert len(found[0]) == int((q_ids >= 0).sum()) and len(found[2]) == int((k_ids >= 0).sum())
     assert bool((found[5] <= rows).all())
@@ -288,9 +289,9 @@ def test_block_classes_in_cpp_equal_the_tensor_reference(blocks, causal, monkeyp
     # the same group
     for b in range(1, blocks, 3):
         runs[[0, 4, 5], b] = torch.stack([runs[0, b - 1] + runs[1, b - 1], torch.tensor(0), runs[5, b - 1]])
-    found = bucket_blocks._block_classes(runs, q_flat, n, groups, causal, 64, 32)
-    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
-    expected = bucket_blocks._block_classes(runs, q_flat, n, groups, causal, 64, 32)
+    found = planning._block_classes(runs, q_flat, n, groups, causal, 64, 32)
+    monkeypatch.setattr(planning, "library", lambda name: None)
+    expected = planning._block_classes(runs, q_flat, n, groups, causal, 64, 32)
     assert found[1] == expected[1] and sum(c[3] for c in found[1]) == len(found[0][0])
     assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(found[0], expected[0], strict=True))
     assert blocks < 300 or len(found[1]) > 3  # many classes among many blocks
@@ -306,9 +307,9 @@ def test_distinct_ids_in_cpp_equal_the_tensor_reference(slots, top, one_each, mo
     ids = torch.randint(-1, top, (3, 70, slots), generator=gen, dtype=torch.int32)
     if one_each:  # every slot but one −1
         ids = torch.where(torch.arange(slots) == torch.randint(0, slots, (3, 70, 1), generator=gen), ids, -1)
-    found = bucket_blocks.distinct_ids(ids)
-    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
-    expected = bucket_blocks.distinct_ids(ids)
+    found = planning.distinct_ids(ids)
+    monkeypatch.setattr(planning, "library", lambda name: None)
+    expected = planning.distinct_ids(ids)
     assert found.dtype == expected.dtype == torch.int64 and torch.equal(found, expected)
     assert found.shape[-1] == (1 if one_each else slots)
     for token, row in zip(
@@ -337,14 +338,14 @@ def test_plans_of_mismatched_groups_or_empty_steps_are_refused(k_shape, options)
 @needs_compiler
 def test_the_planning_kernel_is_built_where_a_compiler_is():
     """Else the comparisons above would be the tensor path against itself."""
-    assert bucket_blocks.library("planning") is not None
+    assert planning.library("planning") is not None
 
 
 @needs_compiler
 @pytest.mark.parametrize(("nid", "capacity", "status"), [(3, 4, -2), (4, 1, -3)])
 def test_the_bucket_chunks_refuse_an_id_past_its_count_or_chunks_past_their_room(nid, capacity, status):
     """Its caller counts the ids and the chunks' room; a miscount is an error, not a write past them."""
-    kernel = bucket_blocks.library("planning")
+    kernel = planning.library("planning")
     ids, sorted_ = torch.tensor([[[0], [3]]]), torch.empty(4, 2, dtype=torch.int64)
     chunks, counts = torch.empty(5, capacity, dtype=torch.int64), torch.empty(3, dtype=torch.int64)
     with pytest.raises(ValueError, match=rf"bucket_chunks refused its arguments \(status {status}"):
@@ -373,12 +374,12 @@ def _fields(plan) -> list[torch.Tensor | None]:
     ],
 )
 def test_plans_from_the_cpp_passes_equal_the_tensor_reference(n, top, causal, pattern, monkeypatch):
-    """kernels/planning.cpp (sort, padded runs, tags) where it is built and the tensor operations give the
-    same plan, tensor for tensor: indices, limits, positions and tags, with tokens holding no id."""
+    """kernels/native/planning.cpp (sort, padded runs, tags) where it is built and the tensor operations give
+    the same plan, tensor for tensor: indices, limits, positions and tags, with tokens holding no id."""
     ids = balanced_buckets(2, 3, n, 8, top, seed=n)
     ids[..., :5, 0] = -1
     found = plan_attention(ids, ids, causal=causal, **pattern)
-    monkeypatch.setattr(bucket_blocks, "library", lambda name: None)
+    monkeypatch.setattr(planning, "library", lambda name: None)
     expected = plan_attention(ids, ids, causal=causal, **pattern)
     assert found.spread == expected.spread and len(found.classes) == len(expected.classes)
     for a, b in zip(_fields(found), _fields(expected), strict=True):

@@ -1,5 +1,5 @@
 """Every Triton kernel variant the dispatcher can launch builds for Hopper (sm_90) within its register
-and shared-memory budget, checked ahead of time without a GPU (``python -m kernels.build_report``)."""
+and shared-memory budget, checked ahead of time without a GPU (``python -m benchmarks.build_report``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from kernels import build_report  # noqa: E402
+from benchmarks import build_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -33,7 +33,7 @@ def test_variants_cover_every_pass_and_tile_configuration():
 
 
 def test_candidate_tiles_replace_the_defaults_in_every_variant_of_the_chosen_dtype():
-    from kernels import triton_bucketed as tb
+    from kernels.bucketed import triton_kernel as tb
 
     candidates = [tb.Tiles(128, 64, num_warps=8, num_stages=3), tb.Tiles(64, 128, num_warps=4, num_stages=2)]
     built = [v for v in build_report.variants(candidates, "bf16") if v["kernel"] != "_tau_kernel"]
@@ -69,7 +69,7 @@ def test_every_variant_builds_for_hopper_within_budget():
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.build_report", "--json", "--arch", "90"],
+        [sys.executable, "-m", "benchmarks.build_report", "--json", "--arch", "90"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""The public entry ``kernels.bucketed_attention``: input validation and the choice of backend."""
+"""The public entry ``kernels.bucketed.bucketed_attention``: input validation and the choice of backend."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import torch_bucketed
-from kernels.reference import dense_bucketed_attention
+from kernels import bucketed
+from kernels.bucketed import torch_path
+from kernels.bucketed.reference import dense_bucketed_attention
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
@@ -32,15 +32,15 @@ def inputs(n: int = 9, m: int | None = None, t: int = 2, dtype=torch.float32, de
 
 def test_cpu_tensors_run_the_torch_path(monkeypatch):
     calls = []
-    original = torch_bucketed.torch_bucketed_attention
+    original = torch_path.torch_bucketed_attention
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(torch_bucketed, "torch_bucketed_attention", spy)
+    monkeypatch.setattr(torch_path, "torch_bucketed_attention", spy)
     q, k, v, qb, kb = inputs()
-    out = kernels.bucketed_attention(q, k, v, qb, kb, alpha=2, window=3, global_tokens=1, causal=True)
+    out = bucketed.bucketed_attention(q, k, v, qb, kb, alpha=2, window=3, global_tokens=1, causal=True)
     assert calls == [dict(alpha=2.0, causal=True, radius=1, global_tokens=1, scale=None)]
     expected = original(q, k, v, qb, kb, alpha=2.0, causal=True, radius=1, global_tokens=1)
     assert torch.equal(out, expected)
@@ -50,10 +50,10 @@ def test_cpu_use_works_without_triton():
     code = (
         "import sys, torch\n"
         "sys.modules['triton'] = None  # any import of triton now fails\n"
-        "import kernels\n"
+        "from kernels import bucketed\n"
         "q = torch.randn(1, 1, 5, 4); b = torch.zeros(1, 1, 5, 1, dtype=torch.int32)\n"
-        "kernels.bucketed_attention(q, q, q, b, b)\n"
-        "assert 'kernels.triton_bucketed' not in sys.modules\n"
+        "bucketed.bucketed_attention(q, q, q, b, b)\n"
+        "assert 'kernels.bucketed.triton_kernel' not in sys.modules\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env=env)
@@ -61,12 +61,12 @@ def test_cpu_use_works_without_triton():
 
 def test_triton_route_imports_the_kernel_lazily(monkeypatch):
     calls = []
-    fake = types.ModuleType("kernels.triton_bucketed")
+    fake = types.ModuleType("kernels.bucketed.triton_kernel")
     fake.triton_bucketed_attention = lambda *args, **kwargs: calls.append(kwargs) or "triton"
-    monkeypatch.setitem(sys.modules, "kernels.triton_bucketed", fake)
+    monkeypatch.setitem(sys.modules, "kernels.bucketed.triton_kernel", fake)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v, qb, kb = inputs()
-    assert kernels.bucketed_attention(q, k, v, qb, kb, scale=0.5, backend="triton") == "triton"
+    assert bucketed.bucketed_attention(q, k, v, qb, kb, scale=0.5, backend="triton") == "triton"
     assert calls == [dict(alpha=1.5, causal=False, radius=-1, global_tokens=0, scale=0.5)]
 
 
@@ -74,8 +74,8 @@ def test_triton_route_imports_the_kernel_lazily(monkeypatch):
 def test_forced_triton_backend_on_cpu_runs_the_interpreted_kernel(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v, qb, kb = inputs()
-    out = kernels.bucketed_attention(q, k, v, qb, kb, window=3, backend="triton")
-    expected = kernels.bucketed_attention(q, k, v, qb, kb, window=3, backend="torch")
+    out = bucketed.bucketed_attention(q, k, v, qb, kb, window=3, backend="triton")
+    expected = bucketed.bucketed_attention(q, k, v, qb, kb, window=3, backend="torch")
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
 
 
@@ -84,28 +84,28 @@ def test_forced_triton_backend_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q, k, v, qb, kb = inputs()
     with pytest.raises(ValueError, match=r"backend 'triton' needs CUDA tensors .*; got tensors on cpu"):
-        kernels.bucketed_attention(q, k, v, qb, kb, backend="triton")
+        bucketed.bucketed_attention(q, k, v, qb, kb, backend="triton")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_cuda_tensors_run_triton_except_float64(monkeypatch):
-    from kernels import triton_bucketed
+    from kernels.bucketed import triton_kernel
 
     calls = []
-    original = triton_bucketed.triton_bucketed_attention
+    original = triton_kernel.triton_bucketed_attention
 
     def spy(*args, **kwargs):
         calls.append(args[0].dtype)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(triton_bucketed, "triton_bucketed_attention", spy)
+    monkeypatch.setattr(triton_kernel, "triton_bucketed_attention", spy)
     q, k, v, qb, kb = inputs(n=130, device="cuda")
-    out = kernels.bucketed_attention(q, k, v, qb, kb, window=5)
+    out = bucketed.bucketed_attention(q, k, v, qb, kb, window=5)
     assert calls == [torch.float32]
     # Sanity only (accuracy is the kernel tests' job): a wrong mask would be off by ~0.1 or more.
-    expected = torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, radius=2)
+    expected = torch_path.torch_bucketed_attention(q, k, v, qb, kb, radius=2)
     torch.testing.assert_close(out, expected, rtol=0, atol=2e-2)
-    kernels.bucketed_attention(q.double(), k.double(), v.double(), qb, kb)  # the PyTorch path on CUDA
+    bucketed.bucketed_attention(q.double(), k.double(), v.double(), qb, kb)  # the PyTorch path on CUDA
     assert calls == [torch.float32]
 
 
@@ -114,7 +114,7 @@ def test_float64_cross_attention_computes_the_dense_reference():
     dense reference's to float64 round-off (the bound the kernel tests use for float64 inputs)."""
     q, k, v, qb, kb = inputs(n=9, m=14, t=3, dtype=torch.float64)
     options = dict(alpha=1, window=5, scale=0.3)
-    out = kernels.bucketed_attention(q, k, v, qb, kb, **options)
+    out = bucketed.bucketed_attention(q, k, v, qb, kb, **options)
     assert out.shape == q.shape and out.dtype == torch.float64
     expected = dense_bucketed_attention(q, k, v, qb, kb, **options)
     assert expected.abs().amax(-1).min() > 0.1  # every query attends something: no row is trivially zero
@@ -127,7 +127,7 @@ def call_with(tensors: dict, options: dict):
     args = dict(q=q, k=k, v=v, q_buckets=qb, k_buckets=kb)
     for key, change in tensors.items():
         args[key] = change(args[key]) if callable(change) else change
-    return kernels.bucketed_attention(**args, **options)
+    return bucketed.bucketed_attention(**args, **options)
 
 
 BAD = [
@@ -187,4 +187,4 @@ def test_bad_inputs_raise_clear_value_errors(tensors, options, message):
 def test_causal_needs_as_many_queries_as_keys():
     q, k, v, qb, kb = inputs(n=9, m=12)
     with pytest.raises(ValueError, match="causal attention needs as many queries as keys; got n = 9, m = 12"):
-        kernels.bucketed_attention(q, k, v, qb, kb, causal=True)
+        bucketed.bucketed_attention(q, k, v, qb, kb, causal=True)

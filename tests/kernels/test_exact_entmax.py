@@ -8,10 +8,11 @@ import pytest
 import torch
 from entmax import entmax15, sparsemax
 
-from kernels import native, torch_bucketed
-from kernels.bucket_blocks import BlockMask
-from kernels.exact_entmax import exact_entmax
-from kernels.torch_bucketed import _MASKED, _exact_thresholds, _SpreadRows
+from kernels import native
+from kernels.bucketed import torch_path
+from kernels.bucketed.exact_entmax import exact_entmax
+from kernels.bucketed.planning import BlockMask
+from kernels.bucketed.torch_path import _MASKED, _exact_thresholds, _SpreadRows
 
 ENTMAX = {1.5: entmax15, 2.0: sparsemax}
 
@@ -225,9 +226,9 @@ def test_the_bucketed_path_runs_its_reference_where_no_library_can_be_built(monk
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 300, 16, generator=gen) for _ in range(3))
     ids = torch.randint(0, 3, (1, 2, 300, 1), generator=gen, dtype=torch.int32)
-    run = lambda: torch_bucketed.torch_bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True, radius=3)  # noqa: E731
+    run = lambda: torch_path.torch_bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True, radius=3)  # noqa: E731
     native_out = run()
-    monkeypatch.setattr(torch_bucketed, "exact_entmax", lambda *args, **kwargs: None)
+    monkeypatch.setattr(torch_path, "exact_entmax", lambda *args, **kwargs: None)
     torch.testing.assert_close(run(), native_out, rtol=0, atol=1e-6)
 
 

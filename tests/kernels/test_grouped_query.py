@@ -1,6 +1,7 @@
 """Grouped-query attention (fewer key/value heads than query heads) in both backends of
-``kernels.bucketed_attention``: values and, above all, dk and dv, which must sum over the query heads that
-share a key/value head. The reference repeats k and v to every query head, which the backends must not do.
+``kernels.bucketed.bucketed_attention``: values and, above all, dk and dv, which must sum over the query heads
+that share a key/value head. The reference repeats k and v to every query head, which the backends must not
+do.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the Triton kernels are decorated
 
-from kernels import bucketed_attention, torch_bucketed
-from kernels.reference import dense_bucketed_attention
+from kernels.bucketed import bucketed_attention, torch_path
+from kernels.bucketed.reference import dense_bucketed_attention
 from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -89,30 +90,30 @@ def test_torch_path_reads_each_key_where_it_is(monkeypatch):
     """The torch path's blocks index the kv_heads × m keys themselves: no row of a per-query-head copy."""
     q, k, v, qb, kb = grouped_inputs(17, 17, 6, 2, 2, seed=3)
     seen = {}
-    original = torch_bucketed.BucketBlockAttention.apply
+    original = torch_path.BucketBlockAttention.apply
 
     def spy(q_flat, k_flat, v_flat, plan, alpha):
         seen.update(k=k_flat, keys=max(int(c.keys.max()) for c in plan.classes), num_keys=plan.num_keys)
         return original(q_flat, k_flat, v_flat, plan, alpha)
 
-    monkeypatch.setattr(torch_bucketed.BucketBlockAttention, "apply", spy)
+    monkeypatch.setattr(torch_path.BucketBlockAttention, "apply", spy)
     bucketed_attention(q.requires_grad_(), k, v, qb, kb, window=3, backend="torch")
     assert seen["k"].shape == (2 * 2 * 17, 16) and seen["num_keys"] == 2 * 2 * 17
     assert 2 * 2 * 17 // 2 <= seen["keys"] < 2 * 2 * 17  # indices reach the second half, never beyond
 
 
 def test_triton_path_broadcasts_keys_without_copying(monkeypatch):
-    from kernels import triton_bucketed
+    from kernels.bucketed import triton_kernel
 
     q, k, v, qb, kb = (x.to(TRITON_DEVICE) for x in grouped_inputs(9, 9, 4, 1, 1, seed=5))
     seen = {}
-    original = triton_bucketed._BucketedAttention.apply
+    original = triton_kernel._BucketedAttention.apply
 
     def spy(q, k, v, qb, kb, cfg):
         seen.update(k=k, v=v)
         return original(q, k, v, qb, kb, cfg)
 
-    monkeypatch.setattr(triton_bucketed._BucketedAttention, "apply", spy)
+    monkeypatch.setattr(triton_kernel._BucketedAttention, "apply", spy)
     out = bucketed_attention(q, k, v, qb, kb, backend="triton")
     assert out.shape == q.shape
     for name, x in (("k", k), ("v", v)):

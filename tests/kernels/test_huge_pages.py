@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import huge_pages
-from kernels.huge_pages import HUGE_PAGE, LARGE, advise_huge_pages, empty_large
+from kernels.bucketed import huge_pages
+from kernels.bucketed.huge_pages import HUGE_PAGE, LARGE, advise_huge_pages, empty_large
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.bench import scattered_inputs, structured_inputs
-from kernels.dense_entmax import entmax_normalize
-from kernels.indexed_attention import (
+from benchmarks.attention import scattered_inputs, structured_inputs
+from kernels.entmax.dense import entmax_normalize
+from kernels.entmax.threshold import entmax_threshold
+from kernels.indexed.attention import (
     RowEntmax,
     _bound_factors,
     _box_bounds,
@@ -23,7 +24,6 @@ from kernels.indexed_attention import (
     _reaching_blocks,
     clustered_orders,
     dense_indexed_reference,
-    entmax_threshold,
     indexed_attention,
     predicted_sets,
 )
@@ -118,7 +118,7 @@ def test_certified_equals_dense_at_awkward_block_sizes(block, causal):
 
 
 def scattered(n: int, *, seed: int):
-    """:func:`kernels.bench.scattered_inputs` (local supports spread over the whole sequence), float64."""
+    """:func:`benchmarks.attention.scattered_inputs` (supports spread over the whole sequence), float64."""
     return scattered_inputs(1, 2, n, 32, 8, seed=seed, dtype=torch.float64)
 
 

@@ -16,13 +16,14 @@ import torch
 from entmax import entmax15, sparsemax
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import bucketed_attention, torch_bucketed
 from kernels.attended import window_radius
-from kernels.bucket_blocks import BlockPlan, attended
-from kernels.dense_entmax import entmax_normalize
-from kernels.exact_entmax import exact_entmax
-from kernels.reference import attended_mask, dense_bucketed_attention
-from kernels.torch_bucketed import _normalise, _SpreadRows, entmax_gradient_weight, plan_attention
+from kernels.bucketed import bucketed_attention, torch_path
+from kernels.bucketed.exact_entmax import exact_entmax
+from kernels.bucketed.planning import BlockPlan, attended
+from kernels.bucketed.reference import attended_mask, dense_bucketed_attention
+from kernels.bucketed.torch_path import _normalise, _SpreadRows, plan_attention
+from kernels.entmax.dense import entmax_normalize
+from kernels.entmax.gradient import entmax_gradient_weight
 
 # the PyTorch path through the public entry, which turns the window size into the band radius
 torch_bucketed_attention = functools.partial(bucketed_attention, backend="torch")
@@ -166,10 +167,10 @@ def test_short_rows_are_computed_densely_with_the_blocks_values_and_gradients(
         planned.append(1)
         return plan_attention(*args, **kwargs)
 
-    monkeypatch.setattr(torch_bucketed, "plan_attention", plan)
+    monkeypatch.setattr(torch_path, "plan_attention", plan)
     blocks = _grads(torch_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
     assert planned == [1]
-    monkeypatch.setattr(torch_bucketed, "SHORT_KEYS", n)
+    monkeypatch.setattr(torch_path, "SHORT_KEYS", n)
     dense = _grads(torch_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
     assert planned == [1]  # not planned again
     ref = _grads(dense_bucketed_attention, q, k, v, qb, kb, opts, grad_out)
@@ -177,7 +178,7 @@ def test_short_rows_are_computed_densely_with_the_blocks_values_and_gradients(
     for got, want, exact, blocked in zip(dense, ref, truth, blocks, strict=True):
         assert torch.equal(got, want)
         assert_close_to_truth(blocked, got, exact)
-    monkeypatch.setattr(torch_bucketed, "SHORT_KEYS", n - 1)  # one key more than short: blocks again
+    monkeypatch.setattr(torch_path, "SHORT_KEYS", n - 1)  # one key more than short: blocks again
     torch_bucketed_attention(q, k, v, qb, kb, **opts)
     assert planned == [1, 1]
 
@@ -290,7 +291,7 @@ def test_no_keys_give_zeros_on_the_autograd_graph():
     q = torch.full((1, 2, 5, 8), float("inf"), requires_grad=True)
     k, v = (torch.zeros(1, 2, 0, 8, requires_grad=True) for _ in range(2))
     ids = torch.zeros(1, 2, 5, 1, dtype=torch.int32)
-    out = torch_bucketed.torch_bucketed_attention(q, k, v, ids, ids[:, :, :0])
+    out = torch_path.torch_bucketed_attention(q, k, v, ids, ids[:, :, :0])
     assert out.shape == (1, 2, 5, 8) and (out == 0).all() and out.requires_grad
     out.sum().backward()
     assert (q.grad == 0).all() and k.grad.shape == k.shape
@@ -464,7 +465,7 @@ def test_exact_entmax_over_many_block_shapes_equals_the_reference(monkeypatch):
         calls.append([p.shape[-1] for p in parts])
         return exact_entmax(parts, owners, *args, **kwargs)
 
-    monkeypatch.setattr(torch_bucketed, "exact_entmax", recording)
+    monkeypatch.setattr(torch_path, "exact_entmax", recording)
     opts = dict(alpha=1.5, causal=True, window=9, global_tokens=2)
     ours = bucketed_attention(q, k, v, qb, kb, backend="torch", **opts)
     [widths] = calls
@@ -509,8 +510,8 @@ def test_spread_forward_by_slabs_of_groups_is_the_same_in_less_memory(monkeypatc
     opts = dict(alpha=alpha, causal=True, window=9, global_tokens=64)
     whole, largest_whole = _slab_run(q, k, v, qb, kb, opts)
     plan = plan_attention(qb, kb, causal=True, radius=4, global_tokens=64)
-    monkeypatch.setattr(torch_bucketed, "SLAB_ENTRIES", 1)
-    assert [len(groups) for groups, _, _ in torch_bucketed._slabs(plan)] == [1] * plan.groups
+    monkeypatch.setattr(torch_path, "SLAB_ENTRIES", 1)
+    assert [len(groups) for groups, _, _ in torch_path._slabs(plan)] == [1] * plan.groups
     sliced, largest_sliced = _slab_run(q, k, v, qb, kb, opts)
     for a, b in zip(whole, sliced, strict=True):
         assert torch.equal(a, b)
@@ -526,8 +527,8 @@ def test_slabs_cut_each_class_by_group(monkeypatch):
     plan = plan_attention(qb, kb, causal=True, radius=3, global_tokens=64)
     n = plan.num_queries // plan.groups
     for entries, count in ((1, plan.groups), (plan.num_entries // 3, None), (10 * plan.num_entries, 1)):
-        monkeypatch.setattr(torch_bucketed, "SLAB_ENTRIES", entries)
-        slabs = torch_bucketed._slabs(plan)
+        monkeypatch.setattr(torch_path, "SLAB_ENTRIES", entries)
+        slabs = torch_path._slabs(plan)
         assert [g for groups, _, _ in slabs for g in groups] == list(range(plan.groups))
         assert count is None or len(slabs) == count
         for c, blocks in enumerate(plan.classes):

@@ -18,11 +18,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are decorated
 
-from kernels import bucketed_attention
 from kernels.attended import window_radius
-from kernels.dense_entmax import entmax_normalize
-from kernels.reference import attended_mask, dense_bucketed_attention
-from kernels.triton_bucketed import Tiles, triton_bucketed_attention
+from kernels.bucketed import bucketed_attention
+from kernels.bucketed.reference import attended_mask, dense_bucketed_attention
+from kernels.bucketed.triton_kernel import Tiles, triton_bucketed_attention
+from kernels.entmax.dense import entmax_normalize
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -188,7 +188,7 @@ OTHER_TILES = [
     ids=str,
 )
 def test_other_tiles_match_reference(case: Case, tiles: Tiles):
-    """Any tiles compute the same attention (``python -m kernels.tune`` relies on it to compare them)."""
+    """Any tiles compute the same attention (``python -m benchmarks.tune`` relies on it to compare them)."""
 
     def attention(q, k, v, q_buckets, k_buckets, *, window, **options):
         radius = window_radius(window)
@@ -202,7 +202,7 @@ def test_other_tiles_match_reference(case: Case, tiles: Tiles):
 def test_causal_ranges_drop_only_masked_pairs_and_whole_tiles(n: int, m: int, key_major: bool):
     """A causal block's entry range ends (queries) or starts (keys) at its own positions: every pair sharing
     a bucket with j ≤ i stays inside, the start moves by whole tiles, and fewer tiles are visited."""
-    from kernels import triton_bucketed as tb
+    from kernels.bucketed import triton_kernel as tb
 
     gen = torch.Generator().manual_seed(5)
     q_ids = torch.randint(-1, 4, (2, n, 2), generator=gen, dtype=torch.int32)
@@ -234,12 +234,12 @@ def test_causal_ranges_drop_only_masked_pairs_and_whole_tiles(n: int, m: int, ke
 )
 def test_tau_search_runs_in_kernel_exactly_when_rows_are_whole(monkeypatch, t, window, whole_rows):
     """Rows met by one program solve τ in one launch; rows split over programs step from the host."""
-    from kernels import triton_bucketed
+    from kernels.bucketed import triton_kernel
 
     split_calls = []
-    split = triton_bucketed._solve_tau_split
+    split = triton_kernel._solve_tau_split
     monkeypatch.setattr(
-        triton_bucketed, "_solve_tau_split", lambda *args: split_calls.append(1) or split(*args)
+        triton_kernel, "_solve_tau_split", lambda *args: split_calls.append(1) or split(*args)
     )
     case = Case(70, 32, t, 1.5, True, window, 0, f32, 4)
     _check_against_reference(case, *_inputs(case, seed=7))
@@ -255,7 +255,7 @@ def test_bisection_ends_on_the_last_float_with_mass_above_one(alpha: float, shif
     lower end, as entmax's bisection does: F(τ) = Σ_j [x_j − τ]₊^{1/(α−1)} ≥ 1 there (= 1: a root in fp32,
     accepted at once) and ≤ 1 at the next float up (the sums here are exact, rounded once to fp32, so the
     answer is determined)."""
-    from kernels.triton_bucketed import _host_tau_search, _make_config
+    from kernels.bucketed.triton_kernel import _host_tau_search, _make_config
 
     rows, keys = 16, 40
     gen = torch.Generator().manual_seed(0)

@@ -17,10 +17,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are decorated
 
-from kernels import indexed_attention as indexed_module
-from kernels import triton_indexed
-from kernels.bench import structured_inputs
-from kernels.indexed_attention import dense_indexed_reference, indexed_attention, predicted_sets
+from benchmarks.attention import structured_inputs
+from kernels.indexed import attention as indexed_module
+from kernels.indexed import triton_kernel
+from kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -175,7 +175,7 @@ def test_needed_blocks_hold_the_predicted_sets(margin, causal):
     zeros = torch.zeros(2, 2, 45, 16, device=DEVICE)  # the exact scores play no part in pass 1
     valid = padding(2, 45, seed=9)
     options = dict(alpha=1.5, causal=causal, key_valid=valid, scale=0.7, margin=margin)
-    passes = triton_indexed.certified_passes(zeros, zeros, zeros, qi, ki, block=16, **options)
+    passes = triton_kernel.certified_passes(zeros, zeros, zeros, qi, ki, block=16, **options)
     sets = predicted_sets(qi, ki, candidates=45, block=16, **options)  # (2, 2, 45, 45)
     B, nb = 16, passes.need.shape[1]
     padded = torch.nn.functional.pad(sets, (0, nb * B - 45, 0, nb * B - 45))
@@ -234,7 +234,7 @@ def test_auto_runs_torch_on_cpu(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the Triton forward ran")
 
-    monkeypatch.setattr(triton_indexed, "triton_indexed_attention", refuse)
+    monkeypatch.setattr(triton_kernel, "triton_indexed_attention", refuse)
     args = _args()
     assert torch.equal(indexed_attention(*args), indexed_attention(*args, backend="torch"))
 
@@ -251,7 +251,7 @@ def test_auto_runs_torch_on_cpu(monkeypatch):
 def test_auto_chooses_triton_only_for_certified_inference(monkeypatch, mode, order, grads, expected):
     """On a device where "auto" would pick Triton (faked here), it falls back to torch for approximate mode,
     for the clustered order and when gradients are needed."""
-    monkeypatch.setattr(indexed_module, "_check_backend", lambda backend, q: "triton")
+    monkeypatch.setattr(indexed_module, "check_backend", lambda backend, q: "triton")
     q, k, v, _, _ = _args()
     q.requires_grad_(grads)
     assert indexed_module._resolve_backend("auto", q, k, v, mode, order) == expected

@@ -1,4 +1,4 @@
-"""``python -m kernels.tune``: the tile sweep on tiny workloads, in Triton's interpreter without a GPU (its
+"""``python -m benchmarks.tune``: the tile sweep on tiny workloads, in Triton's interpreter without a GPU (its
 times mean nothing there; what is checked is that every candidate is run, checked against the default tiles,
 timed and summarised, and that a candidate computing something else is caught)."""
 
@@ -11,8 +11,9 @@ import re
 import pytest
 import torch
 
-from kernels import triton_bucketed, tune
-from kernels.triton_bucketed import Tiles
+from benchmarks import tune
+from kernels.bucketed import triton_kernel
+from kernels.bucketed.triton_kernel import Tiles
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,7 +48,7 @@ def test_tiles_print_and_parse_back_and_refuse_impossible_shapes():
 
 def test_the_default_candidates_parse_and_differ_from_the_default_tiles():
     cuda = torch.device("cuda")
-    defaults = {triton_bucketed.default_tiles(64, t, torch.bfloat16, cuda, alpha=1.5) for t in (1, 2)}
+    defaults = {triton_kernel.default_tiles(64, t, torch.bfloat16, cuda, alpha=1.5) for t in (1, 2)}
     candidates = [Tiles.parse(text) for text in tune.CUDA_CANDIDATES]
     assert len(set(candidates)) == len(candidates) and not defaults & set(candidates)
     assert any(not tiles.skip_empty for tiles in candidates)  # the pipelined loads are among them
@@ -71,7 +72,7 @@ def test_sweep_checks_and_times_every_candidate_on_every_workload(tmp_path, caps
     report = json.loads((tmp_path / "tune.json").read_text())
     jobs = tune.workloads({**tune.CPU_GRID, "sizes": [32]})
     candidates = [Tiles.parse(t) for t in CANDIDATES]
-    default = triton_bucketed.default_tiles(tune.CPU_GRID["dim"], 1, DTYPE, torch.device(DEVICE), alpha=1.5)
+    default = triton_kernel.default_tiles(tune.CPU_GRID["dim"], 1, DTYPE, torch.device(DEVICE), alpha=1.5)
     assert default not in candidates and str(candidates[0]) in tune.CPU_CANDIDATES
     rows = report["results"]
     assert len(rows) == len(jobs) * (1 + len(candidates))
@@ -108,13 +109,13 @@ def test_sweep_checks_and_times_every_candidate_on_every_workload(tmp_path, caps
 
 
 def test_a_candidate_that_computes_something_else_is_reported_not_timed(tmp_path, monkeypatch):
-    attention = triton_bucketed.triton_bucketed_attention
+    attention = triton_kernel.triton_bucketed_attention
 
     def off_for_narrow_tiles(*args, tiles, **options):
         out = attention(*args, tiles=tiles, **options)
         return out * 1.1 if tiles.block_m == 16 else out
 
-    monkeypatch.setattr(triton_bucketed, "triton_bucketed_attention", off_for_narrow_tiles)
+    monkeypatch.setattr(triton_kernel, "triton_bucketed_attention", off_for_narrow_tiles)
     monkeypatch.setattr(tune, "CPU_GRID", {**tune.CPU_GRID, "tops": [1], "alphas": [1.0]})
     args = ["--device", DEVICE, "--sizes", "32", "--tiles", "16x32/w1/s1,64x32/w1/s1", "--out", str(tmp_path)]
     assert tune.main(args) == 0

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.torch_bucketed as torch_bucketed
-from kernels.bench import balanced_buckets
+from benchmarks.attention import balanced_buckets
+from kernels.bucketed import torch_path
 from tests.kernels.test_torch_bucketed import (
     _grads,
     assert_close_to_truth,
@@ -25,15 +25,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """The query shapes of every SDPA call the PyTorch path makes while the test runs, on a machine where
     the block products have no wide kernel (where they have, they beat SDPA)."""
-    monkeypatch.setattr(torch_bucketed, "wide_kernel", lambda: None)
+    monkeypatch.setattr(torch_path, "wide_kernel", lambda: None)
     calls = []
-    sdpa = torch_bucketed.F.scaled_dot_product_attention
+    sdpa = torch_path.F.scaled_dot_product_attention
 
     def counting(q, *args, **kwargs):
         calls.append(tuple(q.shape))
         return sdpa(q, *args, **kwargs)
 
-    monkeypatch.setattr(torch_bucketed.F, "scaled_dot_product_attention", counting)
+    monkeypatch.setattr(torch_path.F, "scaled_dot_product_attention", counting)
     return calls
 
 
@@ -93,7 +93,7 @@ def test_values_of_another_size_take_the_block_path(sdpa_calls):
     """SDPA's fast kernel wants one head size for q, k and v; the internal entry allows v its own."""
     q, k, _, qb, kb = make_inputs(40, 16, 1, seed=5)
     v = torch.randn(*k.shape[:-1], 8, generator=torch.Generator().manual_seed(6))
-    out = torch_bucketed.torch_bucketed_attention(q, k, v, qb, kb, alpha=1.0)
+    out = torch_path.torch_bucketed_attention(q, k, v, qb, kb, alpha=1.0)
     assert not sdpa_calls
     torch.testing.assert_close(out.double(), dense64(q, k, v, qb, kb, alpha=1.0), rtol=1e-4, atol=1e-5)
 
@@ -103,10 +103,10 @@ def test_with_the_wide_block_products_whole_buckets_take_the_block_path(monkeypa
 
     Where they were not built (no AVX-512), the dispatch is told they were: the block path then multiplies
     with ``bmm``, so the rule and the block path's results are tested on every machine."""
-    if torch_bucketed.wide_kernel() is None:
-        monkeypatch.setattr(torch_bucketed, "wide_kernel", lambda: "the wide library")
+    if torch_path.wide_kernel() is None:
+        monkeypatch.setattr(torch_path, "wide_kernel", lambda: "the wide library")
     calls = []
-    monkeypatch.setattr(torch_bucketed.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(torch_path.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1))
     q, k, v, qb, kb = make_inputs(130, 32, 1, seed=7)
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
     ours = _grads(torch_bucketed_attention, q, k, v, qb, kb, {"alpha": 1.0}, grad_out)

@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # the last ten steps; with argument 1 it keeps freed memory first.
 PROGRAM = """
 import resource, sys, torch
-from kernels import bucketed_attention
+from kernels.bucketed import bucketed_attention
 from pipeline.allocator import keep_freed_memory
-from kernels.bench import balanced_buckets
+from benchmarks.attention import balanced_buckets
 if sys.argv[1] == "1":
     assert keep_freed_memory()
 torch.set_num_threads(1)

@@ -10,11 +10,32 @@ import pytest
 import yaml
 
 from pipeline.errors import UserError
-from pipeline.params import SECTIONS, load_all, load_section
+from pipeline.params.base import SECTION_NAMES
+from pipeline.params.sections import SECTIONS, load_all, load_section
 from tests.stage_runner import run_module
+from tests.test_dvc_deps import stage_files
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
+
+
+# the schema modules every stage may import: the package, the base every schema builds on, and the training
+# settings the models and the trainer read
+SHARED_SCHEMAS = {"pipeline/params/__init__.py", "pipeline/params/base.py", "pipeline/params/training.py"}
+
+
+def test_the_schemas_are_the_sections_in_order() -> None:
+    assert tuple(SECTIONS) == SECTION_NAMES
+
+
+@pytest.mark.parametrize("section", SECTION_NAMES)
+def test_a_stage_imports_its_own_schema_and_no_other(section: str) -> None:
+    """The code a stage imports (what dvc.yaml lists for it) holds its own section's schema and no other
+    stage's, so that an edit to one stage's schema re-runs that stage alone."""
+    schemas = {
+        str(path) for path in stage_files(f"stages.{section}") if path.parts[:2] == ("pipeline", "params")
+    }
+    assert schemas - SHARED_SCHEMAS == {f"pipeline/params/{section}.py"}
 
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)

@@ -65,13 +65,13 @@ def micro_params(folder: Path, data: Path, checkpoint: Path) -> dict[str, Any]:
     params["cluster"].update(
         graphs=str(out / "graphs/train"),
         projections=str(out / "predictors/projections.safetensors"),
-        out=str(out / "predictors/centroids.safetensors"),
+        out=str(out / "predictors/state.safetensors"),
         metrics=str(out / "metrics/cluster.json"),
     )
     params["evaluate"].update(
         graphs=str(out / "graphs/test"),
         projections=str(out / "predictors/projections.safetensors"),
-        state=str(out / "predictors/centroids.safetensors"),
+        state=str(out / "predictors/state.safetensors"),
         teacher=str(checkpoint),
         data=str(data),
         out=str(out / "evaluation/evaluate.json"),
@@ -259,7 +259,7 @@ def test_a_flipped_byte_in_the_projections_stops_their_readers(pipeline_run, tmp
 
 
 def test_a_flipped_byte_in_the_predictor_state_stops_evaluate(pipeline_run, tmp_path, capsys):
-    copy = tmp_path / "centroids.safetensors"
+    copy = tmp_path / "state.safetensors"
     shutil.copy(pipeline_run["cluster"]["out"], copy)
     flip_byte(copy)
     line, _ = run_with(tmp_path, pipeline_run, "evaluate", {"evaluate.state": str(copy)}, capsys)
@@ -267,7 +267,7 @@ def test_a_flipped_byte_in_the_predictor_state_stops_evaluate(pipeline_run, tmp_
 
 
 def test_a_truncated_state_file_is_one_line(pipeline_run, tmp_path, capsys):
-    copy = tmp_path / "centroids.safetensors"
+    copy = tmp_path / "state.safetensors"
     copy.write_bytes(Path(pipeline_run["cluster"]["out"]).read_bytes()[:50])
     line, _ = run_with(tmp_path, pipeline_run, "evaluate", {"evaluate.state": str(copy)}, capsys)
     assert f"{copy}: not a readable safetensors file" in line

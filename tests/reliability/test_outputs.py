@@ -21,7 +21,7 @@ from PIL import Image
 
 from pipeline.cli.inspect import SOFTWARE
 from pipeline.errors import UserError
-from pipeline.params import load_section
+from pipeline.params.sections import load_section
 from pipeline.stage import check_outputs
 from tests.stage_runner import run_module
 

@@ -17,7 +17,8 @@ import pytest
 from pipeline.cli.predictor_args import parse_knobs
 from pipeline.errors import UserError
 from pipeline.graphs.extract import extract_graphs, teacher_fingerprint
-from pipeline.params import MAX_DEPTH, MAX_NODES, SECTIONS, Section, load_all
+from pipeline.params.base import MAX_DEPTH, MAX_NODES, Section
+from pipeline.params.sections import SECTIONS, load_all
 from tests.reliability.test_params_strict import nested_sections, user_error
 from tests.stage_runner import run_module
 from tests.test_params_errors import (  # noqa: F401  (module fixtures: corpus, texts)

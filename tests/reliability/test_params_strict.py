@@ -16,15 +16,9 @@ from pydantic.fields import FieldInfo
 
 from pipeline.checkpoint import resolve_checkpoint, resolve_outside_checkpoint
 from pipeline.errors import UserError
-from pipeline.params import (
-    SECTIONS,
-    Prepare,
-    Section,
-    Seed,
-    UniqueKeyLoader,
-    load_all,
-    load_section,
-)
+from pipeline.params.base import Section, Seed, UniqueKeyLoader
+from pipeline.params.prepare import Prepare
+from pipeline.params.sections import SECTIONS, load_all, load_section
 from tests.test_params_errors import MICRO, REMOVE, assert_user_error, params_file, run_stage
 
 ROOT = Path(__file__).resolve().parents[2]

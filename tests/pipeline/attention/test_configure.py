@@ -61,13 +61,13 @@ def fitted(tmp_path_factory) -> dict[str, Path]:
             predictor.fit(layer, [batch], seed=0)
         wide.fit(layer, [HeadInputs(q.repeat(1, 2, 1, 1), q.repeat(1, 2, 1, 1), valid, valid, True)], seed=0)
     extra = {"graphs": fingerprint, "kind": "decoder_self"}
-    save_states(root / "centroids.safetensors", predictors, extra)
+    save_states(root / "state.safetensors", predictors, extra)
     save_states(root / "four_heads.safetensors", [wide], extra)
     return {
         "root": root,
         "teacher": root / "teacher",
         "projections": root / "projections.safetensors",
-        "state": root / "centroids.safetensors",
+        "state": root / "state.safetensors",
         "four_heads": root / "four_heads.safetensors",
     }
 
@@ -193,7 +193,7 @@ def test_a_knob_written_at_its_default_still_selects_the_state(fitted, tmp_path)
         valid = torch.ones(3, 12, dtype=torch.bool)
         for predictor in predictors:
             predictor.fit(layer, [HeadInputs(q, q, valid, valid, True, *module(q, q))], seed=0)
-    state = tmp_path / "centroids.safetensors"
+    state = tmp_path / "state.safetensors"
     save_states(state, predictors, load_projections(fitted["projections"])[1] | {"kind": "decoder_self"})
     out = tmp_path / "kmeans8"
     args = ["configure", str(fitted["teacher"]), str(out), "--projections", str(fitted["projections"])]

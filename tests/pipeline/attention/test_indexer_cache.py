@@ -11,7 +11,7 @@ from datasets import Dataset
 
 import pipeline.attention.sparsefinder as sparsefinder
 import pipeline.metrics.translation as translation
-from pipeline.attention import indexer_cache_bench
+from benchmarks import indexer_cache as indexer_cache_bench
 from pipeline.attention.indexer_cache import IndexedKeysLayer
 from pipeline.attention.interface import generation_cache
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder

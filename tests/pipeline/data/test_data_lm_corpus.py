@@ -14,7 +14,7 @@ from pipeline.data.documents import Document, read_hf_documents, read_sword_chap
 from pipeline.data.lm_corpus import build_lm_corpus, split_documents
 from pipeline.data.tokenizer import train_tokenizer
 from pipeline.errors import UserError
-from pipeline.params import validate_section
+from pipeline.params.sections import validate_section
 from pipeline.training.run import load_corpus
 from tests.tiny import wikitext_folder
 

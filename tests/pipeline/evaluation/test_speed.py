@@ -10,7 +10,7 @@ from pipeline.attention import ENTMAX
 from pipeline.evaluation import speed
 from pipeline.evaluation.speed import long_sequence, model_speed, speed_table
 from pipeline.models.language_model import build_language_model
-from pipeline.params import ModelShape
+from pipeline.params.training import ModelShape
 
 SHAPE = ModelShape(d_model=16, encoder_layers=1, decoder_layers=2, heads=2, ffn_dim=32, max_positions=64)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.params import Evaluate, Speed
-from stages.evaluate import speed_setting
+from pipeline.evaluation.run import speed_setting
+from pipeline.params.evaluate import Evaluate, Speed
 
 TEACHER = {"perplexity": 60.0}
 

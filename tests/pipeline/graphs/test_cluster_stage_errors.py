@@ -20,7 +20,7 @@ def run_cluster(tmp_path: Path, store: Path, projections: Path) -> subprocess.Co
     params["cluster"].update(
         graphs=str(store),
         projections=str(projections),
-        out=str(tmp_path / "centroids.safetensors"),
+        out=str(tmp_path / "state.safetensors"),
         metrics=str(tmp_path / "cluster.json"),
     )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -54,4 +54,4 @@ def test_bad_projections_are_one_line_errors(micro_store: Path, tmp_path: Path, 
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "centroids.safetensors").exists() and not (tmp_path / "cluster.json").exists()
+    assert not (tmp_path / "state.safetensors").exists() and not (tmp_path / "cluster.json").exists()

@@ -33,8 +33,8 @@ def learned_files(micro_store: Path, tmp_path_factory: pytest.TempPathFactory) -
     kmeans = KMeansPredictor(buckets=4)
     for i in range(store.layers):
         kmeans.set_layer_state(i, {"centroids": torch.randn(store.heads, 4, 3, generator=generator)})
-    save_states(folder / "centroids.safetensors", [kmeans])
-    return folder / "projections.safetensors", folder / "centroids.safetensors"
+    save_states(folder / "state.safetensors", [kmeans])
+    return folder / "projections.safetensors", folder / "state.safetensors"
 
 
 def test_summary_counts_valid_pairs(micro_store: Path) -> None:

@@ -22,7 +22,7 @@ from pipeline.par.supernet import (
     mixing_weights,
     searched_patterns,
 )
-from pipeline.params import ParStudent
+from pipeline.params.student import ParStudent
 from pipeline.students.init import build_student
 from tests.tiny import word_tokenizer
 

@@ -13,7 +13,8 @@ from pipeline.par.pattern import (
     parse_pattern,
     teacher_pattern,
 )
-from pipeline.params import ParStudent, validate_section
+from pipeline.params.sections import validate_section
+from pipeline.params.student import ParStudent
 
 OUTPUTS = {"init": "t", "out": "o", "run_dir": "r", "metrics": "m"}
 

@@ -13,10 +13,10 @@ from transformers import AutoTokenizer
 from pipeline.attention import load_model
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
-from pipeline.evaluation.students import load_student
+from pipeline.evaluation.student_models import load_student
 from pipeline.par.from_teacher import rebuild_from_teacher
 from pipeline.par.stacks import PAR, CrossAttention, FeedForward, SelfAttention, build_configured_stacks
-from pipeline.params import ParStudent
+from pipeline.params.student import ParStudent
 from pipeline.students.init import build_student
 from tests.tiny import padded_batch, standard_marian, word_tokenizer
 

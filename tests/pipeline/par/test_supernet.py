@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeline.attention import ENTMAX
+from pipeline.par.search import FrozenArchitecture
 from pipeline.par.stacks import CrossAttention, FeedForward, SelfAttention
 from pipeline.par.supernet import (
     CHOICES,
@@ -18,7 +19,6 @@ from pipeline.par.supernet import (
     mixing_weights,
     searched_patterns,
 )
-from stages.par_search import FrozenArchitecture
 from tests.tiny import dropout_free_marian, padded_batch
 
 VOCAB, LAYERS = 30, 2

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-import kernels
+from kernels import bucketed
 from kernels.attended import pattern_pairs, valid_pairs
 from pipeline.predictors import DistancePredictor, HeadInputs, Prediction, predicted_graph
 
 
 def kernel_attended(q_buckets, k_buckets, *, causal, window, global_tokens) -> torch.Tensor:
-    """(b, h, n, m) pairs ``kernels.bucketed_attention`` gives weight, read off its output.
+    """(b, h, n, m) pairs ``kernels.bucketed.bucketed_attention`` gives weight, read off its output.
 
     With softmax every attended pair gets a positive weight, and with v = the identity over keys the output
     row of query i is its weight vector, so the nonzero cells are the attended set the kernel computed.
@@ -19,7 +19,7 @@ def kernel_attended(q_buckets, k_buckets, *, causal, window, global_tokens) -> t
     q = torch.zeros(b, h, n, m, dtype=torch.float64)  # equal scores: every weight is 1/|A_i| > 0
     k = torch.zeros(b, h, m, m, dtype=torch.float64)
     v = torch.eye(m, dtype=torch.float64).expand(b, h, m, m)
-    out = kernels.bucketed_attention(
+    out = bucketed.bucketed_attention(
         q, k, v, q_buckets, k_buckets, alpha=1.0, causal=causal, window=window, global_tokens=global_tokens
     )
     return out > 0

@@ -6,11 +6,11 @@ import pytest
 import torch
 from entmax import entmax15
 
+from kernels.entmax.threshold import threshold_from_probabilities
 from pipeline.errors import UserError
 from pipeline.graphs import GraphStore
 from pipeline.predictors import IndexerPredictor, make_predictor
 from pipeline.predictors.base import HeadInputs
-from pipeline.predictors.indexer import entmax_threshold
 from pipeline.predictors.indexer_fit import distill_maps, indexer_loss, principal_basis
 from pipeline.predictors.scoring import layer_inputs
 
@@ -79,9 +79,9 @@ def test_predicted_set_is_the_entmax_rule_on_low_rank_scores(alpha, causal):
 def test_threshold_reproduces_entmax():
     z = torch.randn(5, 11, generator=torch.Generator().manual_seed(3)) * 3
     z[0, 4:] = float("-inf")  # excluded keys
-    tau = entmax_threshold(z, 1.5)
+    tau = threshold_from_probabilities(z, 1.5)
     torch.testing.assert_close((z / 2 - tau).clamp_min(0).square(), entmax15(z, dim=-1))
-    assert torch.isneginf(entmax_threshold(torch.full((1, 4), float("-inf")), 1.5)).all()
+    assert torch.isneginf(threshold_from_probabilities(torch.full((1, 4), float("-inf")), 1.5)).all()
 
 
 @pytest.mark.parametrize("causal", [False, True])

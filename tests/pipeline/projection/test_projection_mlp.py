@@ -13,7 +13,8 @@ import yaml
 from pipeline.errors import UserError
 from pipeline.graphs import GraphStore
 from pipeline.graphs.batches import epoch_batches, iter_batches
-from pipeline.params import Project, load_section
+from pipeline.params.project import Project
+from pipeline.params.sections import load_section
 from pipeline.projection.fit_store import fit_store_projections
 from pipeline.projection.model import HeadProjections, load_projections
 from pipeline.projection.train import held_out_loss, train_layer_projections

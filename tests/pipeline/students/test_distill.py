@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 
-from pipeline.params import Distillation, Training
+from pipeline.params.training import Distillation, Training
 from pipeline.students.distill import distillation_loss_sum
 from pipeline.training.trainer import train_model
 from tests.tiny import tiny_marian, word_tokenizer

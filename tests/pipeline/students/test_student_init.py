@@ -16,16 +16,21 @@ from pipeline.attention.sparsefinder import sparsefinder_heads
 from pipeline.attention.ssa import ssa_heads
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
-from pipeline.evaluation.students import load_student, student_folders, train_step_seconds, untrained_twin
-from pipeline.params import (
+from pipeline.evaluation.student_models import (
+    load_student,
+    student_folders,
+    train_step_seconds,
+    untrained_twin,
+)
+from pipeline.params.student import (
     EntmaxStudent,
     SamsaStudent,
     SbmStudent,
     SparsefinderStudent,
     SsaStudent,
     Student,
-    Training,
 )
+from pipeline.params.training import Training
 from pipeline.students.init import DenseFinetune, build_student, student_callbacks
 from tests.pipeline.attention.test_configure import fitted  # noqa: F401  (a fixture)
 

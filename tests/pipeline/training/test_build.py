@@ -7,7 +7,7 @@ import torch
 
 from pipeline.models.language_model import build_language_model
 from pipeline.models.marian import build_marian
-from pipeline.params import ModelShape
+from pipeline.params.training import ModelShape
 
 SHAPE = ModelShape(d_model=16, encoder_layers=1, decoder_layers=1, heads=2, ffn_dim=32, max_positions=32)
 BUILDERS = {

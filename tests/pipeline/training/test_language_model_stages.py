@@ -16,7 +16,7 @@ from transformers import Seq2SeqTrainingArguments
 from pipeline.attention import load_model
 from pipeline.graphs import GraphStore
 from pipeline.metrics.language_model import masked_positions, token_loss
-from pipeline.params import Distillation
+from pipeline.params.training import Distillation
 from pipeline.students.distill import DistillationTrainer
 from pipeline.training.run import load_corpus
 from stages import (

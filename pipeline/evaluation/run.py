@@ -1,0 +1,288 @@
+"""The ``evaluate`` stage's work, end to end: every predictor and baseline on the held-out graph store, then
+quality with predicted graphs at each method's best points, the students, and the speed table.
+
+1. Graphs: every setting of ``evaluate.methods`` × ``windows`` × ``global_tokens`` (or a method's own
+   lists) is scored (sparsity, recall, precision, exact-query fraction, per layer and head) on the
+   test-split store, never on sentences the projections or predictor states were fitted on; so is the
+   teacher's own gold sparsity.
+2. Quality: the teacher, each method's sparsity–recall Pareto points at sparsity ≥ gold − margin that a
+   decoder can run (and its sparsest setting there reaching each recall target), and a window wider than
+   any sentence (recall 1, which must reproduce the teacher) are translated by beam search on the test
+   split: BLEU, perplexity, the sparsity of the graphs actually used while decoding, and wall times side
+   by side.
+3. Students: every student folder, on the same sentences, with its attention computed per layer, its
+   training step time next to the teacher's, and its self-ensembles (SSA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from datasets import Dataset
+from transformers import PreTrainedTokenizerBase
+
+from pipeline.attention import load_model
+from pipeline.attention.sparsefinder import SPARSEFINDER
+from pipeline.checkpoint import load_auto_tokenizer, loading, read_manifest
+from pipeline.checks.evaluate import EvaluateInputs
+from pipeline.corpus_card import TASKS, Task
+from pipeline.errors import UserError
+from pipeline.evaluation.quality import (
+    attach_setting,
+    choose_points,
+    language_quality,
+    quality_sweep,
+    translation_quality,
+)
+from pipeline.evaluation.speed import speed_table
+from pipeline.evaluation.student_models import (
+    language_ensemble_quality,
+    load_student,
+    self_ensemble_quality,
+    student_folders,
+    student_quality,
+    timing_batches,
+    untrained_twin,
+)
+from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
+from pipeline.params.evaluate import Evaluate
+from pipeline.predictors.indexer import IndexerPredictor
+from pipeline.predictors.scoring import Setting
+from pipeline.predictors.window import WindowPredictor
+from pipeline.training.run import data_for_model, prepared_corpus
+
+
+def graph_rows(
+    params: Evaluate, inputs: EvaluateInputs, indices: range, full_window: int
+) -> tuple[list, tuple]:
+    """(scored rows of the grid, the recall-1 row) on the held-out store; ``full_window`` is a band wider
+    than any sentence, which attends every valid pair (the sparse-consistency check)."""
+    kind, projections = inputs.projections
+    settings = [
+        *(
+            setting
+            for method, grid in params.methods.items()
+            for setting in method_settings(
+                method,
+                grid,
+                inputs.stored,
+                params.state,
+                windows=params.windows,
+                global_tokens=params.global_tokens,
+            )
+        ),
+        Setting(WindowPredictor(), full_window),
+    ]
+    *rows, full = sweep_graphs(
+        inputs.store, kind, settings, projections, indices, batch_size=params.batch_size
+    )
+    return rows, full
+
+
+GRAPH_FIELDS = ("graph_sparsity", "graph_recall", "perplexity")
+"""What a speed row says of the graph its model attends."""
+
+
+def speed_setting(
+    params: Evaluate, rows: list, method: str, teacher_quality: dict, points: list[dict]
+) -> tuple[Setting, dict, str]:
+    """(setting, graph row, what chose it) the speed table runs ``method``'s predicted graph with.
+
+    With ``speed.perplexity_gap``, its sparsest quality point whose perplexity is at most (1 + gap) times
+    the teacher's ("perplexity"); otherwise, or when no point is that close, its sparsest setting with recall
+    ≥ ``speed.recall_target``, or its highest-recall one when none reaches it ("recall")."""
+    found = [(s, r) for s, r in rows if r["method"] == method]
+    gap = params.speed.perplexity_gap
+    if gap is not None:
+        limit = (1.0 + gap) * teacher_quality["perplexity"]
+        close = {p["label"] for p in points if p["method"] == method and p["perplexity"] <= limit}
+        within = [(s, r) for s, r in found if r["label"] in close]
+        if within:
+            return (*max(within, key=_sparsest), "perplexity")
+    reaching = [(s, r) for s, r in found if r["recall"] >= params.speed.recall_target]
+    if reaching:
+        return (*max(reaching, key=_sparsest), "recall")
+    return (*max(found, key=lambda point: (point[1]["recall"], point[1]["sparsity"])), "recall")
+
+
+def _sparsest(point: tuple[Setting, dict]) -> tuple[float, float]:
+    """Sort key of (setting, graph row) points: sparsity first, recall between equally sparse ones."""
+    return point[1]["sparsity"], point[1]["recall"]
+
+
+def speed_rows(
+    params: Evaluate,
+    teacher: str,
+    kind: str,
+    projections: dict,
+    rows: list,
+    gold: float,
+    quality: tuple[dict, list[dict]],
+    test: Dataset,
+) -> list[dict]:
+    """The speed table (:func:`~pipeline.evaluation.speed.speed_table`) of softmax SDPA, the dense α-entmax
+    teacher and the teacher on each ``speed.methods`` predicted graph at :func:`speed_setting` (the
+    τ-indexer also certified when ``speed.certified``), each row with the sparsity and recall of the graph
+    its attention weights live on, the perplexity measured on it where the quality sweep measured one
+    (``quality`` = the teacher's and the points'), and for predicted graphs what chose the setting; [] without
+    contexts."""
+    settings = params.speed
+    if not settings.contexts:
+        return []
+    teacher_quality, points = quality
+    measured_perplexity = {p["label"]: p["perplexity"] for p in points}
+    # (sparsity, recall, perplexity) of the graph each model's attention weights live on: the dense ones on
+    # every valid pair (sparsity 0; softmax's perplexity is not measured), certified attention on the
+    # teacher's own support
+    exact = teacher_quality["perplexity"]
+    graphs = {"softmax (sdpa)": (0.0, 1.0, None), "entmax (dense)": (0.0, 1.0, exact)}
+    chosen_by = {}
+    variants = []  # (label, setting, certified) of each predicted-graph model
+    for method in settings.methods:
+        setting, row, reason = speed_setting(params, rows, method, teacher_quality, points)
+        label = row["label"]
+        variants.append((label, setting, False))
+        graphs[label] = (row["sparsity"], row["recall"], measured_perplexity.get(label))
+        chosen_by[label] = reason
+        if settings.certified and isinstance(setting.predictor, IndexerPredictor):
+            variants.append((f"{label} certified", setting, True))
+            graphs[f"{label} certified"] = (gold, 1.0, exact)
+            chosen_by[f"{label} certified"] = reason
+    with loading(teacher, "evaluate.teacher"):
+        models = {
+            "softmax (sdpa)": load_model(teacher, attn_implementation="sdpa"),
+            "entmax (dense)": load_model(teacher, attn_implementation="entmax"),
+            **{label: load_model(teacher, attn_implementation=SPARSEFINDER) for label, _, _ in variants},
+        }
+    for label, setting, certified in variants:
+        attach_setting(models[label], setting, kind=kind, projections=projections, certified=certified)
+    measured = speed_table(
+        models, test, settings.contexts, repeats=settings.repeats, backward=settings.backward
+    )
+    return [
+        {
+            **entry,
+            **dict(zip(GRAPH_FIELDS, graphs[entry["model"]], strict=True)),
+            **({"chosen_by": chosen_by[entry["model"]]} if entry["model"] in chosen_by else {}),
+        }
+        for entry in measured
+    ]
+
+
+def task_measures(
+    params: Evaluate, task: Task, tokenizer: PreTrainedTokenizerBase, test: Dataset
+) -> tuple[Callable, Callable]:
+    """(``measure(model)``, ``ensemble(model, samples)``) on ``test`` for ``task``: BLEU and perplexity by
+    beam search, or perplexity (mlm: and accuracy) over blocks; the teacher, every predictor point and every
+    student are measured by the same one."""
+    quality = params.quality
+    data = {"tokenizer": tokenizer, "test": test, "batch_size": quality.batch_size}
+    if task == "translation":
+        measure = partial(translation_quality, **data)
+        return measure, partial(self_ensemble_quality, **data, seed=quality.ensemble_seed)
+    measure = partial(language_quality, **data, task=task)
+    return measure, partial(language_ensemble_quality, **data, task=task, seed=quality.ensemble_seed)
+
+
+def evaluate_students(
+    params: Evaluate,
+    teacher_sha256: str,
+    task: Task,
+    train: Dataset,
+    measure: Callable,
+    ensemble: Callable,
+) -> list[dict]:
+    """One row per student folder under ``params.students``, each distilled from this teacher, measured
+    by the teacher's ``measure`` (:func:`task_measures`)."""
+    folders = student_folders(params.students)
+    if not folders:
+        return []
+    quality = params.quality
+    with loading(params.teacher, "evaluate.teacher"):
+        teacher = load_model(params.teacher)
+    pad_id = teacher.config.pad_token_id
+    batches = timing_batches(train, quality.batch_size, quality.timing_batches, pad_id, task)
+    rows = []
+    for name, folder in folders.items():
+        student = load_student(folder, f"evaluate.students ({name})")
+        parent = read_manifest(folder).get("parent", {}).get("teacher", {})
+        if parent.get("model_sha256") != teacher_sha256:
+            raise UserError(
+                f"student {folder} was not distilled from evaluate.teacher = {params.teacher!r}; "
+                "re-run its student stage"
+            )
+        untrained = untrained_twin(student, params.teacher)
+        for model in (student, untrained):
+            if model is not None and task == "translation":
+                model.generation_config.num_beams = quality.beams
+                model.generation_config.max_new_tokens = quality.max_new_tokens
+        rows.append(
+            student_quality(
+                name,
+                student,
+                teacher,
+                batches,
+                measure=measure,
+                ensemble=ensemble,
+                ensemble_samples=quality.ensemble_samples,
+                untrained=untrained,
+            )
+        )
+    return rows
+
+
+def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> dict[str, Any]:
+    """What ``evaluate.json`` holds for ``params`` on its checked ``inputs``
+    (:func:`~pipeline.checks.evaluate.check_inputs`), its wall times included
+    (:func:`~pipeline.timings.write_metrics` writes them to their own file)."""
+    store, teacher, weights = inputs.store, inputs.teacher, inputs.weights
+    kind, projections = inputs.projections
+    data, corpus_tokenizer, card = prepared_corpus(params.data, "evaluate.data", tasks=TASKS)
+    task = card.task
+    with loading(teacher, "evaluate.teacher"):
+        model = load_model(teacher, attn_implementation=SPARSEFINDER)
+        tokenizer = load_auto_tokenizer(teacher)
+    positions = model.config.max_position_embeddings
+    indices = range(min(len(store), params.max_sentences or len(store)))
+    rows, full = graph_rows(params, inputs, indices, 2 * positions + 1)
+    gold = gold_sparsity(full[1])
+
+    quality = params.quality
+    key = f"evaluate.teacher = {params.teacher!r}"
+    encoded = data_for_model(data, corpus_tokenizer, tokenizer, model, task=task, key=key)
+    test = encoded["test"]
+    if quality.examples is not None:
+        test = test.select(range(min(quality.examples, len(test))))
+    if task == "translation":
+        model.generation_config.num_beams = quality.beams
+        model.generation_config.max_new_tokens = quality.max_new_tokens
+    measure, ensemble = task_measures(params, task, tokenizer, test)
+    points = choose_points(
+        rows,
+        kind,
+        min_sparsity=gold["sparsity"] - quality.sparsity_margin,
+        per_method=quality.points_per_method,
+        recall_targets=quality.recall_targets,
+    )
+    teacher_quality, point_rows = quality_sweep(
+        model, [*points, full], measure=measure, kind=kind, projections=projections
+    )
+    teacher_quality["sparsity"] = gold["sparsity"]
+    students = evaluate_students(params, weights, task, encoded["train"], measure, ensemble)
+    found = (teacher_quality, point_rows)
+    speed = speed_rows(params, teacher, kind, projections, rows, gold["sparsity"], found, data["test"])
+    store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
+    return {
+        "kind": kind,
+        "store": {**store_facts, "layers": store.layers, "heads": store.heads},
+        "projector": projections[min(projections)].config(),
+        "gold_sparsity": gold["sparsity"],
+        "gold_sparsity_per_layer_head": gold["per_layer_head"],
+        "graphs": [row for _, row in [*rows, full]],
+        "task": task,
+        "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
+        "students": students,
+        "speed": speed,
+    }

@@ -1,0 +1,213 @@
+"""The students next to the teacher: quality, attention computed per layer, and speed.
+
+Each student folder under the students' folder is loaded with the attention its manifest names and run on
+the same test sentences (or blocks), beam search and batches as the teacher and the predictor points, with
+the same measure (:func:`~pipeline.evaluation.quality.translation_quality`, or
+:func:`~pipeline.evaluation.quality.language_quality` for the block tasks), so it is one more point on the
+sparsity–BLEU and sparsity–perplexity plots. Its sparsity is that of the graphs it computes while decoding: a
+``sparsefinder`` student's predicted graphs, an SBM student's evaluation graphs, the keys a SAMSA student
+selects (its learned support vectors are not pairs of the sentence and do not count); 0 for a student that
+evaluates densely (SSA, the dense control). Training speed is
+one forward and backward pass per batch (cross-entropy, no distillation), timed for the teacher and the
+student alternately on the same training batches, so the ratio compares the attentions alone. A student
+with SSA heads is also evaluated as a self-ensemble of S sampled sub-models for each S asked for, and a
+``sparsefinder`` student beside its untrained twin: the teacher with the same predictor, which is what
+fine-tuning started from. A PAR student's row also names its patterns and its self-attention sublayers as a
+fraction of the teacher's (the PAR paper's "fewer attention blocks"); its speed is its decoding time.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.attention.loading import load_model
+from pipeline.attention.sparsefinder import SPARSEFINDER, SparsefinderHead, attach_sparsefinder
+from pipeline.attention.ssa import ssa_heads
+from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkpoint
+from pipeline.corpus_card import Task
+from pipeline.errors import UserError
+from pipeline.metrics.language_model import block_batches, token_loss
+from pipeline.metrics.translation import corpus_bleu
+from pipeline.par.pattern import attention_share, compact_pattern
+from pipeline.par.stacks import PAR, teacher_layers
+from pipeline.students.attention import STUDENT_ATTENTIONS
+from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate, self_ensemble
+from pipeline.timer import timed
+from pipeline.training.batches import padded_batches
+
+
+def student_folders(folder: str | None) -> dict[str, Path]:
+    """{name: model folder} of every student under ``folder`` (sub-folders holding a checkpoint manifest),
+    by name; none when ``folder`` is None."""
+    if folder is None:
+        return {}
+    root = Path(folder)
+    if not root.is_dir():
+        raise UserError(f"evaluate.students = {folder!r}: no such folder (run the student stages first)")
+    return {path.name: path for path in sorted(root.iterdir()) if (path / MANIFEST).is_file()}
+
+
+def load_student(folder: Path, key: str) -> PreTrainedModel:
+    """The student in ``folder``, verified, with the attention implementation its manifest records."""
+    resolve_checkpoint(str(folder), key, writer="student")
+    implementation = read_manifest(folder).get("attn_implementation")
+    if implementation not in STUDENT_ATTENTIONS:
+        raise UserError(
+            f"{folder / MANIFEST}: attn_implementation {implementation!r} is no student's; allowed: "
+            f"{', '.join(STUDENT_ATTENTIONS)} (re-run its student stage)"
+        )
+    with loading(str(folder), key):
+        return load_model(folder, attn_implementation=implementation)
+
+
+def train_step_seconds(
+    models: Sequence[PreTrainedModel], batches: Sequence[dict[str, torch.Tensor]]
+) -> list[float]:
+    """Median seconds of one forward + backward pass per model, the models taking turns on each batch.
+
+    Models are put in training mode for the passes (dropout, sampled attention) and back in eval mode
+    after; gradients are discarded.
+    """
+    times: list[list[float]] = [[] for _ in models]
+    for model in models:
+        model.train()
+    try:
+        for batch in batches:
+            for model, spent in zip(models, times, strict=True):
+                spent.append(timed(functools.partial(_train_step, model, batch))[1])
+                model.zero_grad(set_to_none=True)
+    finally:
+        for model in models:
+            model.eval()
+    return [statistics.median(spent) for spent in times]
+
+
+def _train_step(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> None:
+    """One forward and backward pass of the model's own loss on ``batch``."""
+    model(**batch).loss.backward()
+
+
+def timing_batches(
+    train: Dataset, batch_size: int, count: int, pad_id: int, task: Task
+) -> list[dict[str, torch.Tensor]]:
+    """``count`` training batches of ``batch_size`` from the start of ``train``: padded sentence pairs
+    (length-sorted), or blocks with labels = inputs (every position scored)."""
+    rows = train.select(range(min(len(train), batch_size * count)))
+    if task != "translation":
+        return [{"input_ids": ids, "labels": ids} for ids in block_batches(rows, batch_size)][:count]
+    return [batch for batch, _ in padded_batches(rows, batch_size, pad_id)][:count]
+
+
+def per_layer(table: list[list[float]] | None) -> list[float] | None:
+    """Mean over heads of each layer's value (a layer × head table)."""
+    return None if table is None else [round(sum(row) / len(row), 4) for row in table]
+
+
+def untrained_twin(student: PreTrainedModel, teacher: str) -> PreTrainedModel | None:
+    """The student as it was before fine-tuning, for a ``sparsefinder`` student: the ``teacher`` folder's
+    weights with the student's predictor (kept fixed in training, so equal to the one it started with);
+    None for other students, whose starting point is the teacher itself."""
+    spec = getattr(student.config, SPARSEFINDER, None)
+    if spec is None:
+        return None
+    twin = load_model(teacher, attn_implementation=SPARSEFINDER)
+    attach_sparsefinder(twin, spec)
+    heads = dict(twin.named_modules())
+    for name, module in student.named_modules():
+        if isinstance(module, SparsefinderHead):
+            heads[name].load_state_dict(module.state_dict())
+    return twin.eval()
+
+
+def student_quality(
+    name: str,
+    student: PreTrainedModel,
+    teacher: PreTrainedModel,
+    batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    measure: Callable[[PreTrainedModel], dict[str, Any]],
+    ensemble: Callable[[PreTrainedModel, int], dict[str, Any]],
+    ensemble_samples: Sequence[int],
+    untrained: PreTrainedModel | None = None,
+) -> dict[str, Any]:
+    """One student's row: ``measure(student)`` (the teacher's and the predictor points' measure:
+    :func:`~pipeline.evaluation.quality.translation_quality` or
+    :func:`~pipeline.evaluation.quality.language_quality`) plus the fraction of query–key pairs it computes
+    per layer, its training step time and the teacher's measured beside it, its self-ensembles
+    ``ensemble(student, samples)`` (SSA students) for each of ``ensemble_samples``, and the quality of its
+    ``untrained`` twin (:func:`untrained_twin`) when it has one."""
+    quality = measure(student)
+    sparsity_table = quality.pop("sparsity_per_layer_head")
+    if quality["sparsity"] is None:  # no predictor heads: every allowed pair is computed
+        quality["sparsity"] = 0.0
+    computed = per_layer([[1.0 - s for s in row] for row in sparsity_table]) if sparsity_table else None
+    student_step, teacher_step = train_step_seconds([student, teacher], batches)
+    row: dict[str, Any] = {
+        "student": name,
+        "attention": student.config._attn_implementation,
+        **quality,
+        "computed_fraction_per_layer": computed,
+        "train_step_seconds": round(student_step, 4),
+        "teacher_train_step_seconds": round(teacher_step, 4),
+    }
+    patterns = getattr(student.config, PAR, None)
+    if patterns is not None:
+        attention, share = attention_share(patterns, sum(teacher_layers(teacher).values()))
+        row[PAR] = {
+            **{stack: compact_pattern(pattern) for stack, pattern in patterns.items()},
+            "attention_sublayers": attention,
+            "attention_fraction": share,
+        }
+    if untrained is not None:
+        before = measure(untrained)
+        row["untrained"] = {key: before[key] for key in ("bleu", "perplexity", "sparsity") if key in before}
+    if ssa_heads(student) and ensemble_samples:
+        row["ensembles"] = [ensemble(student, samples) for samples in ensemble_samples]
+    return row
+
+
+def language_ensemble_quality(
+    model: PreTrainedModel,
+    samples: int,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    test: Dataset,
+    seed: int,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Perplexity (and mlm accuracy) of the average of ``samples`` sampled sub-models over the test blocks."""
+    with self_ensemble(model, samples, seed) as replicated:
+        scored = token_loss(replicated, task, test, batch_size, mask_id=tokenizer.mask_token_id)
+    return {"samples": samples, **{key: value for key, value in scored.items() if key != "tokens"}}
+
+
+def self_ensemble_quality(
+    model: PreTrainedModel,
+    samples: int,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    test: Dataset,
+    seed: int,
+    batch_size: int,
+) -> dict[str, Any]:
+    """BLEU and perplexity of the average of ``samples`` sampled sub-models (beam search included)."""
+    started = time.perf_counter()
+    hypotheses, references = ensemble_translate(model, tokenizer, test, batch_size, samples, seed)
+    decode_seconds = time.perf_counter() - started
+    nll = ensemble_perplexity(model, test, batch_size, samples, seed)
+    return {
+        "samples": samples,
+        **corpus_bleu(hypotheses, references),
+        "perplexity": nll["perplexity"],
+        "decode_seconds": round(decode_seconds, 3),
+    }

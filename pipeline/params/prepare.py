@@ -1,0 +1,89 @@
+"""The ``prepare`` section: which corpus is read, and how it is cleaned, split and tokenized."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.params.base import Context, Examples, Fraction, Section, Seed, Tokens, Vocabulary
+
+
+class SwordSource(Section):
+    path: str = "/usr/share/sword"
+    source_module: str = "engWEB2015eb"
+    target_module: str = "spaRV1909eb"
+    # lm/mlm: the modules whose chapters are the documents (World English Bible, King James Version),
+    # and the books read (OSIS names such as "Gen"; null: all)
+    modules: Annotated[list[str], Field(min_length=1)] = ["engWEB2015eb", "engKJV2006eb"]
+    books: Annotated[list[str], Field(min_length=1)] | None = None
+
+
+class TextSource(Section):
+    source_file: str
+    target_file: str
+
+
+class HubSource(Section):
+    """A ``datasets`` dataset: a hub id (online) or a local folder in the same format."""
+
+    name: str
+    config: str | None = None
+    translation_column: str | None = "translation"
+    source_column: str | None = None
+    target_column: str | None = None
+    id_column: str | None = None
+    use_dataset_splits: bool = True
+    # lm/mlm: the column of text rows; `lines`: rows are lines of articles starting at WikiText's
+    # " = Title = " lines (else one document per row)
+    text_column: str | None = None
+    lines: bool = True
+
+    @model_validator(mode="after")
+    def _columns(self) -> HubSource:
+        flat = self.source_column is not None and self.target_column is not None
+        if self.translation_column is None and not flat and self.text_column is None:
+            raise ValueError(
+                "set translation_column, or both source_column and target_column (or text_column)"
+            )
+        return self
+
+
+class Prepare(Section):
+    """A translation corpus of sentence pairs, or (``task`` lm / mlm) a corpus of ``context``-token blocks
+    cut from long documents: chapters of ``sword.modules``, or the articles of ``hf.text_column``."""
+
+    task: Literal["translation", "lm", "mlm"] = "translation"
+    source: Literal["sword", "text", "hf"] = "sword"
+    sword: SwordSource = SwordSource()
+    text: TextSource | None = None
+    hf: HubSource | None = None
+    src_lang: str = "en"
+    tgt_lang: str = "es"
+    valid_fraction: Fraction = 0.02
+    test_fraction: Fraction = 0.02
+    split_seed: Seed = 0
+    vocab_size: Vocabulary = 8000
+    min_length: Tokens = 1
+    max_length: Tokens = 64
+    max_length_ratio: Annotated[float, Field(ge=1.0)] | None = None
+    max_examples: Examples | None = None
+    context: Context = 1024
+    out: str = "artifacts/data"
+    metrics: str = "artifacts/metrics/prepare.json"
+
+    @model_validator(mode="after")
+    def _source_options(self) -> Prepare:
+        if self.source == "text" and self.text is None:
+            raise ValueError("source 'text' needs a 'text' section with source_file and target_file")
+        if self.source == "hf" and self.hf is None:
+            raise ValueError("source 'hf' needs an 'hf' section with at least 'name'")
+        if self.min_length > self.max_length:
+            raise ValueError(f"min_length {self.min_length} exceeds max_length {self.max_length}")
+        if self.valid_fraction + self.test_fraction >= 1.0:
+            raise ValueError("valid_fraction + test_fraction must leave room for training data")
+        if self.task != "translation" and self.source == "text":
+            raise ValueError(f"source 'text' reads sentence pairs; allowed for task {self.task!r}: sword, hf")
+        if self.task != "translation" and self.source == "hf" and self.hf.text_column is None:
+            raise ValueError(f"task {self.task!r} reads documents from a text column; set hf.text_column")
+        return self

@@ -1,0 +1,75 @@
+"""What the training stages share: the model's shape, the training and generation settings, and the
+distillation loss (pretrain, teacher, the students, PAR's search; the models and the trainer read them
+too)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.params.base import (
+    BatchSize,
+    Beams,
+    Count,
+    Examples,
+    FeedForward,
+    Heads,
+    Layers,
+    ModelWidth,
+    NonNegativeSteps,
+    Positions,
+    Section,
+    Seed,
+    Steps,
+    Tokens,
+)
+
+
+class ModelShape(Section):
+    """Marian encoder–decoder built from scratch (ignored when ``init`` names a checkpoint)."""
+
+    d_model: ModelWidth = 256
+    encoder_layers: Layers = 3
+    decoder_layers: Layers = 3
+    heads: Heads = 4
+    ffn_dim: FeedForward = 1024
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    max_positions: Positions = 256
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelShape:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
+        return self
+
+
+class Training(Section):
+    max_steps: Steps = 1000
+    batch_size: BatchSize = 32
+    grad_accumulation: Count = 1
+    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 5e-4
+    warmup_steps: NonNegativeSteps = 200
+    schedule: Literal["inverse_sqrt", "linear", "constant_with_warmup"] = "inverse_sqrt"
+    label_smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    grad_clip: Annotated[float, Field(gt=0.0)] = 1.0
+    eval_steps: Steps = 250
+    save_steps: Steps = 250
+    logging_steps: Steps = 50
+    seed: Seed = 0
+
+
+class Evaluation(Section):
+    beams: Beams = 4
+    max_new_tokens: Tokens = 96
+    batch_size: BatchSize = 32
+    test_examples: Examples | None = 500
+    sparsity_examples: Examples = 200
+
+
+class Distillation(Section):
+    """loss = (1 − weight) · CE(labels) + weight · T² · KL(teacher_T ‖ student_T) per target token."""
+
+    weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    temperature: Annotated[float, Field(gt=0.0)] = 2.0
