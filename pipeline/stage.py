@@ -83,6 +83,16 @@ def stage_instance(
     return _parse(name, schema, argv, instances=instances)
 
 
+def other_section(name: str, schema: type[S], argv: list[str] | None = None) -> S:
+    """Section ``name`` of the stage's params file (``--params``, default params.yaml), validated by its
+    ``schema``: another stage's declarations a stage follows (evaluate scores the students that
+    ``student.instances`` declares), listed among the stage's params in dvc.yaml."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--params", default="params.yaml")
+    args, _ = parser.parse_known_args(argv)
+    return load_section(name, args.params, schema=schema)
+
+
 def _parse(name: str, schema: type[S], argv: list[str] | None, instances: str | None) -> tuple[S, str | None]:
     parser = argparse.ArgumentParser(prog=f"python -m stages.{name}", description=f"DVC stage '{name}'.")
     if instances is not None:

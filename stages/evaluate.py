@@ -5,11 +5,12 @@ predicted graphs at each method's best points, the students and the speed table
 from __future__ import annotations
 
 from pipeline.atomic import staged_outputs
-from pipeline.checks.evaluate import check_inputs, check_params
+from pipeline.checks.evaluate import check_inputs, check_params, declared_students
 from pipeline.errors import exits_cleanly
 from pipeline.evaluation.run import run_evaluation
 from pipeline.params.evaluate import Evaluate
-from pipeline.stage import stage_params
+from pipeline.params.student import Student
+from pipeline.stage import other_section, stage_params
 from pipeline.timings import write_metrics
 
 
@@ -17,7 +18,8 @@ from pipeline.timings import write_metrics
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("evaluate", Evaluate, argv)
     check_params(params)
-    inputs = check_inputs(params)
+    students = declared_students(other_section("student", Student, argv) if params.students else None)
+    inputs = check_inputs(params, students)
     evaluation = run_evaluation(params, inputs)
     # the evaluation and its wall times are swapped in together
     with staged_outputs(params.out, params.timings):

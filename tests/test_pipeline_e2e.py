@@ -255,6 +255,10 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     assert (project / "artifacts/metrics/extract.timings.json").is_file()
     run(project, "git", "check-ignore", "-q", "artifacts/metrics/extract.timings.json")  # git leaves it out
 
+    # Switching to a profile with fewer students in the same workspace scores those alone.
+    check_fewer_students(project)
+    assert "up to date" in dvc(project, "status").stdout
+
     # Pointing extract at another checkpoint invalidates it alone, and re-extraction names the new teacher.
     set_params(project, "extract", teacher="artifacts/models/pretrain")
     status = dvc(project, "status").stdout
@@ -264,6 +268,50 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
         graphs = load(project, f"artifacts/graphs/{name}/manifest.json")
         assert graphs["teacher"]["checkpoint"] == "artifacts/models/pretrain"
     assert "project:" in dvc(project, "status").stdout
+
+
+def check_fewer_students(project: Path) -> None:
+    """Switching to a profile that declares fewer students in the same workspace: the other profile's student
+    folders stay on disk, and evaluate and report follow ``student.instances``, not the folder listing. A
+    declared student with no folder gets one line naming the command that builds it. The workspace is put
+    back as it was (params, lock and the evaluation's and report's outputs) afterwards."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    written = [params["evaluate"][key] for key in ("out", "timings")]
+    written += [params["report"][key] for key in ("out", "plots", "metrics")]
+    saved = project.parent / f"{project.name}-saved"
+    for name in ["params.yaml", "dvc.lock", *written]:
+        copy = shutil.copytree if (project / name).is_dir() else shutil.copy2
+        (saved / name).parent.mkdir(parents=True, exist_ok=True)
+        copy(project / name, saved / name)
+    kept = {
+        name: spec for name, spec in params["student"]["instances"].items() if name in ("sparsefinder", "ssa")
+    }
+    try:
+        set_params(project, "student", instances=kept)
+        assert (project / "artifacts/students/samsa/manifest.json").is_file()  # the leftover
+        dvc(project, "repro")
+        evaluation = load(project, params["evaluate"]["out"])
+        assert [row["student"] for row in evaluation["students"]] == ["sparsefinder", "ssa"]
+        assert set(load(project, params["report"]["metrics"])["students"]) == {"sparsefinder", "ssa"}
+        report = (project / params["report"]["out"]).read_text()
+        assert "| samsa" not in report and "| sbm" not in report and "| par" not in report
+
+        paths = {"out": "artifacts/students/ghost", "run_dir": "artifacts/runs/student-ghost"}
+        ghost = {**kept, "ghost": {**kept["ssa"], **paths, "metrics": "artifacts/metrics/student_ghost.json"}}
+        set_params(project, "student", instances=ghost)
+        failed = run(project, sys.executable, "-m", "stages.evaluate", check=False)
+        assert failed.returncode == 2
+        assert failed.stderr.strip().splitlines()[-1] == (
+            "error: student.instances.ghost.out = 'artifacts/students/ghost' holds no student model; "
+            "build it: dvc repro student@ghost"
+        )
+    finally:
+        for name in ["params.yaml", "dvc.lock", *written]:
+            target = project / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            (shutil.copytree if (saved / name).is_dir() else shutil.copy2)(saved / name, target)
+        shutil.rmtree(saved)
 
 
 def test_killed_training_resumes(project: Path) -> None:

@@ -6,18 +6,22 @@ runs in ``sparsefinder params`` once its own inputs exist."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
+from pathlib import Path
 
 from pipeline.attention import model_skeleton
 from pipeline.checkpoint import loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import read_corpus_card
 from pipeline.errors import UserError
+from pipeline.evaluation.student_models import check_parent, student_folders
 from pipeline.evaluation.sweep import method_settings
 from pipeline.graphs.store import GraphStore
 from pipeline.models.language_model import max_context
 from pipeline.origin import Origin
 from pipeline.params.evaluate import Evaluate
+from pipeline.params.student import Student
 from pipeline.predictors.base import PREDICTORS, Predictor
 from pipeline.predictors.state import load_states
 from pipeline.projection.model import HeadProjections, load_projections
@@ -47,8 +51,20 @@ def check_params(params: Evaluate) -> None:
 class EvaluateInputs(StageInputs):
     """The stage's inputs and its checks against them, each run as soon as its own inputs exist."""
 
-    def __init__(self, params: Evaluate) -> None:
+    def __init__(self, params: Evaluate, students: Mapping[str, str]) -> None:
         self.params = params
+        self.declared = students  # student.instances: name → out
+
+    @cached_property
+    def students(self) -> dict[str, Path]:
+        """The declared students' folders, each inside ``evaluate.students`` and holding a model."""
+        return student_folders(self.params.students, self.declared)
+
+    def check_parents(self) -> None:
+        """Every declared student was distilled from ``evaluate.teacher``."""
+        key = f"evaluate.teacher = {self.params.teacher!r}"
+        for name, folder in self.students.items():
+            check_parent(name, folder, key, self.weights)
 
     @cached_property
     def store(self) -> GraphStore:
@@ -132,13 +148,26 @@ class EvaluateInputs(StageInputs):
         ]
         if params.speed.contexts:  # nothing to check against the teacher without a speed table
             checks.append(InputCheck(teacher, self.check_positions))
-        return [*checks, InputCheck(projections | {"evaluate.state": params.state}, self.check_state)]
+        checks.append(InputCheck(projections | {"evaluate.state": params.state}, self.check_state))
+        if params.students is not None and self.declared:
+            students = {"evaluate.students": params.students}
+            checks += [
+                InputCheck(students, lambda: self.students),
+                InputCheck(students | graphs | teacher, self.check_parents),
+            ]
+        return checks
 
 
-def input_checks(params: Evaluate) -> list[InputCheck]:
-    return EvaluateInputs(params).checks()
+def declared_students(section: Student | None) -> dict[str, str]:
+    """name → model folder of every student a ``student`` section declares (none without one)."""
+    return {} if section is None else {name: spec.out for name, spec in section.instances.items()}
 
 
-def check_inputs(params: Evaluate) -> EvaluateInputs:
-    """The stage's inputs, after every check against them."""
-    return EvaluateInputs(params).check()
+def input_checks(params: Evaluate, students: Mapping[str, str]) -> list[InputCheck]:
+    return EvaluateInputs(params, students).checks()
+
+
+def check_inputs(params: Evaluate, students: Mapping[str, str]) -> EvaluateInputs:
+    """The stage's inputs, after every check against them; ``students``: name → folder of every student
+    the params declare (:func:`declared_students`)."""
+    return EvaluateInputs(params, students).check()

@@ -65,7 +65,12 @@ def _run_params(args: argparse.Namespace) -> int:
             continue
         if hasattr(module, "check_params"):
             module.check_params(section)
-        for check in module.input_checks(section):
+        if name == "evaluate":  # it scores the students the student section declares
+            declared = module.declared_students(sections.get("student") if section.students else None)
+            checks_of_stage = module.input_checks(section, declared)
+        else:
+            checks_of_stage = module.input_checks(section)
+        for check in checks_of_stage:
             missing = [key for key, path in check.inputs.items() if not Path(path).exists()]
             if not missing:
                 check.run()

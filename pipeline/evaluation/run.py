@@ -16,8 +16,9 @@ quality with predicted graphs at each method's best points, the students, and th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
@@ -25,10 +26,9 @@ from transformers import PreTrainedTokenizerBase
 
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.checkpoint import load_auto_tokenizer, loading, read_manifest
+from pipeline.checkpoint import load_auto_tokenizer, loading
 from pipeline.checks.evaluate import EvaluateInputs
 from pipeline.corpus_card import TASKS, Task
-from pipeline.errors import UserError
 from pipeline.evaluation.quality import (
     attach_setting,
     choose_points,
@@ -41,7 +41,6 @@ from pipeline.evaluation.student_models import (
     language_ensemble_quality,
     load_student,
     self_ensemble_quality,
-    student_folders,
     student_quality,
     timing_batches,
     untrained_twin,
@@ -188,15 +187,14 @@ def task_measures(
 
 def evaluate_students(
     params: Evaluate,
-    teacher_sha256: str,
+    folders: Mapping[str, Path],
     task: Task,
     train: Dataset,
     measure: Callable,
     ensemble: Callable,
 ) -> list[dict]:
-    """One row per student folder under ``params.students``, each distilled from this teacher, measured
-    by the teacher's ``measure`` (:func:`task_measures`)."""
-    folders = student_folders(params.students)
+    """One row per declared student (``folders``, checked by :mod:`pipeline.checks.evaluate`: each
+    distilled from this teacher), measured by the teacher's ``measure`` (:func:`task_measures`)."""
     if not folders:
         return []
     quality = params.quality
@@ -207,12 +205,6 @@ def evaluate_students(
     rows = []
     for name, folder in folders.items():
         student = load_student(folder, f"evaluate.students ({name})")
-        parent = read_manifest(folder).get("parent", {}).get("teacher", {})
-        if parent.get("model_sha256") != teacher_sha256:
-            raise UserError(
-                f"student {folder} was not distilled from evaluate.teacher = {params.teacher!r}; "
-                "re-run its student stage"
-            )
         untrained = untrained_twin(student, params.teacher)
         for model in (student, untrained):
             if model is not None and task == "translation":
@@ -237,7 +229,7 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> dict[str, Any]:
     """What ``evaluate.json`` holds for ``params`` on its checked ``inputs``
     (:func:`~pipeline.checks.evaluate.check_inputs`), its wall times included
     (:func:`~pipeline.timings.write_metrics` writes them to their own file)."""
-    store, teacher, weights = inputs.store, inputs.teacher, inputs.weights
+    store, teacher = inputs.store, inputs.teacher
     kind, projections = inputs.projections
     data, corpus_tokenizer, card = prepared_corpus(params.data, "evaluate.data", tasks=TASKS)
     task = card.task
@@ -270,7 +262,7 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> dict[str, Any]:
         model, [*points, full], measure=measure, kind=kind, projections=projections
     )
     teacher_quality["sparsity"] = gold["sparsity"]
-    students = evaluate_students(params, weights, task, encoded["train"], measure, ensemble)
+    students = evaluate_students(params, inputs.students, task, encoded["train"], measure, ensemble)
     found = (teacher_quality, point_rows)
     speed = speed_rows(params, teacher, kind, projections, rows, gold["sparsity"], found, data["test"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}

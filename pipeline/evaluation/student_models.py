@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +45,39 @@ from pipeline.timer import timed
 from pipeline.training.batches import padded_batches
 
 
-def student_folders(folder: str | None) -> dict[str, Path]:
-    """{name: model folder} of every student under ``folder`` (sub-folders holding a checkpoint manifest),
-    by name; none when ``folder`` is None."""
+def student_folders(folder: str | None, declared: Mapping[str, str]) -> dict[str, Path]:
+    """{name: model folder} of the students the params declare (``student.instances``: name → ``out``), in
+    their order; none when ``folder`` (``evaluate.students``) is None. Folders of other profiles' students
+    that lie beside them are ignored. Each declared folder must lie inside ``folder``, which evaluate depends
+    on, and hold a student model."""
     if folder is None:
         return {}
     root = Path(folder)
-    if not root.is_dir():
-        raise UserError(f"evaluate.students = {folder!r}: no such folder (run the student stages first)")
-    return {path.name: path for path in sorted(root.iterdir()) if (path / MANIFEST).is_file()}
+    found = {}
+    for name, out in declared.items():
+        path = Path(out)
+        if root.resolve() not in path.resolve().parents:
+            raise UserError(
+                f"student.instances.{name}.out = {out!r} lies outside evaluate.students = {folder!r}; "
+                "allowed: a folder inside it (evaluate depends on that folder)"
+            )
+        if not (path / MANIFEST).is_file():
+            raise UserError(
+                f"student.instances.{name}.out = {out!r} holds no student model; build it: "
+                f"dvc repro student@{name}"
+            )
+        found[name] = path
+    return found
+
+
+def check_parent(name: str, folder: Path, teacher_key: str, teacher_sha256: str | None) -> None:
+    """The student in ``folder`` was distilled from the teacher whose weights hash to ``teacher_sha256``."""
+    parent = read_manifest(folder).get("parent", {}).get("teacher", {})
+    if parent.get("model_sha256") != teacher_sha256:
+        raise UserError(
+            f"student {name} ({folder}) was not distilled from {teacher_key}; rebuild it: "
+            f"dvc repro student@{name}"
+        )
 
 
 def load_student(folder: Path, key: str) -> PreTrainedModel:

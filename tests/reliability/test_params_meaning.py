@@ -618,7 +618,8 @@ def test_params_command_says_which_checks_wait_for_inputs(tmp_path: Path, projec
     assert result.returncode == 0, result.stderr[-3000:]
     waiting = (
         "pretrain.data, extract.teacher, extract.data, cluster.graphs, evaluate.graphs, evaluate.data, "
-        "configure.teacher, configure.projections, configure.state, par_search.teacher, par_search.data, "
+        "evaluate.students, configure.teacher, configure.projections, configure.state, par_search.teacher, "
+        "par_search.data, "
         "student.data, student.instances.sparsefinder.init, "
         "student.instances.ssa.init, student.instances.sbm.init, student.instances.samsa.init, "
         "student.instances.par.init, student.instances.par-hand.init"
