@@ -72,7 +72,8 @@ def test_sparsefinder_student_trains_the_model_not_its_predictor_and_reloads_alo
     assert all(p.grad is not None for n, p in model.named_parameters() if "self_attn.q_proj" in n)
 
     save_checkpoint(folders["root"] / "students" / "sparsefinder", model.eval(), tokenizer, {"stage": "t"})
-    found = student_folders(str(folders["root"] / "students"))
+    students = folders["root"] / "students"
+    found = student_folders(str(students), {"sparsefinder": str(students / "sparsefinder")})
     reloaded = load_student(found["sparsefinder"], "student")
     assert sparsefinder_heads(reloaded)
     with torch.no_grad():
