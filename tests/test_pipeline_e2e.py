@@ -270,6 +270,12 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     assert "project:" in dvc(project, "status").stdout
 
 
+def copy_path(source: Path, target: Path) -> None:
+    """Copy a file or a whole folder to ``target``, making its parent folders."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
+
+
 def check_fewer_students(project: Path) -> None:
     """Switching to a profile that declares fewer students in the same workspace: the other profile's student
     folders stay on disk, and evaluate and report follow ``student.instances``, not the folder listing. A
@@ -279,10 +285,9 @@ def check_fewer_students(project: Path) -> None:
     written = [params["evaluate"][key] for key in ("out", "timings")]
     written += [params["report"][key] for key in ("out", "plots", "metrics")]
     saved = project.parent / f"{project.name}-saved"
-    for name in ["params.yaml", "dvc.lock", *written]:
-        copy = shutil.copytree if (project / name).is_dir() else shutil.copy2
-        (saved / name).parent.mkdir(parents=True, exist_ok=True)
-        copy(project / name, saved / name)
+    kept_files = ["params.yaml", "dvc.lock", *written]
+    for name in kept_files:
+        copy_path(project / name, saved / name)
     kept = {
         name: spec for name, spec in params["student"]["instances"].items() if name in ("sparsefinder", "ssa")
     }
@@ -306,11 +311,10 @@ def check_fewer_students(project: Path) -> None:
             "build it: dvc repro student@ghost"
         )
     finally:
-        for name in ["params.yaml", "dvc.lock", *written]:
-            target = project / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            (shutil.copytree if (saved / name).is_dir() else shutil.copy2)(saved / name, target)
+        for name in kept_files:
+            if (project / name).is_dir():
+                shutil.rmtree(project / name)
+            copy_path(saved / name, project / name)
         shutil.rmtree(saved)
 
 

@@ -52,11 +52,11 @@ def student_folders(folder: str | None, declared: Mapping[str, str]) -> dict[str
     on, and hold a student model."""
     if folder is None:
         return {}
-    root = Path(folder)
+    root = Path(folder).resolve()
     found = {}
     for name, out in declared.items():
         path = Path(out)
-        if root.resolve() not in path.resolve().parents:
+        if root not in path.resolve().parents:
             raise UserError(
                 f"student.instances.{name}.out = {out!r} lies outside evaluate.students = {folder!r}; "
                 "allowed: a folder inside it (evaluate depends on that folder)"
