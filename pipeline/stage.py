@@ -26,7 +26,7 @@ from pipeline.params.base import Section, load_section
 S = TypeVar("S", bound=Section)
 
 # params keys that name what a stage writes (files or folders), at any depth of its section
-OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir", "mixing")
+OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir", "mixing", "hypotheses")
 # params keys that name what a stage reads (checkpoints, corpora, stores, state files, a dataset folder or
 # hub id, the SWORD library), at any depth of its section; hub ids are compared as paths too, harmlessly
 INPUT_KEYS = (
@@ -39,13 +39,14 @@ INPUT_KEYS = (
     "students",
     "evaluation",
     "timings",
+    "evidence",
     "path",
     "name",
     "source_file",
     "target_file",
 )
-# keys whose role depends on the section: evaluate writes the timings file that report reads
-SECTION_OUTPUT_KEYS = {"evaluate": ("timings",)}
+# keys whose role depends on the section: evaluate writes the timings and evidence files that report reads
+SECTION_OUTPUT_KEYS = {"evaluate": ("timings", "evidence")}
 # what a stage never writes: the project's own sources, relative to the project folder (folders end in /;
 # the params file the stage reads, wherever it lies, is added by the check)
 PROJECT_SOURCES = (

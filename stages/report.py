@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.atomic import staged_outputs, write_json, write_text
 from pipeline.errors import exits_cleanly
-from pipeline.evaluation.report import build_report, load_evaluation
+from pipeline.evaluation.report import attach_evidence, build_report, load_evaluation, load_evidence
 from pipeline.params.report import Report
 from pipeline.plots.pareto import CAPTIONS, write_report_plots
 from pipeline.stage import stage_params
@@ -16,7 +16,9 @@ from pipeline.stage import stage_params
 @exits_cleanly
 def main(argv: list[str] | None = None) -> None:
     params = stage_params("report", Report, argv)
-    evaluation = load_evaluation(params.evaluation, params.timings)
+    evaluation = attach_evidence(
+        load_evaluation(params.evaluation, params.timings), load_evidence(params.evidence)
+    )
     # the figures, the report linking them and its headline numbers are swapped in together
     with staged_outputs(params.plots, params.out, params.metrics):
         write(params, evaluation)
@@ -36,6 +38,7 @@ def write(params: Report, evaluation: dict) -> None:
         evaluation,
         sparsity_levels=params.sparsity_levels,
         recall_target=params.recall_target,
+        tolerances=params.tolerances.model_dump(),
         figures=figures,
     )
     write_text(params.out, markdown)

@@ -96,6 +96,14 @@ def test_dvc_repro_of_the_lm_profile_runs_through_the_report(lm_project: Path) -
     assert "kmeans" in {p["method"] for p in points}
     assert all(math.isfinite(p["perplexity"]) for p in points)
     assert {row["student"] for row in evaluation["students"]} == set(STUDENTS)
+    # evidence over the test blocks: no decoding, no references, the teacher-forced measures with intervals
+    evidence = load(lm_project, "artifacts/evaluation/quality.json")
+    assert evidence["units"] == "blocks" and evidence["references"] is None
+    teacher_row, *others = evidence["rows"]
+    teacher_perplexity = evaluation["quality"]["teacher"]["perplexity"]
+    assert teacher_row["name"] == "teacher"
+    assert teacher_row["perplexity"]["value"] == pytest.approx(teacher_perplexity, rel=1e-3)
+    assert all("kl" in row and "bleu" not in row and row["hypotheses"] is None for row in others)
 
     # the speed table: five models (SDPA, dense entmax, k-means, indexer, indexer certified) at each context,
     # predictors at their sparsest point within 5 % of the teacher's perplexity, or by recall

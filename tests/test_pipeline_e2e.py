@@ -191,10 +191,23 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     assert "indexer" in {p["method"] for p in decoded}  # a row-scope predictor runs in the decoder
     assert all(0.0 <= p["sparsity"] <= 1.0 and math.isfinite(p["perplexity"]) for p in decoded), decoded
 
+    # evidence: every model a row on the same sentences, the files behind it line for line; the recall-1
+    # window reproduces the teacher's outputs, so each of its differences is exactly 0
+    evidence = load(project, "artifacts/evaluation/quality.json")
+    rows = {row["name"]: row for row in evidence["rows"]}
+    assert {"teacher", *points, *(row["student"] for row in evaluation["students"])} <= set(rows)
+    folder = project / "artifacts/evaluation/hypotheses"
+    references = (folder / evidence["references"]).read_text().splitlines()
+    assert len(references) == evaluation["quality"]["sentences"] == rows["teacher"]["sentences"]
+    same = rows[full[0]["label"]]
+    assert (folder / same["hypotheses"]).read_text() == (folder / rows["teacher"]["hypotheses"]).read_text()
+    for measure, difference in same["vs_teacher"].items():
+        assert difference["ci95"] == [0.0, 0.0] and not difference["significant"], measure
+
     # report: the table has a row per method, the headline metrics are DVC metrics, the plots exist
     report = (project / "artifacts/report.md").read_text()
     assert all(f"| {method} |" in report for method in methods) and "| teacher" in report
-    assert "## τ-indexer: rank and fitting" in report
+    assert "## τ-indexer: rank and fitting" in report and "## Claims" in report and "## Evidence" in report
     headline = load(project, "artifacts/metrics/report.json")
     assert set(headline["methods"]) == set(methods) and headline["teacher_bleu"] == teacher_quality["bleu"]
     assert "report.json" in dvc(project, "metrics", "show").stdout

@@ -23,7 +23,14 @@ from pipeline.corpus_card import write_corpus_card
 from pipeline.data.filter import REASONS, LengthFilter
 from pipeline.data.hf_source import read_hf
 from pipeline.data.pair import Pair, SourceRead
-from pipeline.data.split import SPLITS, cap_examples, check_cap, check_fractions, split_pairs
+from pipeline.data.split import (
+    SPLITS,
+    cap_examples,
+    check_cap,
+    check_fractions,
+    leave_out_seen,
+    split_pairs,
+)
 from pipeline.data.sword import read_sword
 from pipeline.data.text_source import read_text_pair
 from pipeline.data.tokenizer import check_vocab_size, train_tokenizer
@@ -109,6 +116,12 @@ def _empty_split(
 ) -> UserError:
     """Why split ``name`` ended up empty, naming the prepare key to change."""
     before = sum(split_dropped.values())
+    seen = split_dropped.get("seen_source", 0)
+    if before and seen == before:
+        return UserError(
+            f"prepare.{name}_fraction = {fraction}: all {seen} {name} pairs have a source sentence that is "
+            "also in training, and are left out; allowed: a fraction that puts unseen sentences there"
+        )
     if before:
         f = length_filter
         ratio = "null" if f.max_length_ratio is None else f.max_length_ratio
@@ -154,6 +167,7 @@ def build_corpus(
     max_length: int = 256,
     max_length_ratio: float | None = None,
     max_examples: int | None = None,
+    held_out_unseen: bool = True,
 ) -> dict[str, Any]:
     """Build the corpus into ``out_dir`` and return its statistics (JSON-ready).
 
@@ -164,7 +178,9 @@ def build_corpus(
     id hashes (``valid_fraction``, ``test_fraction``, ``split_seed``), except that a hub dataset's own splits
     are kept (its ``use_dataset_splits`` option). The tokenizer (``vocab_size``) is trained on the training
     split only; then every split is tokenised and pairs outside ``min_length``..``max_length`` tokens per
-    side (``</s>`` included) or beyond ``max_length_ratio`` are dropped.
+    side (``</s>`` included) or beyond ``max_length_ratio`` are dropped. With ``held_out_unseen``, valid and
+    test pairs whose source sentence is also a training source are left out first
+    (:func:`~pipeline.data.split.leave_out_seen`, counted as ``seen_source``).
 
     The statistics: ``read`` (counts from the source), ``dropped`` (pairs lost, by reason), ``splits``
     (examples and token-length mean/max per split), ``vocab_size`` and a ``fingerprint`` of the texts.
@@ -188,16 +204,21 @@ def build_corpus(
         raise UserError(
             f"source {source!r} gave no training pairs ({read.kept} pairs read, {len(pairs)} kept)"
         )
+    seen = leave_out_seen(splits) if held_out_unseen else {}
     tokenizer = train_tokenizer(
         (text for pair in splits["train"] for text in (pair.src, pair.tgt)), vocab_size=vocab_size
     )
 
     dropped = {"missing": read.dropped_missing, "empty": read.dropped_empty, "cap": read.kept - len(pairs)}
+    if held_out_unseen:
+        dropped["seen_source"] = 0  # added split by split below
     dropped.update(dict.fromkeys(REASONS, 0))
     split_stats: dict[str, dict[str, Any]] = {}
     encoded: dict[str, datasets.Dataset] = {}
     for name in SPLITS:
         columns, split_dropped = _encode_split(splits[name], tokenizer, length_filter)
+        if name in seen:
+            split_dropped = {"seen_source": seen[name], **split_dropped}
         if not columns["id"]:
             fraction = test_fraction if name == "test" else valid_fraction
             raise _empty_split(name, pairs, split_dropped, length_filter, fraction)

@@ -46,6 +46,7 @@ def prepare_corpus(params: Prepare) -> dict[str, Any]:
     if params.task == "translation":
         return build_corpus(
             params.out,
+            held_out_unseen=params.held_out_unseen,
             src_lang=params.src_lang,
             tgt_lang=params.tgt_lang,
             min_length=params.min_length,

@@ -65,6 +65,28 @@ def split_pairs(
     return splits
 
 
+def source_key(text: str) -> str:
+    """A source sentence as :func:`leave_out_seen` compares it: its words, single-spaced."""
+    return " ".join(text.split())
+
+
+def leave_out_seen(splits: dict[str, list[Pair]]) -> dict[str, int]:
+    """Remove from the valid and test splits, in place, every pair that an id hash put there whose source
+    sentence (:func:`source_key`) also appears in the training split, and return how many each lost.
+
+    A corpus that repeats formulae (the Bible's "And God said", "Thus says the LORD") otherwise tests a model
+    on sentences it was trained on, which measures memory, not translation. Pairs a dataset assigned to its
+    own splits are kept as they are, so a published test set stays the published one.
+    """
+    seen = {source_key(pair.src) for pair in splits["train"]}
+    removed = {}
+    for name in ("valid", "test"):
+        kept = [pair for pair in splits[name] if pair.split is not None or source_key(pair.src) not in seen]
+        removed[name] = len(splits[name]) - len(kept)
+        splits[name] = kept
+    return removed
+
+
 def check_cap(max_examples: int | None) -> None:
     """Raise :class:`UserError` unless ``max_examples`` is ``None`` (no cap) or at least 1."""
     if max_examples is not None and max_examples < 1:

@@ -58,6 +58,12 @@ HIGHER_IS_BETTER = {
 }
 """Per measure, whether a larger value is better (for :func:`verdict`)."""
 
+TEACHER = "teacher"
+"""The name of the teacher's row, the reference every other row is compared with."""
+
+DENSE = "dense"
+"""The name of the dense control's row (the teacher trained further the same way as the students)."""
+
 RELATIVE = frozenset({"perplexity"})
 """Measures whose difference entries are relative (value_sys / value_ref − 1), not value_sys − value_ref."""
 
@@ -253,7 +259,8 @@ def quality_rows(
     systems: Mapping[str, SystemScores],
     references: Sequence[str] | None,
     *,
-    reference_names: Sequence[str] = ("teacher", "dense"),
+    compared_with: Mapping[str, str] | None = None,
+    also: Mapping[str, Mapping[str, str]] | None = None,
     count: int = DEFAULT_RESAMPLES,
     seed: int,
     metrics: Mapping[str, Metric] | None = None,
@@ -262,9 +269,11 @@ def quality_rows(
 
     A row has ``name``, ``sentences`` and, for each measure the system has what it needs for (``bleu`` and
     ``chrf`` from hypotheses and ``references``; ``perplexity``, ``kl``, ``agreement``, ``accuracy`` from
-    per-sentence sums), ``{"value", "ci95"}``. For each name in ``reference_names`` that is one of
-    ``systems`` (and not the row's own), ``vs_<name>`` holds a difference entry per measure both have
-    (perplexity relative, see :data:`RELATIVE`). Every system must cover the same sentences, in one order.
+    per-sentence sums), ``{"value", "ci95"}``. For each ``key: name`` of ``compared_with`` (default
+    ``{"teacher": "teacher", "dense": "dense"}``) whose name is one of ``systems`` (and not the row's own),
+    ``vs_<key>`` holds a difference entry per measure both have (perplexity relative, see
+    :data:`RELATIVE`); ``also`` adds comparisons of single rows the same way (``{"ssa S=4": {"student":
+    "ssa"}}`` gives that row ``vs_student``). Every system must cover the same sentences, in one order.
     ``metrics`` are the corpus metrics by name (default: :func:`default_metrics`).
     """
     if not systems:
@@ -284,11 +293,12 @@ def quality_rows(
     for name, own in estimates.items():
         row: dict[str, Any] = {"name": name, "sentences": sentences}
         row |= {measure: row_entry(*estimate) for measure, estimate in own.items()}
-        for reference in reference_names:
+        references = {**(compared_with or {TEACHER: TEACHER, DENSE: DENSE}), **(also or {}).get(name, {})}
+        for key, reference in references.items():
             if reference == name or reference not in estimates:
                 continue
             theirs = estimates[reference]
-            row[f"vs_{reference}"] = {
+            row[f"vs_{key}"] = {
                 measure: difference_entry(*own[measure], *theirs[measure], relative=measure in RELATIVE)
                 for measure in own
                 if measure in theirs

@@ -1,5 +1,6 @@
-"""Quality with predicted graphs: BLEU and perplexity (translation), or perplexity and MLM accuracy (the
-block tasks); the sparsity of the graphs actually used, and time.
+"""Quality with predicted graphs: BLEU (translation) and the teacher-forced measures (perplexity, KL to the
+teacher, top-1 agreement with it; mlm: accuracy) on every unit of the test split; the sparsity of the graphs
+actually used, and time.
 
 One model serves every grid point: it is loaded once with ``attn_implementation="sparsefinder"``; without
 predictor heads it is the α-entmax teacher itself, and each point attaches its heads (replacing the previous
@@ -13,15 +14,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor
 from pipeline.corpus_card import Task
+from pipeline.evaluation.intervals import RATIOS, TEACHER, SystemScores, ratio_value
 from pipeline.evaluation.pareto import pareto_front
 from pipeline.metrics.language_model import token_loss
-from pipeline.metrics.translation import corpus_bleu, perplexity, translate
+from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
+from pipeline.metrics.translation import corpus_bleu, translate
 from pipeline.predictors.scoring import Setting
 from pipeline.projection.model import HeadProjections
 
@@ -66,54 +70,96 @@ def choose_points(
     return chosen
 
 
-def translation_quality(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, test: Dataset, *, batch_size: int
-) -> dict[str, Any]:
-    """BLEU (beam search), perplexity, the sparsity of the graphs used while decoding (overall and per layer
-    and head; None without predictor heads), and wall times.
+Measured = tuple[dict[str, Any], SystemScores]
+"""What measuring one model gives: its JSON row (point values), and what it produced on every test unit (for
+the intervals of :mod:`pipeline.evaluation.intervals`)."""
 
-    Times are taken on passes that count nothing: ``forward_seconds`` is the teacher-forced forward over
-    every test sentence (the perplexity pass), ``decode_seconds`` beam search on the first batch alone.
+
+def scores_of(sums: dict[str, np.ndarray], task: Task, hypotheses: list[str] | None = None) -> SystemScores:
+    """The per-unit sums of :func:`~pipeline.metrics.teacher_forced.unit_sums` (and the hypotheses) as the
+    intervals take them; top-1 accuracy is the mlm task's own measure and is kept for mlm alone."""
+    kept = {name: value for name, value in sums.items() if name != "correct" or task == "mlm"}
+    return SystemScores(hypotheses=hypotheses, **kept)
+
+
+def point_values(scores: SystemScores) -> dict[str, float]:
+    """The teacher-forced measures over the whole split (perplexity, and given their sums, KL to the
+    teacher, top-1 agreement with it, mlm accuracy), rounded as a row shows them."""
+    values = {}
+    for name, ratio in RATIOS.items():
+        numerator, denominator = getattr(scores, ratio.numerator), getattr(scores, ratio.denominator)
+        if numerator is not None and denominator is not None:
+            values[name] = round(float(ratio_value(ratio, numerator, denominator)), 4)
+    return values
+
+
+def translation_quality(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    test: Dataset,
+    *,
+    batch_size: int,
+    scoring: Scoring,
+    teacher: TeacherTargets | None,
+) -> Measured:
+    """BLEU (the model's generation config: the same beams for every model), the teacher-forced measures
+    against the ``teacher``'s targets (perplexity, KL, agreement), the sparsity of the graphs used while
+    decoding (overall and per layer and head; None without predictor heads), and wall times.
+
+    Times are taken on passes that count no sparsity: ``forward_seconds`` is the teacher-forced pass over
+    every test sentence (the one scoring them), ``decode_seconds`` decoding the first batch alone.
     """
     with measure_sparsity(model) as measured:
         hypotheses, references = translate(model, tokenizer, test, batch_size)
     started = time.perf_counter()
-    nll = perplexity(model, test, batch_size)
+    sums = unit_sums(model, test, scoring, teacher)
     forward_seconds = time.perf_counter() - started
     started = time.perf_counter()
     translate(model, tokenizer, test.select(range(min(batch_size, len(test)))), batch_size)
     decode_seconds = time.perf_counter() - started
-    return {
+    scores = scores_of(sums, "translation", hypotheses)
+    row = {
         **corpus_bleu(hypotheses, references),
-        "perplexity": nll["perplexity"],
+        **point_values(scores),
         "sparsity": measured.get("sparsity"),
         "sparsity_per_layer_head": measured.get("per_layer_head"),
         "forward_seconds": round(forward_seconds, 3),
         "decode_seconds": round(decode_seconds, 3),
         "examples": hypotheses[:2],
     }
+    return row, scores
 
 
 def language_quality(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, test: Dataset, *, batch_size: int
-) -> dict[str, Any]:
-    """Perplexity (and mlm accuracy) over the test blocks, the sparsity of the graphs used (overall and per
-    layer and head; None without predictor heads), and the wall time of a forward pass over them that
-    counts nothing (``forward_seconds``, and ``tokens_per_second`` from it)."""
-    mask_id = tokenizer.mask_token_id
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    test: Dataset,
+    *,
+    batch_size: int,
+    scoring: Scoring,
+    teacher: TeacherTargets | None,
+) -> Measured:
+    """The teacher-forced measures over the test blocks (perplexity, KL, agreement; mlm: accuracy), the
+    sparsity of the graphs used (overall and per layer and head; None without predictor heads), and the wall
+    time of a forward pass over them that counts nothing (``forward_seconds``, and ``tokens_per_second``
+    from it)."""
     with measure_sparsity(model) as measured:
-        scored = token_loss(model, task, test, batch_size, mask_id=mask_id)
+        sums = unit_sums(model, test, scoring, teacher)
     started = time.perf_counter()
-    token_loss(model, task, test, batch_size, mask_id=mask_id)
+    token_loss(model, task, test, batch_size, mask_id=tokenizer.mask_token_id)
     forward_seconds = time.perf_counter() - started
     tokens = sum(len(ids) for ids in test["input_ids"])
-    return {
-        **{k: v for k, v in scored.items() if k != "tokens"},
+    scores = scores_of(sums, task)
+    row = {
+        "loss": round(float(sums["nll"].sum() / sums["tokens"].sum()), 4),
+        **point_values(scores),
         "sparsity": measured.get("sparsity"),
         "sparsity_per_layer_head": measured.get("per_layer_head"),
         "forward_seconds": round(forward_seconds, 3),
         "tokens_per_second": round(tokens / forward_seconds, 1),
     }
+    return row, scores
 
 
 def attach_setting(
@@ -141,18 +187,20 @@ def quality_sweep(
     model: PreTrainedModel,
     points: Sequence[tuple[Setting, dict[str, Any]]],
     *,
-    measure: Callable[[PreTrainedModel], dict[str, Any]],
+    measure: Callable[[PreTrainedModel], Measured],
     kind: str,
     projections: Mapping[int, HeadProjections],
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(teacher quality, one quality row per point), each ``measure(model)`` (:func:`translation_quality`
-    or :func:`language_quality` with their data bound); ``model`` must have been loaded as ``sparsefinder``
-    with no heads attached (it is the teacher until the first point attaches its own)."""
-    teacher = measure(model)
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, SystemScores]]:
+    """(teacher quality, one quality row per point, what each produced: ``teacher`` and each point's label),
+    each ``measure(model)`` (:func:`translation_quality` or :func:`language_quality` with their data bound);
+    ``model`` must have been loaded as ``sparsefinder`` with no heads attached (it is the teacher until the
+    first point attaches its own)."""
+    teacher, teacher_scores = measure(model)
+    scores = {TEACHER: teacher_scores}
     rows = []
     for setting, graph_row in points:
         attach_setting(model, setting, kind=kind, projections=projections)
-        quality = measure(model)
+        quality, scores[graph_row["label"]] = measure(model)
         identity = {k: graph_row[k] for k in ("method", "knobs", "window", "global_tokens", "label")}
         rows.append(
             {
@@ -162,4 +210,4 @@ def quality_sweep(
                 **quality,
             }
         )
-    return teacher, rows
+    return teacher, rows, scores

@@ -7,11 +7,14 @@ quality with predicted graphs at each method's best points, the students, and th
    teacher's own gold sparsity.
 2. Quality: the teacher, each method's sparsity–recall Pareto points at sparsity ≥ gold − margin that a
    decoder can run (and its sparsest setting there reaching each recall target), and a window wider than
-   any sentence (recall 1, which must reproduce the teacher) are translated by beam search on the test
-   split: BLEU, perplexity, the sparsity of the graphs actually used while decoding, and wall times side
-   by side.
-3. Students: every student folder, on the same sentences, with its attention computed per layer, its
+   any sentence (recall 1, which must reproduce the teacher) are translated on the test split, every model
+   with the same decoding: BLEU, the teacher-forced measures against the teacher (perplexity, KL, top-1
+   agreement), the sparsity of the graphs actually used while decoding, and wall times side by side.
+3. Students: every declared student, on the same sentences, with its attention computed per layer, its
    training step time next to the teacher's, and its self-ensembles (SSA).
+4. Evidence: every quality row's 95 % paired bootstrap intervals, and its differences from the teacher and
+   from the dense control, over one shared set of resamples of the test sentences; and the outputs behind
+   them (:mod:`pipeline.evaluation.evidence`).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import load_auto_tokenizer, loading
 from pipeline.checks.evaluate import EvaluateInputs
 from pipeline.corpus_card import TASKS, Task
+from pipeline.evaluation.evidence import Evidence, gather_evidence
+from pipeline.evaluation.intervals import SystemScores
 from pipeline.evaluation.quality import (
     attach_setting,
     choose_points,
@@ -46,6 +51,7 @@ from pipeline.evaluation.student_models import (
     untrained_twin,
 )
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
+from pipeline.metrics.teacher_forced import Scoring, teacher_targets
 from pipeline.params.evaluate import Evaluate
 from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.scoring import Setting
@@ -171,17 +177,24 @@ def speed_rows(
 
 
 def task_measures(
-    params: Evaluate, task: Task, tokenizer: PreTrainedTokenizerBase, test: Dataset
+    params: Evaluate,
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
+    test: Dataset,
+    teacher: PreTrainedModel,
 ) -> tuple[Callable, Callable]:
-    """(``measure(model)``, ``ensemble(model, samples)``) on ``test`` for ``task``: BLEU and perplexity by
-    beam search, or perplexity (mlm: and accuracy) over blocks; the teacher, every predictor point and every
-    student are measured by the same one."""
+    """(``measure(model)``, ``ensemble(model, samples)``) on ``test`` for ``task``: BLEU by decoding (the
+    model's generation config) and the teacher-forced measures against ``teacher``'s targets, computed
+    here once; the teacher, every predictor point and every student are measured by the same one."""
     quality = params.quality
-    data = {"tokenizer": tokenizer, "test": test, "batch_size": quality.batch_size}
+    scoring = Scoring(task, quality.batch_size, mask_id=tokenizer.mask_token_id)
+    targets = teacher_targets(teacher, test, scoring)
+    data = {"test": test, "scoring": scoring, "teacher": targets}
     if task == "translation":
-        measure = partial(translation_quality, **data)
-        return measure, partial(self_ensemble_quality, **data, seed=quality.ensemble_seed)
-    measure = partial(language_quality, **data, task=task)
+        decoding = {**data, "tokenizer": tokenizer, "batch_size": quality.batch_size}
+        measure = partial(translation_quality, **decoding)
+        return measure, partial(self_ensemble_quality, **decoding, seed=quality.ensemble_seed)
+    measure = partial(language_quality, **data, tokenizer=tokenizer, task=task, batch_size=quality.batch_size)
     return measure, partial(language_ensemble_quality, **data, task=task, seed=quality.ensemble_seed)
 
 
@@ -192,17 +205,18 @@ def evaluate_students(
     train: Dataset,
     measure: Callable,
     ensemble: Callable,
-) -> list[dict]:
+) -> tuple[list[dict], dict[str, SystemScores]]:
     """One row per declared student (``folders``, checked by :mod:`pipeline.checks.evaluate`: each
-    distilled from this teacher), measured by the teacher's ``measure`` (:func:`task_measures`)."""
+    distilled from this teacher), measured by the teacher's ``measure`` (:func:`task_measures`), and what
+    every model measured produced, by evidence name."""
     if not folders:
-        return []
+        return [], {}
     quality = params.quality
     with loading(params.teacher, "evaluate.teacher"):
         teacher = load_model(params.teacher)
     pad_id = teacher.config.pad_token_id
     batches = timing_batches(train, quality.batch_size, quality.timing_batches, pad_id, task)
-    rows = []
+    rows, scores = [], {}
     for name, folder in folders.items():
         student = load_student(folder, f"evaluate.students ({name})")
         untrained = untrained_twin(student, params.teacher)
@@ -210,25 +224,26 @@ def evaluate_students(
             if model is not None and task == "translation":
                 model.generation_config.num_beams = quality.beams
                 model.generation_config.max_new_tokens = quality.max_new_tokens
-        rows.append(
-            student_quality(
-                name,
-                student,
-                teacher,
-                batches,
-                measure=measure,
-                ensemble=ensemble,
-                ensemble_samples=quality.ensemble_samples,
-                untrained=untrained,
-            )
+        row, produced = student_quality(
+            name,
+            student,
+            teacher,
+            batches,
+            measure=measure,
+            ensemble=ensemble,
+            ensemble_samples=quality.ensemble_samples,
+            untrained=untrained,
         )
-    return rows
+        rows.append(row)
+        scores |= produced
+    return rows, scores
 
 
-def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> dict[str, Any]:
+def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> tuple[dict[str, Any], Evidence]:
     """What ``evaluate.json`` holds for ``params`` on its checked ``inputs``
     (:func:`~pipeline.checks.evaluate.check_inputs`), its wall times included
-    (:func:`~pipeline.timings.write_metrics` writes them to their own file)."""
+    (:func:`~pipeline.timings.write_metrics` writes them to their own file), and the evidence behind every
+    quality row (:mod:`pipeline.evaluation.evidence`)."""
     store, teacher = inputs.store, inputs.teacher
     kind, projections = inputs.projections
     data, corpus_tokenizer, card = prepared_corpus(params.data, "evaluate.data", tasks=TASKS)
@@ -250,7 +265,7 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> dict[str, Any]:
     if task == "translation":
         model.generation_config.num_beams = quality.beams
         model.generation_config.max_new_tokens = quality.max_new_tokens
-    measure, ensemble = task_measures(params, task, tokenizer, test)
+    measure, ensemble = task_measures(params, task, tokenizer, test, model)
     points = choose_points(
         rows,
         kind,
@@ -258,15 +273,17 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> dict[str, Any]:
         per_method=quality.points_per_method,
         recall_targets=quality.recall_targets,
     )
-    teacher_quality, point_rows = quality_sweep(
+    teacher_quality, point_rows, scores = quality_sweep(
         model, [*points, full], measure=measure, kind=kind, projections=projections
     )
     teacher_quality["sparsity"] = gold["sparsity"]
-    students = evaluate_students(params, inputs.students, task, encoded["train"], measure, ensemble)
+    students, student_scores = evaluate_students(
+        params, inputs.students, task, encoded["train"], measure, ensemble
+    )
     found = (teacher_quality, point_rows)
     speed = speed_rows(params, teacher, kind, projections, rows, gold["sparsity"], found, data["test"])
     store_facts = {"path": params.graphs, "split": store.split, "sentences": len(indices)}
-    return {
+    evaluation = {
         "kind": kind,
         "store": {**store_facts, "layers": store.layers, "heads": store.heads},
         "projector": projections[min(projections)].config(),
@@ -278,3 +295,6 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> dict[str, Any]:
         "students": students,
         "speed": speed,
     }
+    references = list(test["tgt"]) if task == "translation" else None
+    found_evidence = gather_evidence(evaluation, {**scores, **student_scores}, references, quality=quality)
+    return evaluation, found_evidence

@@ -35,12 +35,15 @@ from pipeline.attention.ssa import ssa_heads
 from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkpoint
 from pipeline.corpus_card import Task
 from pipeline.errors import UserError
-from pipeline.metrics.language_model import block_batches, token_loss
+from pipeline.evaluation.intervals import SystemScores
+from pipeline.evaluation.quality import Measured, point_values, scores_of
+from pipeline.metrics.language_model import block_batches
+from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
 from pipeline.metrics.translation import corpus_bleu
 from pipeline.par.pattern import attention_share, compact_pattern
 from pipeline.par.stacks import PAR, teacher_layers
 from pipeline.students.attention import STUDENT_ATTENTIONS
-from pipeline.students.ensemble import ensemble_perplexity, ensemble_translate, self_ensemble
+from pipeline.students.ensemble import ensemble_translate, self_ensemble
 from pipeline.timer import timed
 from pipeline.training.batches import padded_batches
 
@@ -158,18 +161,20 @@ def student_quality(
     teacher: PreTrainedModel,
     batches: Sequence[dict[str, torch.Tensor]],
     *,
-    measure: Callable[[PreTrainedModel], dict[str, Any]],
-    ensemble: Callable[[PreTrainedModel, int], dict[str, Any]],
+    measure: Callable[[PreTrainedModel], Measured],
+    ensemble: Callable[[PreTrainedModel, int], Measured],
     ensemble_samples: Sequence[int],
     untrained: PreTrainedModel | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, SystemScores]]:
     """One student's row: ``measure(student)`` (the teacher's and the predictor points' measure:
     :func:`~pipeline.evaluation.quality.translation_quality` or
     :func:`~pipeline.evaluation.quality.language_quality`) plus the fraction of query–key pairs it computes
     per layer, its training step time and the teacher's measured beside it, its self-ensembles
     ``ensemble(student, samples)`` (SSA students) for each of ``ensemble_samples``, and the quality of its
-    ``untrained`` twin (:func:`untrained_twin`) when it has one."""
-    quality = measure(student)
+    ``untrained`` twin (:func:`untrained_twin`) when it has one; and what each of these models produced, by
+    evidence name (:func:`ensemble_name`, :func:`untrained_name`)."""
+    quality, student_scores = measure(student)
+    scores = {name: student_scores}
     sparsity_table = quality.pop("sparsity_per_layer_head")
     if quality["sparsity"] is None:  # no predictor heads: every allowed pair is computed
         quality["sparsity"] = 0.0
@@ -192,27 +197,41 @@ def student_quality(
             "attention_fraction": share,
         }
     if untrained is not None:
-        before = measure(untrained)
+        before, scores[untrained_name(name)] = measure(untrained)
         row["untrained"] = {key: before[key] for key in ("bleu", "perplexity", "sparsity") if key in before}
     if ssa_heads(student) and ensemble_samples:
-        row["ensembles"] = [ensemble(student, samples) for samples in ensemble_samples]
-    return row
+        row["ensembles"] = []
+        for samples in ensemble_samples:
+            measured, scores[ensemble_name(name, samples)] = ensemble(student, samples)
+            row["ensembles"].append(measured)
+    return row, scores
+
+
+def untrained_name(student: str) -> str:
+    """The evidence row of a student's untrained twin."""
+    return f"{student} untrained"
+
+
+def ensemble_name(student: str, samples: int) -> str:
+    """The evidence row of a student's self-ensemble of ``samples`` sub-models."""
+    return f"{student} S={samples}"
 
 
 def language_ensemble_quality(
     model: PreTrainedModel,
     samples: int,
     *,
-    tokenizer: PreTrainedTokenizerBase,
     task: Task,
     test: Dataset,
     seed: int,
-    batch_size: int,
-) -> dict[str, Any]:
-    """Perplexity (and mlm accuracy) of the average of ``samples`` sampled sub-models over the test blocks."""
+    scoring: Scoring,
+    teacher: TeacherTargets | None,
+) -> Measured:
+    """The teacher-forced measures (mlm: accuracy too) of the average of ``samples`` sampled sub-models
+    over the test blocks."""
     with self_ensemble(model, samples, seed) as replicated:
-        scored = token_loss(replicated, task, test, batch_size, mask_id=tokenizer.mask_token_id)
-    return {"samples": samples, **{key: value for key, value in scored.items() if key != "tokens"}}
+        scores = scores_of(unit_sums(replicated, test, scoring, teacher), task)
+    return {"samples": samples, **point_values(scores)}, scores
 
 
 def self_ensemble_quality(
@@ -223,15 +242,20 @@ def self_ensemble_quality(
     test: Dataset,
     seed: int,
     batch_size: int,
-) -> dict[str, Any]:
-    """BLEU and perplexity of the average of ``samples`` sampled sub-models (beam search included)."""
+    scoring: Scoring,
+    teacher: TeacherTargets | None,
+) -> Measured:
+    """BLEU and the teacher-forced measures of the average of ``samples`` sampled sub-models (decoding
+    included)."""
     started = time.perf_counter()
     hypotheses, references = ensemble_translate(model, tokenizer, test, batch_size, samples, seed)
     decode_seconds = time.perf_counter() - started
-    nll = ensemble_perplexity(model, test, batch_size, samples, seed)
-    return {
+    with self_ensemble(model, samples, seed) as replicated:
+        scores = scores_of(unit_sums(replicated, test, scoring, teacher), "translation", hypotheses)
+    measured = {
         "samples": samples,
         **corpus_bleu(hypotheses, references),
-        "perplexity": nll["perplexity"],
+        **point_values(scores),
         "decode_seconds": round(decode_seconds, 3),
     }
+    return measured, scores

@@ -1,24 +1,33 @@
-"""Teacher-forced measures per test sentence: NLL, KL(teacher ‖ model), top-1 agreement with the teacher.
+"""Teacher-forced measures per test unit (a sentence pair, or a block of the block tasks): NLL, KL(teacher ‖
+model), top-1 agreement with the teacher, and top-1 accuracy.
 
-For sentence s with target tokens y_1 … y_T (T = tokens_s), the model's next-token distribution q_t and the
-teacher's p_t, both given the reference prefix y_<t:
+For a unit s with scored target tokens y_1 … y_T (T = tokens_s), the model's next-token distribution q_t
+and the teacher's p_t, both given the same inputs:
 
-    nll_s    = Σ_t −log q_t(y_t)
-    kl_s     = Σ_t Σ_v p_t(v) (log p_t(v) − log q_t(v))
-    agree_s  = Σ_t [argmax_v q_t(v) = argmax_v p_t(v)]
+    nll_s      = Σ_t −log q_t(y_t)
+    kl_s       = Σ_t Σ_v p_t(v) (log p_t(v) − log q_t(v))
+    agree_s    = Σ_t [argmax_v q_t(v) = argmax_v p_t(v)]
+    correct_s  = Σ_t [argmax_v q_t(v) = y_t]
 
-Every corpus value is a ratio of sums over sentences (perplexity = exp(Σ nll / Σ tokens), KL = Σ kl /
-Σ tokens, agreement = Σ agree / Σ tokens), so the per-sentence sums are what a bootstrap over sentences
-resamples (:mod:`pipeline.evaluation.intervals`). KL and agreement are far more sensitive than BLEU to a
-change of attention: they compare whole distributions at every position instead of one decoded string.
+What is scored per task: translation, every target token given the reference prefix and the source; lm,
+every position t ≥ 1 of a block given x_<t; mlm, the block's chosen positions (15 %, drawn from a generator
+seeded with ``seed`` in block order, as :func:`pipeline.metrics.language_model.token_loss` draws them), all
+replaced by ``<mask>``, so every model is scored on the same positions.
+
+Every corpus value is a ratio of sums over units (perplexity = exp(Σ nll / Σ tokens), KL = Σ kl / Σ tokens,
+agreement = Σ agree / Σ tokens, accuracy = Σ correct / Σ tokens), so the per-unit sums are what a bootstrap
+over units resamples (:mod:`pipeline.evaluation.intervals`). KL and agreement are far more sensitive than
+BLEU to a change of attention: they compare whole distributions at every position instead of one decoded
+string.
 
 The teacher's log-probabilities are computed once (:func:`teacher_targets`) and kept in memory for every
-model compared with it: tokens × vocabulary float32 values (about 1.7 GB for 2,000 sentences of 35 tokens
-and a 6,000-word vocabulary).
+model compared with it: scored tokens × vocabulary float32 values (about 1.7 GB for 2,000 sentences of 35
+tokens and a 6,000-word vocabulary).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,76 +36,129 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from pipeline.corpus_card import Task
+from pipeline.metrics.language_model import block_batches, masked_positions
 from pipeline.training.batches import padded_batches
 
 ROW = "row"
 """The column that carries each sentence's index in the split through the length-sorted batches."""
 
+SUMS = ("nll", "tokens", "correct")
+"""The per-unit sums every model gets; with the teacher's targets also ``kl`` and ``agree``."""
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a split is scored: its task, the batch size, and for mlm the mask id and the positions' seed."""
+
+    task: Task
+    batch_size: int
+    mask_id: int | None = None
+    seed: int = 0
+
 
 @dataclass(frozen=True)
 class TeacherTargets:
-    """The teacher's log-probabilities at every target token of a split, batch by batch in the order
-    :func:`pipeline.training.batches.padded_batches` gives (each (B, L, V) float32 on the CPU, padded
-    positions included), and the batch size they were computed with."""
+    """The teacher's log-probabilities at the scored tokens of a split, batch by batch in the order
+    :func:`scored_batches` gives (each (tokens in the batch, V) float32 on the CPU), and how it was scored."""
 
     log_probs: list[torch.Tensor]
-    batch_size: int
+    scoring: Scoring
 
 
-def _numbered(dataset: Dataset) -> Dataset:
-    return dataset.add_column(ROW, list(range(len(dataset))))
+@dataclass(frozen=True)
+class Batch:
+    """One batch to score: the model's ``inputs``, the (B, L) ``targets`` its logits are read against
+    (−100 where nothing is scored), whether logit t predicts target t + 1 (``shifted``, lm), and each row's
+    index in the split (``rows``, (B,))."""
+
+    inputs: dict[str, torch.Tensor]
+    targets: torch.Tensor
+    shifted: bool
+    rows: np.ndarray
 
 
-def _log_probs(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(B, L, V) float32 log q_t over the vocabulary at every label position of ``batch``."""
-    inputs = {name: tensor.to(model.device) for name, tensor in batch.items()}
-    return torch.log_softmax(model(**inputs).logits.float(), dim=-1)
+def scored_batches(dataset: Dataset, scoring: Scoring, pad_id: int | None) -> Iterator[Batch]:
+    """The batches every model of an evaluation is scored on, the same for each (translation: length-sorted
+    padded pairs; the block tasks: consecutive blocks)."""
+    if scoring.task == "translation":
+        numbered = dataset.add_column(ROW, list(range(len(dataset))))
+        for batch, rows in padded_batches(numbered, scoring.batch_size, pad_id):
+            # the model shifts the labels into its decoder inputs itself: logit t is read against label t
+            yield Batch(batch, batch["labels"], False, np.asarray(rows[ROW]))
+        return
+    generator = torch.Generator().manual_seed(scoring.seed)
+    start = 0
+    for ids in block_batches(dataset, scoring.batch_size):  # (B, n)
+        rows = np.arange(start, start + len(ids))
+        start += len(ids)
+        if scoring.task == "lm":
+            yield Batch({"input_ids": ids}, ids, True, rows)
+        else:
+            chosen = masked_positions(ids, generator)  # (B, n) bool
+            targets = ids.masked_fill(~chosen, -100)
+            yield Batch({"input_ids": ids.masked_fill(chosen, scoring.mask_id)}, targets, False, rows)
+
+
+def _scored(model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log q at the scored positions (N, V) float32, the (B, L) bool mask of those positions)."""
+    inputs = {name: tensor.to(model.device) for name, tensor in batch.inputs.items()}
+    logits = model(**inputs).logits.float().cpu()  # (B, L, V)
+    targets = batch.targets
+    if batch.shifted:  # position t predicts t + 1; the first token is never a target
+        logits, targets = logits[:, :-1], targets[:, 1:]
+    scored = targets.ne(-100)  # (B, L')
+    return torch.log_softmax(logits[scored], dim=-1), scored
+
+
+def _targets(batch: Batch) -> torch.Tensor:
+    return batch.targets[:, 1:] if batch.shifted else batch.targets
+
+
+def _total(batches: int, scoring: Scoring) -> int:
+    return -(-batches // scoring.batch_size)
 
 
 @torch.no_grad()
-def teacher_targets(teacher: PreTrainedModel, dataset: Dataset, batch_size: int) -> TeacherTargets:
-    """The teacher's log-probabilities over ``dataset`` (teacher forcing), for :func:`sentence_sums`."""
+def teacher_targets(teacher: PreTrainedModel, dataset: Dataset, scoring: Scoring) -> TeacherTargets:
+    """The teacher's log-probabilities over ``dataset`` at every scored token, for :func:`unit_sums`."""
     teacher.eval()
-    batches = padded_batches(dataset, batch_size, teacher.config.pad_token_id)
-    total = -(-len(dataset) // batch_size)
-    return TeacherTargets(
-        [
-            _log_probs(teacher, batch).cpu()
-            for batch, _ in tqdm(batches, total=total, desc="teacher", leave=False)
-        ],
-        batch_size,
-    )
+    batches = scored_batches(dataset, scoring, teacher.config.pad_token_id)
+    total = _total(len(dataset), scoring)
+    log_probs = [
+        _scored(teacher, batch)[0] for batch in tqdm(batches, total=total, desc="teacher", leave=False)
+    ]
+    return TeacherTargets(log_probs, scoring)
 
 
 @torch.no_grad()
-def sentence_sums(
-    model: PreTrainedModel, dataset: Dataset, teacher: TeacherTargets | None = None
+def unit_sums(
+    model: PreTrainedModel, dataset: Dataset, scoring: Scoring, teacher: TeacherTargets | None = None
 ) -> dict[str, np.ndarray]:
-    """Per sentence of ``dataset``, in its order: ``nll``, ``tokens`` and, given the teacher's targets,
-    ``kl`` and ``agree`` (each (sentences,) float64); the batches are the teacher's."""
+    """Per unit of ``dataset``, in its order: ``nll``, ``tokens``, ``correct`` and, given the teacher's
+    targets (scored the same way), ``kl`` and ``agree`` (each (units,) float64)."""
+    if teacher is not None and teacher.scoring != scoring:
+        raise ValueError(f"the teacher's targets were scored as {teacher.scoring}, not {scoring}")
     model.eval()
     size = len(dataset)
-    sums = {name: np.zeros(size) for name in ("nll", "tokens", *(("kl", "agree") if teacher else ()))}
-    batch_size = teacher.batch_size if teacher else 64
-    batches = padded_batches(_numbered(dataset), batch_size, model.config.pad_token_id)
-    total = -(-size // batch_size)
-    for at, (batch, rows) in enumerate(tqdm(batches, total=total, desc="teacher-forced", leave=False)):
-        labels = batch["labels"]  # (B, L), −100 on padding; the model shifts them into its decoder inputs
-        log_q = _log_probs(model, batch).cpu()  # (B, L, V)
-        real = labels.ne(-100)  # (B, L)
-        target = labels.clamp_min(0)
-        nll = -log_q.gather(-1, target[..., None]).squeeze(-1) * real  # (B, L)
-        index = np.asarray(rows[ROW])
-        sums["nll"][index] = nll.double().sum(-1).numpy()
-        sums["tokens"][index] = real.sum(-1).double().numpy()
+    sums = {name: np.zeros(size) for name in (*SUMS, *(("kl", "agree") if teacher else ()))}
+    batches = scored_batches(dataset, scoring, model.config.pad_token_id)
+    for at, batch in enumerate(tqdm(batches, total=_total(size, scoring), desc="scored", leave=False)):
+        log_q, scored = _scored(model, batch)  # (N, V), (B, L)
+        target = _targets(batch)[scored]  # (N,)
+        owner = scored.nonzero()[:, 0].numpy()  # (N,) the batch row of each scored token
+        index = batch.rows[owner]  # (N,) its unit's index in the split
+        values = {"nll": -log_q.gather(-1, target[:, None]).squeeze(-1)}  # each (N,)
+        predicted = log_q.argmax(-1)
+        values |= {"tokens": torch.ones_like(target), "correct": predicted == target}
         if teacher is not None:
-            log_p = teacher.log_probs[at]  # (B, L, V)
+            log_p = teacher.log_probs[at]  # (N, V)
             if log_p.shape != log_q.shape:
                 raise ValueError(
                     f"teacher targets of batch {at} are {tuple(log_p.shape)}, not {tuple(log_q.shape)}"
                 )
-            kl = (log_p.exp() * (log_p - log_q)).sum(-1) * real  # (B, L)
-            agree = (log_p.argmax(-1) == log_q.argmax(-1)) & real
-            sums["kl"][index] = kl.double().sum(-1).numpy()
-            sums["agree"][index] = agree.sum(-1).double().numpy()
+            values["kl"] = (log_p.exp() * (log_p - log_q)).sum(-1)
+            values["agree"] = log_p.argmax(-1) == predicted
+        for name, value in values.items():
+            np.add.at(sums[name], index, value.double().numpy())
     return sums

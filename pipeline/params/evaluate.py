@@ -29,10 +29,12 @@ PAPER_WINDOWS = [0, 1, 3, 5, 7, 9, 11, 15, 19, 23, 27]
 
 
 class Quality(Section):
-    """Which grid points are translated, and how: the same beam search and sentences for every point."""
+    """Which grid points are measured, and how: the same decoding and test units for every model (the
+    teacher, each point, each student and the dense control), with paired bootstrap intervals over the
+    units (``resamples`` draws seeded with ``bootstrap_seed``, shared by every model)."""
 
-    examples: Examples | None = 100
-    beams: Beams = 4
+    examples: Examples | None = None  # null: the whole test split
+    beams: Beams = 1
     max_new_tokens: Tokens = 80
     batch_size: BatchSize = 32
     # each method's Pareto points at sparsity >= the teacher's gold sparsity − sparsity_margin
@@ -44,6 +46,8 @@ class Quality(Section):
     ensemble_samples: list[Count] = [1, 4]
     ensemble_seed: Seed = 0
     timing_batches: Count = 5
+    resamples: bounded(100_000, least=100) = 1000
+    bootstrap_seed: Seed = 0
 
 
 class Speed(Section):
@@ -94,6 +98,10 @@ class Evaluate(Section):
     # the folder of the student stages' model folders (each evaluated next to the teacher); null: none
     students: str | None = "artifacts/students"
     out: str = "artifacts/evaluation/evaluate.json"
+    # every quality row with its 95 % intervals and paired differences (quality.json), and the test split's
+    # references and each row's outputs, one line per sentence, so anyone can recompute them
+    evidence: str = "artifacts/evaluation/quality.json"
+    hypotheses: str = "artifacts/evaluation/hypotheses"
     # its wall times (forward and decode, per point), kept apart so that evaluate.json is reproducible
     timings: str = "artifacts/evaluation/evaluate.timings.json"
 

@@ -63,6 +63,8 @@ class Prepare(Section):
     valid_fraction: Fraction = 0.02
     test_fraction: Fraction = 0.02
     split_seed: Seed = 0
+    # translation: leave out valid/test pairs whose source sentence is also a training source
+    held_out_unseen: bool = True
     vocab_size: Vocabulary = 8000
     min_length: Tokens = 1
     max_length: Tokens = 64

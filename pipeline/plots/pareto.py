@@ -175,6 +175,19 @@ def _students(
         ax.annotate(label(row), (x, y), xytext=(7, 5), textcoords="offset points", fontsize=8)
 
 
+def _error_bars(ax: Axes, rows: Sequence[dict], metric: str) -> None:
+    """The 95 % interval of ``metric`` of each row that carries its evidence (the report attaches it), as
+    a vertical bar through the row's point; rows without evidence are left as points."""
+    for row in rows:
+        entry = (row.get("evidence") or {}).get(metric)
+        x, y = finite_number(row.get("sparsity")), finite_number(row.get(metric))
+        if entry is None or x is None or y is None:
+            continue
+        low, high = entry["ci95"]
+        below, above = max(y - low, 0.0), max(high - y, 0.0)
+        ax.errorbar([x], [y], yerr=[[below], [above]], fmt="none", ecolor="0.35", elinewidth=0.8, capsize=2)
+
+
 def _legend(ax: Axes) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
@@ -200,8 +213,9 @@ def plot_quality(evaluation: dict, metric: Literal["bleu", "perplexity"], path: 
     """Decoding sparsity against BLEU or perplexity with predicted graphs and students, beside the teacher's.
 
     Each method's points and Pareto front (BLEU maximised, perplexity minimised; sparsity maximised), each
-    student as a labelled diamond, the teacher as a star and the gold sparsity as a dashed line. Without
-    quality points or students the PNG says so.
+    student as a labelled diamond, the teacher as a star and the gold sparsity as a dashed line; with the
+    evaluation's evidence, each of them with its 95 % interval as an error bar. Without quality points or
+    students the PNG says so.
     """
     name, larger_is_better = QUALITY_METRICS[metric]
     points = evaluation["quality"]["points"]
@@ -218,6 +232,7 @@ def plot_quality(evaluation: dict, metric: Literal["bleu", "perplexity"], path: 
     _fronts(ax, points, "sparsity", metric, (True, larger_is_better))
     _students(ax, students, metric)
     teacher = teacher_quality(evaluation)
+    _error_bars(ax, [*points, *students, teacher], metric)
     teacher_x, teacher_y = finite_number(teacher.get("sparsity")), finite_number(teacher.get(metric))
     if teacher_x is not None and teacher_y is not None:
         ax.scatter([teacher_x], [teacher_y], marker="*", s=220, color="black", zorder=4, label="teacher")

@@ -244,6 +244,7 @@ def test_every_seed_is_a_seed() -> None:
         "project.seed",
         "cluster.seed",
         "evaluate.quality.ensemble_seed",
+        "evaluate.quality.bootstrap_seed",
         "par_search.train.seed",
         "student.train.seed",
         "student.instances.seed",  # an SBM student's evaluation graph

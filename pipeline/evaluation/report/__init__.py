@@ -14,7 +14,11 @@ Definitions used throughout:
 
 One module per section of the report, and what they share:
 
-- :mod:`~pipeline.evaluation.report.load`: the evaluate stage's JSON read and checked, wall times put back.
+- :mod:`~pipeline.evaluation.report.load`: the evaluate stage's JSON read and checked, wall times put back;
+  its evidence (``quality.json``) read, checked and attached to each quality row.
+- :mod:`~pipeline.evaluation.report.verdicts`: a difference with its interval, and the verdict it supports.
+- :mod:`~pipeline.evaluation.report.claims`: each seed paper's headline claim, checked.
+- :mod:`~pipeline.evaluation.report.evidence`: every quality row with its interval and verdicts.
 - :mod:`~pipeline.evaluation.report.scores`: the task's measures and the words for how a model is run.
 - :mod:`~pipeline.evaluation.report.points`: method order, rows by method, selections (recall at sparsity,
   sparsity at recall, the operating point, the dense control).
@@ -31,15 +35,22 @@ One module per section of the report, and what they share:
 - :mod:`~pipeline.evaluation.report.build`: the sections assembled into the markdown, with the headline.
 """
 
+from pipeline.evaluation.control import dense_control
 from pipeline.evaluation.report.build import build_report
 from pipeline.evaluation.report.cells import DASH, formatted, num
 from pipeline.evaluation.report.headline import headline
 from pipeline.evaluation.report.indexer import INDEXER_RECALL, INDEXER_SLACK
-from pipeline.evaluation.report.load import GRAPH_KEYS, QUALITY_KEYS, REQUIRED_KEYS, load_evaluation
+from pipeline.evaluation.report.load import (
+    GRAPH_KEYS,
+    QUALITY_KEYS,
+    REQUIRED_KEYS,
+    attach_evidence,
+    load_evaluation,
+    load_evidence,
+)
 from pipeline.evaluation.report.points import (
     LEARNED,
     METHOD_ORDER,
-    dense_control,
     finite_points,
     highest_recall,
     method_order,
@@ -70,6 +81,7 @@ __all__ = [
     "STUDENT_SLACK",
     "TASK_SCORES",
     "Score",
+    "attach_evidence",
     "build_report",
     "dense_control",
     "finite_points",
@@ -77,6 +89,7 @@ __all__ = [
     "headline",
     "highest_recall",
     "load_evaluation",
+    "load_evidence",
     "method_order",
     "num",
     "operating_point",

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from pipeline.evaluation.report.claims import claims_section
+from pipeline.evaluation.report.evidence import evidence_section, headline_table
 from pipeline.evaluation.report.facts import facts
 from pipeline.evaluation.report.findings import findings
-from pipeline.evaluation.report.headline import headline
+from pipeline.evaluation.report.headline import headline, operating_points
 from pipeline.evaluation.report.indexer import indexer_table
 from pipeline.evaluation.report.methods import method_table
 from pipeline.evaluation.report.points import student_rows
 from pipeline.evaluation.report.quality import quality_table
 from pipeline.evaluation.report.speed import speed_table
 from pipeline.evaluation.report.students import students_section
+from pipeline.params.report import Tolerances
 
 
 def build_report(
@@ -20,16 +23,29 @@ def build_report(
     *,
     sparsity_levels: Sequence[float] = (0.8, 0.9),
     recall_target: float = 0.95,
+    tolerances: Mapping[str, float] | None = None,
     figures: Sequence[tuple[str, str]] = (),
 ) -> tuple[str, dict]:
-    """The markdown report and the headline JSON of an evaluation.
+    """The markdown report and the headline JSON of an evaluation (with its evidence attached by
+    :func:`~pipeline.evaluation.report.load.attach_evidence`, the Evidence and Claims sections and every
+    comparison's interval; without, point values alone).
 
-    ``figures`` are (caption, path relative to the report) pairs shown at the end of the report.
+    ``tolerances`` (by measure, default the report params' defaults) decide when a difference "keeps" the
+    reference's quality; ``figures`` are (caption, path relative to the report) pairs shown at the end.
     """
     task = evaluation.get("task", "translation")
-    sections = [
-        f"# Learned sparse attention: {evaluation['kind']}",
-        facts(evaluation),
+    tolerances = dict(tolerances or Tolerances().model_dump())
+    sections = [f"# Learned sparse attention: {evaluation['kind']}", facts(evaluation)]
+    if evaluation.get("evidence"):
+        sections += [
+            "## Headline",
+            headline_table(evaluation, operating_points(evaluation, recall_target)),
+            "## Claims",
+            claims_section(evaluation, tolerances),
+            "## Evidence",
+            evidence_section(evaluation["evidence"], tolerances),
+        ]
+    sections += [
         "## Sparsity and recall per method",
         method_table(evaluation, sparsity_levels, recall_target),
         f"## {'Translation' if task == 'translation' else 'Language-model'} quality with predicted graphs",
@@ -38,10 +54,10 @@ def build_report(
     if evaluation.get("speed"):
         sections += ["## Speed inside the model", speed_table(evaluation)]
     if student_rows(evaluation):
-        sections += ["## Students", students_section(evaluation)]
+        sections += ["## Students", students_section(evaluation, tolerances)]
     sections += [
         "## Findings",
-        findings(evaluation, sparsity_levels, recall_target),
+        findings(evaluation, sparsity_levels, recall_target, tolerances),
     ]
     indexer = indexer_table(evaluation)
     if indexer:

@@ -11,6 +11,7 @@ from typing import Any
 from pipeline.evaluation.pareto import finite_number
 from pipeline.evaluation.report.points import label
 from pipeline.evaluation.report.scores import Score, task_scores
+from pipeline.evaluation.report.verdicts import difference_text
 
 DASH = "—"
 
@@ -75,12 +76,25 @@ def score_columns(scores: Sequence[Score], suffix: str = "") -> list[str]:
     return [name for score in scores for name in (score.name, f"Δ {score.short}{suffix}")]
 
 
-def versus(row: dict, reference: dict, scores: Sequence[Score], *, deltas: int | None = None) -> list[str]:
+def versus(
+    row: dict,
+    reference: dict,
+    scores: Sequence[Score],
+    *,
+    deltas: int | None = None,
+    against: str | None = None,
+) -> list[str]:
     """Each measure of ``row`` and its difference to ``reference``'s, for the first ``deltas`` measures
-    (all when None); the rest without their difference."""
+    (all when None); the rest without their difference. With ``against`` (``teacher``, ``dense``,
+    ``student``) and the row's evidence, the difference is the paired one with its 95 % interval
+    (perplexity relative, in per cent)."""
+    compared = (row.get("evidence") or {}).get(f"vs_{against}") or {}
     cells = []
     for i, score in enumerate(scores):
         cells.append(num(row.get(score.key), score.digits))
         if deltas is None or i < deltas:
-            cells.append(signed(difference(row.get(score.key), reference.get(score.key)), score.digits))
+            if score.key in compared:
+                cells.append(difference_text(compared[score.key], score.key))
+            else:
+                cells.append(signed(difference(row.get(score.key), reference.get(score.key)), score.digits))
     return cells

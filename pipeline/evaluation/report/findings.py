@@ -3,7 +3,7 @@ which baselines' fronts a learned method dominates, and where the recall target 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pipeline.evaluation.pareto import finite_number, front_dominates
 from pipeline.evaluation.report.cells import difference
@@ -18,14 +18,17 @@ from pipeline.evaluation.report.points import (
     sparsity_at_recall,
     teacher_quality,
 )
-from pipeline.evaluation.report.scores import Score, task_scores, verbs
+from pipeline.evaluation.report.scores import BLEU, Score, task_scores, verbs
+from pipeline.evaluation.report.verdicts import judged
 
 
-def findings(evaluation: dict, levels: Sequence[float], target: float) -> str:
+def findings(
+    evaluation: dict, levels: Sequence[float], target: float, tolerances: Mapping[str, float] | None = None
+) -> str:
     sentences = [
         _best_recall_sentence(evaluation["graphs"], levels),
         _dominance_sentence(evaluation["graphs"]),
-        _operating_sentence(evaluation, target),
+        _operating_sentence(evaluation, target, tolerances),
     ]
     return " ".join(s for s in sentences if s)
 
@@ -70,7 +73,7 @@ def _dominance_sentence(rows: Sequence[dict]) -> str:
     )
 
 
-def _operating_sentence(evaluation: dict, target: float) -> str:
+def _operating_sentence(evaluation: dict, target: float, tolerances: Mapping[str, float] | None) -> str:
     """Where the best method reaches the recall target, and what decoding with that graph costs."""
     best = sparsity_at_recall(evaluation["graphs"], target)
     if best is None:
@@ -86,16 +89,29 @@ def _operating_sentence(evaluation: dict, target: float) -> str:
         f"with {label(best)} (recall {best['recall']:.3f})"
     )
     scores = task_scores(evaluation)
-    return f"{found}; {gap_clause(quality_at(evaluation, best), teacher_quality(evaluation), scores)}."
+    point = quality_at(evaluation, best)
+    return f"{found}; {gap_clause(point, teacher_quality(evaluation), scores, tolerances)}."
 
 
-def gap_clause(point: dict | None, teacher: dict, scores: Sequence[Score]) -> str:
-    """The task's measures with a setting's graph, and their gaps to the teacher's."""
+def gap_clause(
+    point: dict | None,
+    teacher: dict,
+    scores: Sequence[Score],
+    tolerances: Mapping[str, float] | None = None,
+) -> str:
+    """The task's measures with a setting's graph (or of a student), and their gaps to the teacher's: with
+    the row's evidence and ``tolerances``, each paired difference with its interval and verdict."""
     names = " and ".join(score.name for score in scores)
     gerund, participle = verbs(scores)
     if point is None:
         verb = "are" if len(scores) > 1 else "is"
         return f"it was not {participle} with its predicted graph, so its {names} {verb} not measured"
+    evidence = point.get("evidence") or {}
+    compared = evidence.get("vs_teacher") or {}
+    if tolerances is not None and any(score.key in compared for score in scores):
+        units = f"{evidence['sentences']} {'sentences' if BLEU in scores else 'blocks'}"
+        clauses = [judged(compared[s.key], s.key, tolerances, units) for s in scores if s.key in compared]
+        return f"against the teacher it {_and(clauses)}"
     parts = []
     for score in scores:
         key, digits = score.key, score.digits
@@ -108,3 +124,8 @@ def gap_clause(point: dict | None, teacher: dict, scores: Sequence[Score]) -> st
     if not parts:
         return f"{gerund} with it gave no {names}"
     return f"{gerund} with it gives " + " and ".join(parts)
+
+
+def _and(clauses: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return clauses[0] if len(clauses) == 1 else f"{', '.join(clauses[:-1])} and {clauses[-1]}"

@@ -59,4 +59,51 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
         summary["students"] = {
             row["student"]: {key: field(row, key) for key in (*keys, "sparsity")} for row in students
         }
+    if evaluation.get("evidence"):
+        summary["evidence"] = evidence_headline(evaluation, recall_target)
     return summary
+
+
+def operating_points(evaluation: dict, recall_target: float) -> list[dict]:
+    """Each method's decoded point at its operating point: the sparsest with graph recall ≥
+    ``recall_target`` (methods with none are left out), in the evaluation's order."""
+    chosen: dict[str, dict] = {}
+    for point in evaluation["quality"]["points"]:
+        recall = finite_number(point.get("graph_recall"))
+        sparsity = finite_number(point.get("graph_sparsity"))
+        if recall is None or sparsity is None or recall < recall_target or point["method"] == "window":
+            continue
+        held = chosen.get(point["method"])
+        if held is None or sparsity > held["graph_sparsity"]:
+            chosen[point["method"]] = point
+    return list(chosen.values())
+
+
+def evidence_headline(evaluation: dict, recall_target: float) -> dict:
+    """The headline's evidence, flat so that ``dvc metrics show`` reads it as a table: per row (each
+    method's operating point, each student), its sparsity and recall, and per measure its value and its
+    paired difference from the teacher with the 95 % interval (``d_bleu``, ``d_bleu_lo``, ``d_bleu_hi``;
+    perplexity relative) and whether that interval excludes 0; the number of test units beside them."""
+    evidence = evaluation["evidence"]
+    rows = [
+        *((point["method"], point) for point in operating_points(evaluation, recall_target)),
+        *((row["student"], row) for row in student_rows(evaluation)),
+    ]
+    found: dict[str, dict] = {}
+    for name, row in rows:
+        own = row.get("evidence")
+        if not own:
+            continue
+        entry = {"sparsity": own.get("sparsity"), "recall": own.get("recall")}
+        compared = own.get("vs_teacher") or {}
+        for key in ("bleu", "perplexity", "accuracy", "kl"):
+            if key not in own:
+                continue
+            entry[key] = round(own[key]["value"], 4)
+            if key in compared and key != "kl":
+                difference = compared[key]
+                entry[f"d_{key}"] = round(difference["diff"], 4)
+                entry[f"d_{key}_lo"], entry[f"d_{key}_hi"] = (round(end, 4) for end in difference["ci95"])
+                entry[f"d_{key}_significant"] = difference["significant"]
+        found[name] = entry
+    return {"units": evidence["rows"][0]["sentences"], "rows": found}

@@ -24,12 +24,7 @@ def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None =
     :func:`~pipeline.timings.timings_path`) put back in; raise :class:`UserError`, one line naming file and
     key, if unusable. Without a timings file the speed columns show a dash."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: evaluation file not found (run the evaluate stage first)")
-    try:
-        evaluation = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON ({err})") from None
+    evaluation = _read_json(path, "evaluation")
     _check_mapping(path, evaluation, "top level", REQUIRED_KEYS)
     task = evaluation.get("task", "translation")
     if task not in TASK_SCORES:
@@ -55,6 +50,16 @@ def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None =
         return merge_timings(evaluation, json.loads(timings.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{timings}: not valid JSON ({err})") from None
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON in ``path``, an output of the evaluate stage; one line naming the file otherwise."""
+    if not path.is_file():
+        raise UserError(f"{path}: {what} file not found (run the evaluate stage first)")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON ({err})") from None
 
 
 def _check_mapping(path: Path, value: Any, where: str, keys: Sequence[str]) -> None:
@@ -97,3 +102,67 @@ def _check_students(path: Path, students: Any, scored: Sequence[str]) -> None:
                 raise UserError(
                     f"{path}: {where}.ensembles[{j}].samples = {samples!r} is not a positive integer"
                 )
+
+
+def load_evidence(path: str | os.PathLike) -> dict:
+    """Read the evaluate stage's evidence (``quality.json``: every quality row with its intervals), checked:
+    each row has a name of its own, a number of units, and entries ``{"value", "ci95"}`` and differences
+    ``{"diff", "ci95", "significant"}`` made of numbers; one line naming file and key otherwise."""
+    path = Path(path)
+    evidence = _read_json(path, "evidence")
+    _check_mapping(path, evidence, "top level", ("units", "rows"))
+    if not isinstance(evidence["rows"], list) or not evidence["rows"]:
+        raise UserError(f"{path}: 'rows' must be a non-empty list of quality rows")
+    names: set[str] = set()
+    for i, row in enumerate(evidence["rows"]):
+        where = f"rows[{i}]"
+        _check_mapping(path, row, where, ("name", "kind", "sentences"))
+        if not isinstance(row["name"], str) or row["name"] in names:
+            raise UserError(f"{path}: {where}.name = {row['name']!r} is not a name of its own")
+        names.add(row["name"])
+        for key, entry in row.items():
+            if key in EVIDENCE_MEASURES:
+                _check_interval(path, entry, f"{where}.{key}", "value")
+            elif key.startswith("vs_"):
+                _check_mapping(path, entry, f"{where}.{key}", ())
+                for measure, difference in entry.items():
+                    _check_interval(path, difference, f"{where}.{key}.{measure}", "diff")
+    return evidence
+
+
+EVIDENCE_MEASURES = ("bleu", "chrf", "perplexity", "kl", "agreement", "accuracy")
+
+
+def _check_interval(path: Path, entry: Any, where: str, key: str) -> None:
+    """``{key: number, "ci95": [low, high]}`` with low ≤ high."""
+    _check_mapping(path, entry, where, (key, "ci95"))
+    ends = entry["ci95"]
+    numbers = [finite_number(value) for value in (entry[key], *(ends if isinstance(ends, list) else []))]
+    if not isinstance(ends, list) or len(ends) != 2 or None in numbers or ends[0] > ends[1]:
+        raise UserError(f"{path}: {where} must hold a number and ci95 = [low, high]; got {entry!r}")
+
+
+def attach_evidence(evaluation: dict, evidence: dict) -> dict:
+    """``evaluation`` with ``evidence`` kept under its key and each quality row given its own evidence row
+    (``row["evidence"]``): the teacher, each point by label, each student by name, its untrained twin and
+    its self-ensembles."""
+    rows = {row["name"]: row for row in evidence["rows"]}
+    by_student = {(row.get("student"), row["kind"], row.get("samples")): row for row in evidence["rows"]}
+    evaluation = {**evaluation, "evidence": evidence}
+    quality = evaluation["quality"]
+    if quality.get("teacher") and "teacher" in rows:
+        quality["teacher"]["evidence"] = rows["teacher"]
+    for point in quality["points"]:
+        if point.get("label") in rows:
+            point["evidence"] = rows[point["label"]]
+    for student in evaluation.get("students") or []:
+        name = student["student"]
+        if name in rows:
+            student["evidence"] = rows[name]
+        if student.get("untrained") and (name, "untrained", None) in by_student:
+            student["untrained"]["evidence"] = by_student[(name, "untrained", None)]
+        for ensemble in student.get("ensembles") or []:
+            found = by_student.get((name, "ensemble", ensemble["samples"]))
+            if found:
+                ensemble["evidence"] = found
+    return evaluation

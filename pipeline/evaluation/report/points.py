@@ -101,11 +101,6 @@ def operating_point(evaluation: dict, recall_target: float) -> dict | None:
     )
 
 
-def dense_control(students: Sequence[dict]) -> dict | None:
-    """The dense control: the student with the teacher's own α-entmax and the teacher's architecture."""
-    return next((row for row in students if row.get("attention") == "entmax" and not row.get("par")), None)
-
-
 def field(row: dict | None, key: str) -> float | None:
     return None if row is None else finite_number(row.get(key))
 

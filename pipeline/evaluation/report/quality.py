@@ -32,7 +32,11 @@ def quality_table(evaluation: dict) -> str:
     lines = [table_row(header), table_row(["---"] * len(header))]
 
     def numbers(point: dict, recall: Any) -> list[str]:
-        cells = [num(point.get("sparsity"), 3), num(recall, 3), *versus(point, teacher, scores, deltas=1)]
+        cells = [
+            num(point.get("sparsity"), 3),
+            num(recall, 3),
+            *versus(point, teacher, scores, deltas=1, against="teacher"),
+        ]
         cells.append(ratio(point.get("forward_seconds"), teacher.get("forward_seconds")))
         if decodes:
             cells.append(ratio(point.get("decode_seconds"), teacher.get("decode_seconds")))
@@ -47,5 +51,6 @@ def quality_table(evaluation: dict) -> str:
     times = (
         "forward and decode are times" if decodes else "forward is the time of a pass over the test blocks"
     )
-    lines.append(f"Δ {primary.name} is against the teacher; {times} relative to the teacher's.")
+    paired = " (paired, with its 95 % interval; see Evidence)" if teacher.get("evidence") else ""
+    lines.append(f"Δ {primary.name} is against the teacher{paired}; {times} relative to the teacher's.")
     return "\n".join(lines)

@@ -4,20 +4,28 @@ against the dense control, and each against the best predictor point at its spar
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from pipeline.evaluation.control import dense_control
 from pipeline.evaluation.pareto import best_at_least, finite_number
 from pipeline.evaluation.report.cells import difference, num, signed
 from pipeline.evaluation.report.findings import gap_clause
-from pipeline.evaluation.report.points import dense_control, label, student_rows
-from pipeline.evaluation.report.scores import Score, verbs
+from pipeline.evaluation.report.points import label, student_rows
+from pipeline.evaluation.report.scores import BLEU, Score, verbs
+from pipeline.evaluation.report.verdicts import judged, reversed_entry
 
 # A student is compared with the predictor points at sparsity ≥ its own − STUDENT_SLACK.
 STUDENT_SLACK = 0.05
 
 
-def best_student_sentence(students: Sequence[dict], teacher: dict, scores: Sequence[Score]) -> str:
-    """Which student has the best first measure (ties: the sparser), at what sparsity, against the teacher."""
+def best_student_sentence(
+    students: Sequence[dict],
+    teacher: dict,
+    scores: Sequence[Score],
+    tolerances: Mapping[str, float] | None = None,
+) -> str:
+    """Which student has the best first measure (ties: the sparser), at what sparsity, against the teacher
+    (with evidence and ``tolerances``: the paired differences and their verdicts)."""
     primary = scores[0]
     best = best_at_least(
         students, x="sparsity", y=primary.key, x_min=-math.inf, maximize_y=primary.higher_is_better
@@ -28,13 +36,36 @@ def best_student_sentence(students: Sequence[dict], teacher: dict, scores: Seque
     lead = "The only student" if len(students) == 1 else f"The student with the {adjective} {primary.name}"
     return (
         f"{lead} is {best['student']} ({verbs(scores)[0]} sparsity {best['sparsity']:.3f}); "
-        f"{gap_clause(best, teacher, scores)}."
+        f"{gap_clause(best, teacher, scores, tolerances)}."
     )
 
 
-def fine_tuning_sentence(students: Sequence[dict], scores: Sequence[Score]) -> str:
-    """What fine-tuning with its own predicted graph did to each student that has an untrained twin."""
+def fine_tuning_sentence(
+    students: Sequence[dict], scores: Sequence[Score], tolerances: Mapping[str, float] | None = None
+) -> str:
+    """What fine-tuning with its own predicted graph did to each student that has an untrained twin (with
+    evidence and ``tolerances``: the paired difference of the student from its twin, and its verdict)."""
     primary, others = scores[0], scores[1:]
+    if tolerances is not None:
+        clauses = []
+        for row in students:
+            before = (row.get("untrained") or {}).get("evidence") or {}
+            compared = before.get("vs_student") or {}
+            if not compared:
+                continue
+            units = f"{before['sentences']} {'sentences' if BLEU in scores else 'blocks'}"
+            found = [
+                judged(reversed_entry(compared[s.key], s.key), s.key, tolerances, units)
+                for s in scores
+                if s.key in compared
+            ]
+            clauses.append(f"{row['student']} {' and '.join(found)}")
+        if not clauses:
+            return ""
+        return (
+            "Against its untrained twin (the teacher with the same predictor, before fine-tuning): "
+            f"{'; '.join(clauses)}."
+        )
     clauses = []
     for row in students:
         before = row.get("untrained")
@@ -59,13 +90,32 @@ def fine_tuning_sentence(students: Sequence[dict], scores: Sequence[Score]) -> s
     return f"Fine-tuning with its own predicted graph takes {'; '.join(clauses)}." if clauses else ""
 
 
-def control_sentence(students: Sequence[dict], scores: Sequence[Score]) -> str:
+def control_sentence(
+    students: Sequence[dict], scores: Sequence[Score], tolerances: Mapping[str, float] | None = None
+) -> str:
     """Each sparse student against the dense control (a student with the teacher's own α-entmax, trained the
-    same way): the cost of the sparsity alone ("" without a control)."""
+    same way): the cost of the sparsity alone ("" without a control); with evidence and ``tolerances``, the
+    paired differences and their verdicts."""
     control = dense_control(students)
     primary = scores[0]
     if control is None or finite_number(control[primary.key]) is None:
         return ""
+    if tolerances is not None:
+        clauses = []
+        for row in students:
+            evidence = row.get("evidence") or {}
+            compared = evidence.get("vs_dense") or {}
+            if row is control or not compared:
+                continue
+            units = f"{evidence['sentences']} {'sentences' if BLEU in scores else 'blocks'}"
+            found = [judged(compared[s.key], s.key, tolerances, units) for s in scores if s.key in compared]
+            clauses.append(f"{row['student']} {' and '.join(found)}")
+        if not clauses:
+            return ""
+        return (
+            f"Against the dense control ({control['student']}: the teacher trained further the same way, "
+            f"with its own dense α-entmax): {'; '.join(clauses)}."
+        )
     clauses = [
         f"{row['student']} "
         + ", ".join(

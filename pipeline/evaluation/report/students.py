@@ -4,10 +4,11 @@ students beside the dense control, then the sentences of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from pipeline.evaluation.control import dense_control
 from pipeline.evaluation.report.cells import DASH, cell, num, ratio, score_columns, table_row, versus
-from pipeline.evaluation.report.points import dense_control, student_rows, teacher_quality
+from pipeline.evaluation.report.points import student_rows, teacher_quality
 from pipeline.evaluation.report.scores import Score, task_scores, verbs
 from pipeline.evaluation.report.student_sentences import (
     best_student_sentence,
@@ -17,7 +18,7 @@ from pipeline.evaluation.report.student_sentences import (
 )
 
 
-def students_section(evaluation: dict) -> str:
+def students_section(evaluation: dict, tolerances: Mapping[str, float] | None = None) -> str:
     """The students against the teacher, their self-ensembles against themselves, and what stands out."""
     teacher = teacher_quality(evaluation)
     students = student_rows(evaluation)
@@ -38,7 +39,7 @@ def students_section(evaluation: dict) -> str:
             cell(row["student"]),
             num(row["sparsity"], 3),
             " / ".join(num(value, 2) for value in computed) if computed else DASH,
-            *versus(row, teacher, scores),
+            *versus(row, teacher, scores, against="teacher"),
             ratio(row.get("train_step_seconds"), row.get("teacher_train_step_seconds")),
             ratio(row.get(f"{time}_seconds"), teacher.get(f"{time}_seconds")),
         ]
@@ -46,10 +47,13 @@ def students_section(evaluation: dict) -> str:
         untrained = row.get("untrained")
         if untrained:
             cells = [f"{cell(row['student'])}, before fine-tuning", num(untrained.get("sparsity"), 3), DASH]
-            lines.append(table_row([*cells, *versus(untrained, teacher, scores), DASH, DASH]))
+            lines.append(
+                table_row([*cells, *versus(untrained, teacher, scores, against="teacher"), DASH, DASH])
+            )
     lines += [
         "",
-        "Δ is against the teacher; *before fine-tuning* is the teacher with the student's predictor; "
+        "Δ is against the teacher (with evidence: paired, with its 95 % interval, perplexity in per cent); "
+        "*before fine-tuning* is the teacher with the student's predictor; "
         "computed per layer is the share of valid query–key pairs the student computes in each "
         "self-attention layer it restricts (encoder layers first, then decoder layers; SAMSA's learned "
         "support vectors are not pairs of the sentence); train step is the student's forward and backward "
@@ -59,12 +63,21 @@ def students_section(evaluation: dict) -> str:
     for table in (_ensemble_table(students, teacher, scores), _par_table(students, teacher, scores, time)):
         if table:
             parts.append(table)
-    sentences = [
-        best_student_sentence(students, teacher, scores),
-        fine_tuning_sentence(students, scores),
-        control_sentence(students, scores),
-        student_predictor_sentence(evaluation, scores),
-    ]
+    if tolerances is not None and evaluation.get("evidence"):
+        # with evidence, every comparison is a paired difference with its interval; a student against the
+        # best predictor point at its sparsity has none (two rows' intervals against the teacher are not one)
+        sentences = [
+            best_student_sentence(students, teacher, scores, tolerances),
+            fine_tuning_sentence(students, scores, tolerances),
+            control_sentence(students, scores, tolerances),
+        ]
+    else:
+        sentences = [
+            best_student_sentence(students, teacher, scores),
+            fine_tuning_sentence(students, scores),
+            control_sentence(students, scores),
+            student_predictor_sentence(evaluation, scores),
+        ]
     parts.append(" ".join(s for s in sentences if s))
     return "\n\n".join(parts)
 
@@ -78,7 +91,7 @@ def _ensemble_table(students: Sequence[dict], teacher: dict, scores: Sequence[Sc
             cells = [
                 cell(row["student"]),
                 str(ensemble["samples"]),
-                *versus(ensemble, row, scores),
+                *versus(ensemble, row, scores, against="student"),
                 ratio(ensemble.get("decode_seconds"), teacher.get("decode_seconds")),
             ]
             lines.append(table_row(cells))
@@ -117,7 +130,7 @@ def _par_table(students: Sequence[dict], teacher: dict, scores: Sequence[Score],
             cell(row["student"]),
             *(cell(par.get(stack, "teacher's")) for stack in stacks),
             num(par.get("attention_fraction", 1.0), 2),
-            *versus(row, teacher, scores),
+            *versus(row, teacher, scores, against="teacher"),
             ratio(row.get(timed), teacher.get(timed)),
         ]
         lines.append(table_row(cells))

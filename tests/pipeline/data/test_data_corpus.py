@@ -9,19 +9,20 @@ from pipeline.data.corpus import build_corpus
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.errors import UserError
 
+# the sword corpus of these tests: 300 verses, a small vocabulary, a tenth each for valid and test
+SWORD = {
+    "max_examples": 300,
+    "vocab_size": 500,
+    "valid_fraction": 0.1,
+    "test_fraction": 0.1,
+    "max_length": 96,
+}
+
 
 @pytest.fixture(scope="module")
 def sword_corpus(tmp_path_factory, sword_installed):
     out = tmp_path_factory.mktemp("prepare") / "corpus"
-    stats = build_corpus(
-        out,
-        source="sword",
-        max_examples=300,
-        vocab_size=500,
-        valid_fraction=0.1,
-        test_fraction=0.1,
-        max_length=96,
-    )
+    stats = build_corpus(out, source="sword", **SWORD)
     return out, stats
 
 
@@ -30,7 +31,11 @@ def test_sword_corpus_is_a_loadable_dataset_dict(sword_corpus):
     corpus = datasets.load_from_disk(str(out))
     assert set(corpus) == {"train", "valid", "test"}
     assert corpus["train"].column_names == ["id", "src", "tgt", "input_ids", "labels"]
-    assert sum(len(split) for split in corpus.values()) + stats["dropped"]["too_long"] == 300
+    dropped = stats["dropped"]
+    assert sum(len(split) for split in corpus.values()) + dropped["too_long"] + dropped["seen_source"] == 300
+    # no held-out source is also a training source (the Bible repeats some verses word for word)
+    assert dropped["seen_source"] > 0
+    assert not set(corpus["test"]["src"]) & set(corpus["train"]["src"])
     assert all(stats["splits"][name]["examples"] == len(corpus[name]) for name in corpus)
     assert len(corpus["valid"]) > 10 and len(corpus["test"]) > 10
     assert not [path for path in out.parent.iterdir() if path.name != "corpus"]
@@ -61,14 +66,7 @@ def test_sword_corpus_stats(sword_corpus):
 
 def test_rebuild_is_identical(sword_corpus, tmp_path):
     _, stats = sword_corpus
-    again = build_corpus(
-        tmp_path / "corpus",
-        max_examples=300,
-        vocab_size=500,
-        valid_fraction=0.1,
-        test_fraction=0.1,
-        max_length=96,
-    )
+    again = build_corpus(tmp_path / "corpus", **SWORD)
     assert again == stats
 
 
@@ -134,3 +132,15 @@ def test_bad_arguments_fail_before_any_work(tmp_path, kwargs, match):
     with pytest.raises(UserError, match=match):
         build_corpus(tmp_path / "out", **kwargs)
     assert not list(tmp_path.iterdir())
+
+
+def test_seen_sources_stay_when_asked(sword_corpus, tmp_path):
+    """With held_out_unseen off, the pairs the default leaves out are back in the held-out splits."""
+    _, stats = sword_corpus
+    kept = build_corpus(tmp_path / "corpus", **SWORD, held_out_unseen=False)
+    assert "seen_source" not in kept["dropped"]
+    held_out = {
+        name: kept["splits"][name]["examples"] - stats["splits"][name]["examples"]
+        for name in ("valid", "test")
+    }
+    assert sum(held_out.values()) == stats["dropped"]["seen_source"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.data.pair import Pair
-from pipeline.data.split import assign_split, cap_examples, split_pairs
+from pipeline.data.split import assign_split, cap_examples, leave_out_seen, split_pairs
 from pipeline.errors import UserError
 
 FRACTIONS = {"valid_fraction": 0.05, "test_fraction": 0.1}
@@ -64,3 +64,21 @@ def test_cap_is_deterministic_and_spreads_over_splits():
     assert cap_examples(pairs, None, seed=0) is pairs
     with pytest.raises(UserError, match="max_examples"):
         cap_examples(pairs, 0, seed=0)
+
+
+def test_held_out_pairs_whose_source_was_seen_in_training_are_left_out():
+    """A valid or test pair whose source sentence (whitespace aside) is also a training source goes; a pair a
+    dataset put in its own test split stays, so a published test set is never changed."""
+    splits = {
+        "train": [Pair("t1", "And God said", "Y dijo Dios"), Pair("t2", "Amen.", "Amén.")],
+        "valid": [Pair("v1", "Amen.", "Así sea."), Pair("v2", "Selah", "Selah")],
+        "test": [
+            Pair("x1", "And  God said ", "Dijo Dios"),
+            Pair("x2", "Jesus wept.", "Jesús lloró."),
+            Pair("x3", "Amen.", "Amén.", split="test"),
+        ],
+    }
+    assert leave_out_seen(splits) == {"valid": 1, "test": 1}
+    assert [pair.id for pair in splits["valid"]] == ["v2"]
+    assert [pair.id for pair in splits["test"]] == ["x2", "x3"]
+    assert [pair.id for pair in splits["train"]] == ["t1", "t2"]

@@ -74,10 +74,10 @@ def rows() -> dict[str, dict]:
         "dropped": SystemScores(DROPPED),
         "rival": SystemScores(RIVAL),
     }
-    names = ("teacher", "dropped")  # any systems can be references
+    compared_with = {"teacher": "teacher", "dropped": "dropped"}  # any systems can be references
     return {
         row["name"]: row
-        for row in quality_rows(systems, REFERENCES, reference_names=names, count=RESAMPLES, seed=1)
+        for row in quality_rows(systems, REFERENCES, compared_with=compared_with, count=RESAMPLES, seed=1)
     }
 
 

@@ -9,12 +9,14 @@ from pathlib import Path
 import yaml
 
 from tests.pipeline.evaluation.synthetic import synthetic_evaluation
+from tests.pipeline.evaluation.synthetic_evidence import synthetic_evidence
 from tests.stage_runner import run_module
 
 
-def run_report(tmp_path: Path, evaluation: Path) -> subprocess.CompletedProcess:
+def run_report(tmp_path: Path, evaluation: Path, evidence: Path | None = None) -> subprocess.CompletedProcess:
     report = {
         "evaluation": str(evaluation),
+        "evidence": str(evidence or tmp_path / "quality.json"),
         "sparsity_levels": [0.8, 0.9],
         "recall_target": 0.95,
         "out": str(tmp_path / "out" / "report.md"),
@@ -29,6 +31,8 @@ def run_report(tmp_path: Path, evaluation: Path) -> subprocess.CompletedProcess:
 def test_stage_writes_report_metrics_and_plots(tmp_path: Path):
     evaluation = tmp_path / "evaluate.json"
     evaluation.write_text(json.dumps(synthetic_evaluation()))
+    document, _ = synthetic_evidence(synthetic_evaluation(), noisy=("window() w=5",))
+    (tmp_path / "quality.json").write_text(json.dumps(document))
     result = run_report(tmp_path, evaluation)
     assert result.returncode == 0, result.stderr
     out = tmp_path / "out"
@@ -50,6 +54,24 @@ def test_stage_writes_report_metrics_and_plots(tmp_path: Path):
     assert all((out / link).is_file() for link in links)
     headline = json.loads((out / "metrics" / "report.json").read_text())
     assert headline["best"]["method"] == "kmeans" and headline["best"]["bleu"] == 19.25
+    # the evidence: its sections, and the headline's operating points with their intervals
+    assert "## Claims" in markdown and "## Evidence" in markdown
+    assert "window() w=5 | predicted graph" in markdown
+    kmeans = headline["evidence"]["rows"]["kmeans"]
+    assert headline["evidence"]["units"] == 120
+    assert kmeans["d_bleu"] == kmeans["d_bleu_lo"] == kmeans["d_bleu_hi"] == 0.0
+    assert kmeans["d_bleu_significant"] is False
+
+
+def test_missing_evidence_is_one_line_and_writes_nothing(tmp_path: Path):
+    evaluation = tmp_path / "evaluate.json"
+    evaluation.write_text(json.dumps(synthetic_evaluation()))
+    result = run_report(tmp_path, evaluation, tmp_path / "absent.json")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'absent.json'}: evidence file not found (run the evaluate stage first)"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_evaluation_is_one_line_and_writes_nothing(tmp_path: Path):

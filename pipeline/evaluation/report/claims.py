@@ -1,0 +1,128 @@
+"""The section "Claims": each seed paper's headline claim, checked on this corpus and budget as *holds*,
+*does not hold* or *not distinguishable*, with what decided it.
+
+- Sparsefinder: the learned predictors' sparsity–recall fronts Pareto-dominate the fixed patterns', and a
+  learned predictor keeps near-teacher quality at the teacher's sparsity (its decoded point of highest
+  graph recall at sparsity ≥ gold − the margin; the difference from the teacher within tolerance).
+- SSA (+FT): a student with sampled attention is close to the dense model (within tolerance of the dense
+  control, or better).
+- PAR: fewer attention sublayers, the same perplexity (a PAR student with fewer self-attention sublayers
+  within tolerance of the dense control, or better).
+- SBM, SAMSA: competitive with dense attention (within tolerance of the dense control, or better).
+
+A claim on quality holds when every judged measure's interval supports it (keeps or better), does not hold
+when one shows it worse, and is not distinguishable otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pipeline.evaluation.pareto import front_dominates
+from pipeline.evaluation.report.cells import table_row
+from pipeline.evaluation.report.points import LEARNED, finite_points, rows_by_method
+from pipeline.evaluation.report.verdicts import judge, judged
+
+HOLDS, FAILS, UNDECIDED, UNTESTED = "holds", "does not hold", "not distinguishable", "not tested"
+
+
+def quality_claim(
+    compared: Mapping[str, dict] | None, keys: Sequence[str], tolerances: Mapping[str, float], units: str
+) -> tuple[str, str]:
+    """(outcome, why) of "as good as the reference" on ``keys`` from a row's differences ``compared``."""
+    present = [key for key in keys if compared and key in compared]
+    if not present:
+        return UNTESTED, "no paired difference was measured"
+    found = [judge(compared[key], key, tolerances) for key in present]
+    why = "; ".join(judged(compared[key], key, tolerances, units) for key in present)
+    if "worse" in found:
+        return FAILS, why
+    if all(verdict in ("keeps", "better") for verdict in found):
+        return HOLDS, why
+    return UNDECIDED, why
+
+
+def _primary(evidence: dict) -> list[str]:
+    """The task's own measures: BLEU and perplexity (translation), perplexity (lm), and accuracy (mlm)."""
+    first = evidence["rows"][0]
+    return [key for key in ("bleu", "perplexity", "accuracy") if key in first]
+
+
+def _dominance(evaluation: dict) -> tuple[str, str]:
+    points = {
+        m: finite_points(r, "sparsity", "recall")[0] for m, r in rows_by_method(evaluation["graphs"]).items()
+    }
+    learned = [m for m in points if m in LEARNED and points[m]]
+    fixed = [m for m in points if m not in LEARNED and points[m]]
+    if not learned or not fixed:
+        return UNTESTED, "the grid lacks learned or fixed-pattern methods"
+    beaten = [b for b in fixed if any(front_dominates(points[a], points[b]) for a in learned)]
+    standing = [b for b in fixed if b not in beaten]
+    why = f"dominated: {', '.join(beaten) or 'none'}; not dominated: {', '.join(standing) or 'none'}"
+    return (HOLDS if not standing else FAILS), why
+
+
+def _learned_point(evaluation: dict, margin: float) -> dict | None:
+    """The learned method's decoded point of highest graph recall at sparsity ≥ gold − ``margin``."""
+    level = evaluation["gold_sparsity"] - margin
+    candidates = [
+        point
+        for point in evaluation["quality"]["points"]
+        if point["method"] in LEARNED
+        and (point.get("graph_sparsity") or 0.0) >= level
+        and point.get("evidence")
+    ]
+    return max(candidates, key=lambda p: (p["graph_recall"], p["graph_sparsity"]), default=None)
+
+
+def claims_section(evaluation: dict, tolerances: Mapping[str, float], *, margin: float = 0.1) -> str:
+    """The table of claims, each with its outcome and what decided it, and the budget it was tested on."""
+    evidence = evaluation["evidence"]
+    units = f"{evidence['rows'][0]['sentences']} {evidence['units']}"
+    keys = _primary(evidence)
+    claims = [
+        ("Sparsefinder", "learned predictors Pareto-dominate the fixed patterns", *_dominance(evaluation))
+    ]
+    point = _learned_point(evaluation, margin)
+    gold = evaluation["gold_sparsity"]
+    if point is None:
+        found = (UNTESTED, f"no learned point was decoded at sparsity ≥ {gold - margin:.3f}")
+    else:
+        outcome, why = quality_claim(point["evidence"].get("vs_teacher"), keys, tolerances, units)
+        where = (
+            f"{point['label']} (sparsity {point['graph_sparsity']:.3f}, recall {point['graph_recall']:.3f})"
+        )
+        found = (outcome, f"{where}: {why}")
+    claims.append(("Sparsefinder", f"near-teacher quality at the teacher's sparsity ({gold:.3f})", *found))
+    students = evaluation.get("students") or []
+    for paper, attention, text in (
+        ("SSA", "ssa", "a sampled-attention student is as good as dense"),
+        ("SBM", "sbm", "competitive with dense attention"),
+        ("SAMSA", "samsa", "competitive with dense attention"),
+    ):
+        for row in (r for r in students if r.get("attention") == attention):
+            compared = (row.get("evidence") or {}).get("vs_dense")
+            outcome, why = quality_claim(compared, keys, tolerances, units)
+            claims.append((paper, f"{text} ({row['student']} vs the dense control)", outcome, why))
+    for row in (r for r in students if r.get("par")):
+        kept = row["par"].get("attention_fraction", 1.0)
+        compared = (row.get("evidence") or {}).get("vs_dense")
+        outcome, why = quality_claim(compared, ["perplexity"], tolerances, units)
+        if kept >= 1.0:
+            outcome, why = FAILS, f"it keeps every attention sublayer ({kept:.2f})"
+        text = f"fewer attention sublayers ({kept:.2f} kept), the same perplexity ({row['student']})"
+        claims.append(("PAR", text, outcome, why))
+    lines = [table_row(["paper", "claim", "on this corpus", "decided by"]), table_row(["---"] * 4)]
+    lines += [
+        table_row([paper, claim, f"**{outcome}**", why.replace("|", "\\|")])
+        for paper, claim, outcome, why in claims
+    ]
+    decoding = evidence.get("decoding") or {}
+    beams = decoding.get("beams")
+    how = "" if beams is None else (", greedy decoding" if beams == 1 else f", beam {beams}")
+    lines += [
+        "",
+        f"Tested on {units}{how}, one training seed per student; quality claims are judged by the 95 % "
+        "intervals of the Evidence section against the tolerances there.",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""The report follows the evidence: a difference is written with its interval, "keeps" only within the
+tolerance, "better"/"worse" only when the interval excludes 0, otherwise "not distinguishable on N
+sentences"; the Claims section judges each paper's claim the same way."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.evaluation.report import attach_evidence, build_report, load_evidence
+from pipeline.evaluation.report.claims import FAILS, HOLDS, UNDECIDED, quality_claim
+from pipeline.evaluation.report.verdicts import difference_text, judged, reversed_entry
+from tests.pipeline.evaluation.synthetic import synthetic_evaluation
+from tests.pipeline.evaluation.synthetic_evidence import synthetic_evidence
+from tests.pipeline.evaluation.test_report_students import section, with_students
+
+TOLERANCES = {"bleu": 0.5, "chrf": 0.5, "perplexity": 0.01, "kl": 0.01, "agreement": 0.01, "accuracy": 0.01}
+KMEANS, DISTANCE, WINDOW = "kmeans(buckets=4, top_k=1) w=3", "distance(threshold=2.0) w=3", "window() w=5"
+
+
+def dense_student(name: str = "dense") -> dict:
+    row = copy.deepcopy(with_students()["students"][1])
+    row.pop("ensembles")
+    return {**row, "student": name, "attention": "entmax"}
+
+
+def evaluation_with_evidence(**kinds) -> dict:
+    evaluation = with_students()
+    evaluation["students"][0]["attention"] = "sparsefinder"
+    evaluation["students"][1]["attention"] = "ssa"
+    evaluation["students"].append(dense_student())
+    document, _ = synthetic_evidence(evaluation, **kinds)
+    return attach_evidence(evaluation, document)
+
+
+def row_of(evaluation: dict, name: str) -> dict:
+    return next(row for row in evaluation["evidence"]["rows"] if row["name"] == name)
+
+
+def test_identical_outputs_keep_the_teachers_quality():
+    evaluation = evaluation_with_evidence()
+    entry = row_of(evaluation, KMEANS)["vs_teacher"]["bleu"]
+    assert entry == {"diff": 0.0, "ci95": [0.0, 0.0], "significant": False}
+    assert judged(entry, "bleu", TOLERANCES, "120 sentences").startswith("keeps BLEU (+0.00 [+0.00, +0.00]")
+
+
+def test_a_noisy_row_is_not_distinguishable_and_the_report_says_so():
+    evaluation = evaluation_with_evidence(noisy=(WINDOW, "ssa"))
+    entry = row_of(evaluation, WINDOW)["vs_teacher"]["bleu"]
+    low, high = entry["ci95"]
+    assert low < 0 < high and (low < -0.5 or high > 0.5)  # holds 0, reaches past the tolerance
+    markdown, _ = build_report(evaluation, tolerances=TOLERANCES)
+    assert f"| {WINDOW} | predicted graph |" in markdown
+    evidence = section(markdown, "Evidence")
+    window_line = next(line for line in evidence.splitlines() if line.startswith(f"| {WINDOW} "))
+    assert window_line.endswith("BLEU n.d., perplexity n.d., KL keeps |")
+    # the students' sentences: ssa against the dense control, in words and with its interval
+    students = section(markdown, "Students")
+    assert "ssa is not distinguishable in BLEU on 120 sentences (" in students
+    claims = section(markdown, "Claims")
+    ssa_claim = next(line for line in claims.splitlines() if line.startswith("| SSA "))
+    assert f"**{UNDECIDED}**" in ssa_claim and "not distinguishable in BLEU on 120 sentences" in ssa_claim
+
+
+def test_a_worse_row_is_worse_and_its_claim_does_not_hold():
+    evaluation = evaluation_with_evidence(worse=("ssa",))
+    compared = row_of(evaluation, "ssa")["vs_dense"]
+    assert compared["bleu"]["significant"] and compared["bleu"]["ci95"][1] < 0
+    assert compared["perplexity"]["ci95"][0] > 0.2  # 30 % more NLL per token: far more perplexity
+    assert judged(compared["bleu"], "bleu", TOLERANCES, "120 sentences").startswith("has worse BLEU (−")
+    markdown, _ = build_report(evaluation, tolerances=TOLERANCES)
+    ssa_claim = next(line for line in section(markdown, "Claims").splitlines() if line.startswith("| SSA "))
+    assert f"**{FAILS}**" in ssa_claim
+    # the sparsefinder student matches the dense control exactly: SSA's outcome is its own
+    assert (
+        quality_claim(row_of(evaluation, "sparsefinder")["vs_dense"], ["bleu"], TOLERANCES, "n")[0] == HOLDS
+    )
+
+
+def test_tables_show_paired_differences_with_their_intervals():
+    evaluation = evaluation_with_evidence(worse=(DISTANCE,))
+    markdown, _ = build_report(evaluation, tolerances=TOLERANCES)
+    quality = section(markdown, "Translation quality with predicted graphs")
+    distance = next(line for line in quality.splitlines() if line.startswith(f"| {DISTANCE} "))
+    shown = difference_text(row_of(evaluation, DISTANCE)["vs_teacher"]["bleu"], "bleu")
+    assert f"| {shown} |" in distance and shown.startswith("−")
+    # without evidence the same table shows the point difference, as before
+    plain, _ = build_report(synthetic_evaluation())
+    assert "## Evidence" not in plain and "## Claims" not in plain
+
+
+def test_differences_read_both_ways():
+    relative = {"diff": 0.25, "ci95": [0.0, 1.0], "significant": False}
+    flipped = reversed_entry(relative, "perplexity")  # b / a − 1 when a / b − 1 = 0.25
+    assert flipped["diff"] == pytest.approx(-0.2) and flipped["ci95"] == pytest.approx([-0.5, 0.0])
+    assert difference_text(relative, "perplexity") == "+25.0 % [+0.0, +100.0]"
+    assert reversed_entry({"diff": 1.0, "ci95": [0.5, 2.0], "significant": True}, "bleu")["ci95"] == [
+        -2.0,
+        -0.5,
+    ]
+
+
+def test_evidence_file_is_checked_where_it_is_read(tmp_path: Path):
+    document, _ = synthetic_evidence(synthetic_evaluation())
+    path = tmp_path / "quality.json"
+    path.write_text(json.dumps(document))
+    assert load_evidence(path)["rows"][0]["name"] == "teacher"
+    broken = copy.deepcopy(document)
+    broken["rows"][1]["vs_teacher"]["bleu"]["ci95"] = [1.0, -1.0]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(UserError, match=r"rows\[1\]\.vs_teacher\.bleu must hold a number and ci95"):
+        load_evidence(path)
+    broken = copy.deepcopy(document)
+    broken["rows"][2]["name"] = "teacher"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(UserError, match=r"rows\[2\]\.name = 'teacher' is not a name of its own"):
+        load_evidence(path)
