@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sacrebleu.metrics import BLEU
 
 from pipeline.fingerprint import file_sha256
 from pipeline.graphs import GraphStore
@@ -199,6 +200,9 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     folder = project / "artifacts/evaluation/hypotheses"
     references = (folder / evidence["references"]).read_text().splitlines()
     assert len(references) == evaluation["quality"]["sentences"] == rows["teacher"]["sentences"]
+    # the files are line for line with the references: sacreBLEU on them gives the BLEU evaluate measured
+    teacher_lines = (folder / rows["teacher"]["hypotheses"]).read_text().splitlines()
+    assert round(BLEU().corpus_score(teacher_lines, [references]).score, 2) == teacher_quality["bleu"]
     same = rows[full[0]["label"]]
     assert (folder / same["hypotheses"]).read_text() == (folder / rows["teacher"]["hypotheses"]).read_text()
     for measure, difference in same["vs_teacher"].items():

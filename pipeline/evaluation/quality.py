@@ -25,7 +25,7 @@ from pipeline.evaluation.intervals import RATIOS, TEACHER, SystemScores, ratio_v
 from pipeline.evaluation.pareto import pareto_front
 from pipeline.metrics.language_model import token_loss
 from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
-from pipeline.metrics.translation import corpus_bleu, translate
+from pipeline.metrics.translation import corpus_bleu, translate, translate_in_order
 from pipeline.predictors.scoring import Setting
 from pipeline.projection.model import HeadProjections
 
@@ -110,7 +110,7 @@ def translation_quality(
     every test sentence (the one scoring them), ``decode_seconds`` decoding the first batch alone.
     """
     with measure_sparsity(model) as measured:
-        hypotheses, references = translate(model, tokenizer, test, batch_size)
+        hypotheses, references = translate_in_order(model, tokenizer, test, batch_size)
     started = time.perf_counter()
     sums = unit_sums(model, test, scoring, teacher)
     forward_seconds = time.perf_counter() - started

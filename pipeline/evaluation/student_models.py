@@ -39,11 +39,11 @@ from pipeline.evaluation.intervals import SystemScores
 from pipeline.evaluation.quality import Measured, point_values, scores_of
 from pipeline.metrics.language_model import block_batches
 from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
-from pipeline.metrics.translation import corpus_bleu
+from pipeline.metrics.translation import corpus_bleu, translate_in_order
 from pipeline.par.pattern import attention_share, compact_pattern
 from pipeline.par.stacks import PAR, teacher_layers
 from pipeline.students.attention import STUDENT_ATTENTIONS
-from pipeline.students.ensemble import ensemble_translate, self_ensemble
+from pipeline.students.ensemble import self_ensemble
 from pipeline.timer import timed
 from pipeline.training.batches import padded_batches
 
@@ -247,9 +247,10 @@ def self_ensemble_quality(
 ) -> Measured:
     """BLEU and the teacher-forced measures of the average of ``samples`` sampled sub-models (decoding
     included)."""
-    started = time.perf_counter()
-    hypotheses, references = ensemble_translate(model, tokenizer, test, batch_size, samples, seed)
-    decode_seconds = time.perf_counter() - started
+    with self_ensemble(model, samples, seed) as replicated:
+        started = time.perf_counter()
+        hypotheses, references = translate_in_order(replicated, tokenizer, test, batch_size)
+        decode_seconds = time.perf_counter() - started
     with self_ensemble(model, samples, seed) as replicated:
         scores = scores_of(unit_sums(replicated, test, scoring, teacher), "translation", hypotheses)
     measured = {

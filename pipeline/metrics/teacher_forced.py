@@ -38,10 +38,8 @@ from transformers import PreTrainedModel
 
 from pipeline.corpus_card import Task
 from pipeline.metrics.language_model import block_batches, masked_positions
+from pipeline.metrics.translation import ROW
 from pipeline.training.batches import padded_batches
-
-ROW = "row"
-"""The column that carries each sentence's index in the split through the length-sorted batches."""
 
 SUMS = ("nll", "tokens", "correct")
 """The per-unit sums every model gets; with the teacher's targets also ``kl`` and ``agree``."""

@@ -9,6 +9,7 @@ over batches, so batch composition cannot move it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from datasets import Dataset
@@ -18,6 +19,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention.interface import generation_cache
 from pipeline.training.batches import padded_batches
+
+ROW = "row"
+"""The column that carries each sentence's index in the split through the length-sorted batches."""
 
 
 @torch.no_grad()
@@ -29,10 +33,35 @@ def translate(
     which would recompute every prefix at every step; cached decoding gives the uncached result for every
     attention here (tested per attention).
 
-    Returns (hypotheses, references) in the same order, both detokenized.
+    Returns (hypotheses, references), both detokenized, in the order of the length-sorted batches (see
+    :func:`translate_in_order` for the split's own order).
     """
-    model.eval()
     hypotheses, references = [], []
+    for decoded, rows in _translated_batches(model, tokenizer, dataset, batch_size):
+        hypotheses += decoded
+        references += rows["tgt"]
+    return hypotheses, references
+
+
+def translate_in_order(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, batch_size: int
+) -> tuple[list[str], list[str]]:
+    """:func:`translate`, with hypotheses and references in ``dataset``'s own order, line for line with any
+    per-sentence measure of the same split."""
+    numbered = dataset.add_column(ROW, list(range(len(dataset))))
+    hypotheses, references = [""] * len(dataset), [""] * len(dataset)
+    for decoded, rows in _translated_batches(model, tokenizer, numbered, batch_size):
+        for at, hypothesis, reference in zip(rows[ROW], decoded, rows["tgt"], strict=True):
+            hypotheses[at], references[at] = hypothesis, reference
+    return hypotheses, references
+
+
+@torch.no_grad()
+def _translated_batches(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, batch_size: int
+) -> Iterator[tuple[list[str], Dataset]]:
+    """(detokenized hypotheses, the rows of ``dataset`` they translate) per length-sorted batch."""
+    model.eval()
     batches = padded_batches(dataset, batch_size, model.config.pad_token_id)
     for batch, rows in tqdm(batches, total=-(-len(dataset) // batch_size), desc="translate", leave=False):
         cache = generation_cache(model)  # e.g. τ-indexer heads keep their keys' projections
@@ -42,9 +71,7 @@ def translate(
             use_cache=True,
             **({} if cache is None else {"cache": cache}),
         )
-        hypotheses += tokenizer.batch_decode(output, skip_special_tokens=True)
-        references += rows["tgt"]
-    return hypotheses, references
+        yield tokenizer.batch_decode(output, skip_special_tokens=True), rows
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str]) -> dict[str, object]:

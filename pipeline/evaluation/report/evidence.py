@@ -177,6 +177,6 @@ def headline_table(evaluation: dict, points: Sequence[dict]) -> str:
         f"On {units}, every model decoded and scored the same way (see Evidence); differences are paired, "
         "perplexity's relative; KL is KL(teacher ‖ model) in nats per token; the last column is time over "
         "the teacher's, above 1× slower. Each method's row is its sparsest decoded setting with graph "
-        "recall at or above the recall target.",
+        "recall at or above the recall target, or its highest-recall one when none reaches it.",
     ]
     return "\n".join(lines)

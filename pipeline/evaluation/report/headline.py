@@ -66,17 +66,24 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
 
 def operating_points(evaluation: dict, recall_target: float) -> list[dict]:
     """Each method's decoded point at its operating point: the sparsest with graph recall ≥
-    ``recall_target`` (methods with none are left out), in the evaluation's order."""
+    ``recall_target``, or its highest-recall one when none reaches it; in the evaluation's order, the
+    recall-1 check (a window wider than any sentence, sparsity 0) left out."""
     chosen: dict[str, dict] = {}
     for point in evaluation["quality"]["points"]:
         recall = finite_number(point.get("graph_recall"))
         sparsity = finite_number(point.get("graph_sparsity"))
-        if recall is None or sparsity is None or recall < recall_target or point["method"] == "window":
+        if recall is None or not sparsity:
             continue
         held = chosen.get(point["method"])
-        if held is None or sparsity > held["graph_sparsity"]:
+        if held is None or _operating_key(point, recall_target) > _operating_key(held, recall_target):
             chosen[point["method"]] = point
     return list(chosen.values())
+
+
+def _operating_key(point: dict, recall_target: float) -> tuple[bool, float]:
+    """Points reaching the target first, the sparsest of them; then the highest recall."""
+    reaches = point["graph_recall"] >= recall_target
+    return reaches, point["graph_sparsity"] if reaches else point["graph_recall"]
 
 
 def evidence_headline(evaluation: dict, recall_target: float) -> dict:

@@ -64,6 +64,13 @@ def test_a_noisy_row_is_not_distinguishable_and_the_report_says_so():
     claims = section(markdown, "Claims")
     ssa_claim = next(line for line in claims.splitlines() if line.startswith("| SSA "))
     assert f"**{UNDECIDED}**" in ssa_claim and "not distinguishable in BLEU on 120 sentences" in ssa_claim
+    # Sparsefinder's own predictors are judged at the teacher's sparsity by their best decoded point (here
+    # distance, recall 0.97 at 0.82 ≥ 0.87 − 0.1, identical to the teacher); no τ-indexer point was decoded
+    lines = claims.splitlines()
+    at_gold = next(line for line in lines if "near-teacher quality" in line)
+    assert f"**{HOLDS}**" in at_gold and f"{DISTANCE} (sparsity 0.820, recall 0.970)" in at_gold
+    indexer = next(line for line in lines if line.startswith("| τ-indexer"))
+    assert "**not tested**" in indexer and "no point of indexer was decoded" in indexer
 
 
 def test_a_worse_row_is_worse_and_its_claim_does_not_hold():
