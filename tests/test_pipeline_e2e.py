@@ -299,7 +299,7 @@ def check_fewer_students(project: Path) -> None:
     declared student with no folder gets one line naming the command that builds it. The workspace is put
     back as it was (params, lock and the evaluation's and report's outputs) afterwards."""
     params = yaml.safe_load((project / "params.yaml").read_text())
-    written = [params["evaluate"][key] for key in ("out", "timings")]
+    written = [params["evaluate"][key] for key in ("out", "timings", "evidence", "hypotheses")]
     written += [params["report"][key] for key in ("out", "plots", "metrics")]
     saved = project.parent / f"{project.name}-saved"
     kept_files = ["params.yaml", "dvc.lock", *written]

@@ -46,12 +46,13 @@ def preamble(evidence: dict) -> str:
         beams = decoding["beams"]
         how = "greedily" if beams == 1 else f"by beam search (beam {beams})"
         decoded = f", every model decoded {how} with at most {decoding['max_new_tokens']} new tokens"
+    corpus = "BLEU and chrF from sacreBLEU's own sufficient statistics, " if decoding else ""
     return (
         f"Every model is scored on the same {units} (the whole test split){decoded}. Intervals are 95 % "
         f"paired bootstrap percentile intervals over {evidence['resamples']} resamples of the "
         f"{evidence['units']} (seed {evidence['bootstrap_seed']}), one set of resamples shared by every row: "
-        "BLEU and chrF from sacreBLEU's own sufficient statistics, the teacher-forced measures (perplexity, "
-        "KL(teacher ‖ model) per token, top-1 agreement with the teacher) from sums over each unit. "
+        f"{corpus}the teacher-forced measures (perplexity, KL(teacher ‖ model) per token, top-1 agreement "
+        "with the teacher) from sums over each unit. "
         "Perplexity differences are relative. Each student was trained once (one seed): its interval is the "
         "test set's uncertainty alone, not the spread over training runs."
     )
