@@ -120,7 +120,8 @@ def _empty_split(
     if before and seen == before:
         return UserError(
             f"prepare.{name}_fraction = {fraction}: all {seen} {name} pairs have a source sentence that is "
-            "also in training, and are left out; allowed: a fraction that puts unseen sentences there"
+            "also in training, and are left out; allowed: a fraction that puts unseen sentences there, or "
+            "prepare.held_out_unseen: false"
         )
     if before:
         f = length_filter

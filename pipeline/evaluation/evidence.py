@@ -8,11 +8,12 @@ resamples of the units (:mod:`pipeline.evaluation.intervals`), so each differenc
 
 Written by the evaluate stage:
 
-- ``quality.json``: ``{"units", "resamples", "bootstrap_seed", "decoding", "signatures", "dense_control",
-  "references", "rows": [{"name", "kind", "hypotheses", "sentences", "sparsity", "recall", "bleu": {"value",
-  "ci95"}, "chrf", "perplexity", "kl", "agreement", "vs_teacher": {"bleu": {"diff", "ci95", "significant"},
-  …}, "vs_dense": {…}}]}`` (an untrained twin or a self-ensemble also ``student``, the student it belongs to,
-  and ``vs_student``); perplexity differences are relative (0.01 = 1 % higher);
+- ``quality.json``: ``{"units", "split_units", "resamples", "bootstrap_seed", "decoding", "signatures",
+  "dense_control", "references", "rows": [{"name", "kind", "hypotheses", "sentences", "sparsity",
+  "recall", "bleu": {"value", "ci95"}, "chrf", "perplexity", "kl", "agreement", "vs_teacher": {"bleu":
+  {"diff", "ci95", "significant"}, …}, "vs_dense": {…}}]}`` (an untrained twin or a self-ensemble also
+  ``student``, the student it belongs to, and ``vs_student``); perplexity differences are relative (0.01 =
+  1 % higher);
 - ``hypotheses/references.txt`` (translation): the test split's references, one line each, in split order,
   and one file per row beside it with that row's outputs, line for line.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import atomic_path, write_json
+from pipeline.errors import UserError
 from pipeline.evaluation.control import dense_control
 from pipeline.evaluation.intervals import (
     DENSE,
@@ -63,6 +65,26 @@ def file_name(name: str, taken: set[str]) -> str:
         found, number = f"{stem}_{number}.txt", number + 1
     taken.add(found)
     return found
+
+
+def _check_names(evaluation: dict[str, Any]) -> None:
+    """Every model has a row name of its own: a student named like the teacher or a predictor point (or
+    like a twin or self-ensemble's name) would silently take that row's place."""
+    taken = {TEACHER, *(point["label"] for point in evaluation["quality"]["points"])}
+    for row in evaluation["students"]:
+        name = row["student"]
+        derived = {
+            untrained_name(name),
+            *(ensemble_name(name, e["samples"]) for e in row.get("ensembles", [])),
+        }
+        clash = ({name} | derived) & taken
+        if clash:
+            raise UserError(
+                f"student.instances.{name}: its evidence row {sorted(clash)[0]!r} is already another "
+                f"model's; allowed: a student name other than {TEACHER!r}, a predictor setting's label or "
+                "another student's row"
+            )
+        taken |= {name} | derived
 
 
 def row_facts(evaluation: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -106,10 +128,13 @@ def gather_evidence(
     references: list[str] | None,
     *,
     quality: Quality,
+    split_units: int,
 ) -> Evidence:
     """The evidence of an evaluation (``evaluate.json``'s content) from what each of its models produced
     (``scores`` by evidence name, the teacher's named ``teacher``) on the test units, against
-    ``references`` (translation; None for the block tasks)."""
+    ``references`` (translation; None for the block tasks); ``split_units`` is the size of the whole test
+    split the units were taken from (more than the units when ``evaluate.quality.examples`` caps them)."""
+    _check_names(evaluation)
     control = dense_control(evaluation["students"])
     compared_with = {TEACHER: TEACHER, **({DENSE: control["student"]} if control else {})}
     metrics = default_metrics()
@@ -136,6 +161,7 @@ def gather_evidence(
         document_rows.append({**found, **{key: value for key, value in row.items() if key != "name"}})
     document = {
         "units": "sentences" if references is not None else "blocks",
+        "split_units": split_units,
         "confidence": (PERCENTILES[1] - PERCENTILES[0]) / 100,
         "resamples": quality.resamples,
         "bootstrap_seed": quality.bootstrap_seed,

@@ -28,8 +28,9 @@ full-sample value; a difference's entry is ``{"diff": d, "ci95": [lo, hi], "sign
 with d the full-sample difference and [lo, hi] the percentile interval of the paired d_b.
 
 Perplexity differences are relative: d = ppl_sys / ppl_ref − 1 (and d_b likewise per resample), so a
-tolerance on it is a fraction (0.02 = 2 %). Percentile intervals follow monotone maps, so this interval is
-exp(interval of Δ log ppl) − 1 and excludes 0 exactly when the log-perplexity difference's does.
+tolerance on it is a fraction (0.02 = 2 %). Percentile intervals follow monotone maps up to the
+interpolation between order statistics, so this interval is, to that interpolation, exp(interval of
+Δ log ppl) − 1.
 """
 
 from __future__ import annotations
@@ -293,8 +294,8 @@ def quality_rows(
     for name, own in estimates.items():
         row: dict[str, Any] = {"name": name, "sentences": sentences}
         row |= {measure: row_entry(*estimate) for measure, estimate in own.items()}
-        references = {**(compared_with or {TEACHER: TEACHER, DENSE: DENSE}), **(also or {}).get(name, {})}
-        for key, reference in references.items():
+        comparisons = {**(compared_with or {TEACHER: TEACHER, DENSE: DENSE}), **(also or {}).get(name, {})}
+        for key, reference in comparisons.items():
             if reference == name or reference not in estimates:
                 continue
             theirs = estimates[reference]

@@ -25,7 +25,7 @@ from pipeline.evaluation.intervals import RATIOS, TEACHER, SystemScores, ratio_v
 from pipeline.evaluation.pareto import pareto_front
 from pipeline.metrics.language_model import token_loss
 from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
-from pipeline.metrics.translation import corpus_bleu, translate, translate_in_order
+from pipeline.metrics.translation import corpus_bleu, perplexity, translate, translate_in_order
 from pipeline.predictors.scoring import Setting
 from pipeline.projection.model import HeadProjections
 
@@ -106,13 +106,14 @@ def translation_quality(
     against the ``teacher``'s targets (perplexity, KL, agreement), the sparsity of the graphs used while
     decoding (overall and per layer and head; None without predictor heads), and wall times.
 
-    Times are taken on passes that count no sparsity: ``forward_seconds`` is the teacher-forced pass over
-    every test sentence (the one scoring them), ``decode_seconds`` decoding the first batch alone.
+    Times are taken on passes that count no sparsity and score nothing beyond the loss: ``forward_seconds``
+    is a teacher-forced forward over every test sentence, ``decode_seconds`` decoding the first batch alone.
     """
     with measure_sparsity(model) as measured:
         hypotheses, references = translate_in_order(model, tokenizer, test, batch_size)
-    started = time.perf_counter()
     sums = unit_sums(model, test, scoring, teacher)
+    started = time.perf_counter()
+    perplexity(model, test, batch_size)
     forward_seconds = time.perf_counter() - started
     started = time.perf_counter()
     translate(model, tokenizer, test.select(range(min(batch_size, len(test)))), batch_size)

@@ -296,5 +296,11 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> tuple[dict[str, 
         "speed": speed,
     }
     references = list(test["tgt"]) if task == "translation" else None
-    found_evidence = gather_evidence(evaluation, {**scores, **student_scores}, references, quality=quality)
+    found_evidence = gather_evidence(
+        evaluation,
+        {**scores, **student_scores},
+        references,
+        quality=quality,
+        split_units=len(encoded["test"]),
+    )
     return evaluation, found_evidence

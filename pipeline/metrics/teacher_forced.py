@@ -78,7 +78,8 @@ class Batch:
 
 def scored_batches(dataset: Dataset, scoring: Scoring, pad_id: int | None) -> Iterator[Batch]:
     """The batches every model of an evaluation is scored on, the same for each (translation: length-sorted
-    padded pairs; the block tasks: consecutive blocks)."""
+    pairs padded with ``pad_id``, which a translation model always has; the block tasks: consecutive
+    blocks, which need no padding)."""
     if scoring.task == "translation":
         numbered = dataset.add_column(ROW, list(range(len(dataset))))
         for batch, rows in padded_batches(numbered, scoring.batch_size, pad_id):
@@ -110,11 +111,13 @@ def _scored(model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.T
 
 
 def _targets(batch: Batch) -> torch.Tensor:
+    """(B, L') the targets aligned with :func:`_scored`'s logits (lm: from the second token on)."""
     return batch.targets[:, 1:] if batch.shifted else batch.targets
 
 
-def _total(batches: int, scoring: Scoring) -> int:
-    return -(-batches // scoring.batch_size)
+def _batch_count(units: int, scoring: Scoring) -> int:
+    """How many batches :func:`scored_batches` gives for ``units`` units (for the progress bar)."""
+    return -(-units // scoring.batch_size)
 
 
 @torch.no_grad()
@@ -122,7 +125,7 @@ def teacher_targets(teacher: PreTrainedModel, dataset: Dataset, scoring: Scoring
     """The teacher's log-probabilities over ``dataset`` at every scored token, for :func:`unit_sums`."""
     teacher.eval()
     batches = scored_batches(dataset, scoring, teacher.config.pad_token_id)
-    total = _total(len(dataset), scoring)
+    total = _batch_count(len(dataset), scoring)
     log_probs = [
         _scored(teacher, batch)[0] for batch in tqdm(batches, total=total, desc="teacher", leave=False)
     ]
@@ -141,7 +144,7 @@ def unit_sums(
     size = len(dataset)
     sums = {name: np.zeros(size) for name in (*SUMS, *(("kl", "agree") if teacher else ()))}
     batches = scored_batches(dataset, scoring, model.config.pad_token_id)
-    for at, batch in enumerate(tqdm(batches, total=_total(size, scoring), desc="scored", leave=False)):
+    for at, batch in enumerate(tqdm(batches, total=_batch_count(size, scoring), desc="scored", leave=False)):
         log_q, scored = _scored(model, batch)  # (N, V), (B, L)
         target = _targets(batch)[scored]  # (N,)
         owner = scored.nonzero()[:, 0].numpy()  # (N,) the batch row of each scored token
@@ -155,7 +158,9 @@ def unit_sums(
                 raise ValueError(
                     f"teacher targets of batch {at} are {tuple(log_p.shape)}, not {tuple(log_q.shape)}"
                 )
-            values["kl"] = (log_p.exp() * (log_p - log_q)).sum(-1)
+            # p log(p / q) is 0 where p is: a token the teacher rules out (log p = −inf) adds nothing
+            terms = torch.where(log_p.isfinite(), log_p.exp() * (log_p - log_q), 0.0)
+            values["kl"] = terms.sum(-1)
             values["agree"] = log_p.argmax(-1) == predicted
         for name, value in values.items():
             np.add.at(sums[name], index, value.double().numpy())

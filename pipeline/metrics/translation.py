@@ -49,10 +49,14 @@ def translate_in_order(
     """:func:`translate`, with hypotheses and references in ``dataset``'s own order, line for line with any
     per-sentence measure of the same split."""
     numbered = dataset.add_column(ROW, list(range(len(dataset))))
-    hypotheses, references = [""] * len(dataset), [""] * len(dataset)
+    hypotheses: list[str | None] = [None] * len(dataset)
+    references: list[str | None] = [None] * len(dataset)
     for decoded, rows in _translated_batches(model, tokenizer, numbered, batch_size):
         for at, hypothesis, reference in zip(rows[ROW], decoded, rows["tgt"], strict=True):
             hypotheses[at], references[at] = hypothesis, reference
+    missing = [at for at, hypothesis in enumerate(hypotheses) if hypothesis is None]
+    if missing:
+        raise RuntimeError(f"sentences {missing[:5]} of {len(dataset)} were never translated")
     return hypotheses, references
 
 

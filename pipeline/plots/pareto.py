@@ -177,13 +177,14 @@ def _students(
 
 def _error_bars(ax: Axes, rows: Sequence[dict], metric: str) -> None:
     """The 95 % interval of ``metric`` of each row that carries its evidence (the report attaches it), as
-    a vertical bar through the row's point; rows without evidence are left as points."""
+    a vertical bar through the evidence's own value (the point drawn is the row's, rounded); rows without
+    evidence are left as points."""
     for row in rows:
         entry = (row.get("evidence") or {}).get(metric)
-        x, y = finite_number(row.get("sparsity")), finite_number(row.get(metric))
-        if entry is None or x is None or y is None:
+        x = finite_number(row.get("sparsity"))
+        if entry is None or x is None:
             continue
-        low, high = entry["ci95"]
+        y, (low, high) = entry["value"], entry["ci95"]
         below, above = max(y - low, 0.0), max(high - y, 0.0)
         ax.errorbar([x], [y], yerr=[[below], [above]], fmt="none", ecolor="0.35", elinewidth=0.8, capsize=2)
 

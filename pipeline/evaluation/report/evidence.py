@@ -39,7 +39,11 @@ def verdicts(compared: Mapping[str, dict], keys: Sequence[str], tolerances: Mapp
 def preamble(evidence: dict) -> str:
     """How every row was measured: the units, the decoding, the resamples, the seeds."""
     rows = evidence["rows"]
-    units = f"{rows[0]['sentences']} {evidence['units']}"
+    count, split = rows[0]["sentences"], evidence.get("split_units")
+    whole = (
+        "the whole test split" if split in (None, count) else f"the first {count} of the test split's {split}"
+    )
+    units = f"{count} {evidence['units']} ({whole})"
     decoding = evidence.get("decoding")
     decoded = ""
     if decoding:
@@ -48,11 +52,13 @@ def preamble(evidence: dict) -> str:
         decoded = f", every model decoded {how} with at most {decoding['max_new_tokens']} new tokens"
     corpus = "BLEU and chrF from sacreBLEU's own sufficient statistics, " if decoding else ""
     return (
-        f"Every model is scored on the same {units} (the whole test split){decoded}. Intervals are 95 % "
+        f"Every model is scored on the same {units}{decoded}. Intervals are 95 % "
         f"paired bootstrap percentile intervals over {evidence['resamples']} resamples of the "
         f"{evidence['units']} (seed {evidence['bootstrap_seed']}), one set of resamples shared by every row: "
         f"{corpus}the teacher-forced measures (perplexity, KL(teacher ‖ model) per token, top-1 agreement "
-        "with the teacher) from sums over each unit. "
+        "with the teacher) from sums over each unit"
+        + ("" if decoding else " (consecutive blocks of one text, resampled as if independent)")
+        + ". "
         "Perplexity differences are relative. Each student was trained once (one seed): its interval is the "
         "test set's uncertainty alone, not the spread over training runs."
     )
@@ -102,7 +108,7 @@ def evidence_section(evidence: dict, tolerances: Mapping[str, float]) -> str:
     ]
     parts = [preamble(evidence), "\n".join(lines)]
     control = evidence.get("dense_control")
-    students = [row for row in evidence["rows"] if "vs_dense" in row]
+    students = [row for row in evidence["rows"] if row["kind"] == "student" and "vs_dense" in row]
     if control and students:
         header = ["student", *(f"Δ {MEASURES[key].name} vs {control}" for key in judged), "vs dense control"]
         lines = [table_row(header), table_row(["---"] * len(header))]
@@ -175,7 +181,8 @@ def headline_table(evaluation: dict, points: Sequence[dict]) -> str:
     units = f"{evidence['rows'][0]['sentences']} {evidence['units']}"
     lines += [
         "",
-        f"On {units}, every model decoded and scored the same way (see Evidence); differences are paired, "
+        f"On {units}, every model {'decoded and ' if decodes else ''}scored the same way (see Evidence); "
+        "differences are paired, "
         "perplexity's relative; KL is KL(teacher ‖ model) in nats per token; the last column is time over "
         "the teacher's, above 1× slower. Each method's row is its sparsest decoded setting with graph "
         "recall at or above the recall target, or its highest-recall one when none reaches it.",

@@ -88,13 +88,14 @@ def _operating_key(point: dict, recall_target: float) -> tuple[bool, float]:
 
 def evidence_headline(evaluation: dict, recall_target: float) -> dict:
     """The headline's evidence, flat so that ``dvc metrics show`` reads it as a table: per row (each
-    method's operating point, each student), its sparsity and recall, and per measure its value and its
-    paired difference from the teacher with the 95 % interval (``d_bleu``, ``d_bleu_lo``, ``d_bleu_hi``;
-    perplexity relative) and whether that interval excludes 0; the number of test units beside them."""
+    method's operating point by method name, each student as ``student:NAME``), its sparsity and recall,
+    and per measure its value and its paired difference from the teacher with the 95 % interval
+    (``d_bleu``, ``d_bleu_lo``, ``d_bleu_hi``; perplexity relative) and whether that interval excludes 0;
+    the number of test units beside them."""
     evidence = evaluation["evidence"]
     rows = [
         *((point["method"], point) for point in operating_points(evaluation, recall_target)),
-        *((row["student"], row) for row in student_rows(evaluation)),
+        *((f"student:{row['student']}", row) for row in student_rows(evaluation)),
     ]
     found: dict[str, dict] = {}
     for name, row in rows:

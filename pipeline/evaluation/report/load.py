@@ -110,9 +110,15 @@ def load_evidence(path: str | os.PathLike) -> dict:
     ``{"diff", "ci95", "significant"}`` made of numbers; one line naming file and key otherwise."""
     path = Path(path)
     evidence = _read_json(path, "evidence")
-    _check_mapping(path, evidence, "top level", ("units", "rows"))
-    if not isinstance(evidence["rows"], list) or not evidence["rows"]:
-        raise UserError(f"{path}: 'rows' must be a non-empty list of quality rows")
+    _check_mapping(path, evidence, "top level", ("units", "resamples", "bootstrap_seed", "decoding", "rows"))
+    rows = evidence["rows"]
+    if (
+        not isinstance(rows, list)
+        or not rows
+        or not isinstance(rows[0], dict)
+        or rows[0].get("name") != "teacher"
+    ):
+        raise UserError(f"{path}: 'rows' must be a non-empty list of quality rows, the teacher's first")
     names: set[str] = set()
     for i, row in enumerate(evidence["rows"]):
         where = f"rows[{i}]"
@@ -127,6 +133,16 @@ def load_evidence(path: str | os.PathLike) -> dict:
                 _check_mapping(path, entry, f"{where}.{key}", ())
                 for measure, difference in entry.items():
                     _check_interval(path, difference, f"{where}.{key}.{measure}", "diff")
+                    low, high = difference["ci95"]
+                    if difference.get("significant") is not (low > 0 or high < 0):
+                        raise UserError(
+                            f"{path}: {where}.{key}.{measure}.significant must say whether ci95 excludes 0"
+                        )
+        if row["sentences"] != rows[0]["sentences"]:
+            raise UserError(
+                f"{path}: {where}.sentences = {row['sentences']!r}, not the teacher's "
+                f"{rows[0]['sentences']}; every row must be scored on the same units"
+            )
     return evidence
 
 
@@ -146,6 +162,12 @@ def attach_evidence(evaluation: dict, evidence: dict) -> dict:
     """``evaluation`` with ``evidence`` kept under its key and each quality row given its own evidence row
     (``row["evidence"]``): the teacher, each point by label, each student by name, its untrained twin and
     its self-ensembles."""
+    scored = evaluation["quality"].get("sentences")
+    if scored is not None and scored != evidence["rows"][0]["sentences"]:
+        raise UserError(
+            f"the evidence covers {evidence['rows'][0]['sentences']} {evidence['units']}, the evaluation "
+            f"{scored}: they come from different runs (re-run the evaluate stage)"
+        )
     rows = {row["name"]: row for row in evidence["rows"]}
     by_student = {(row.get("student"), row["kind"], row.get("samples")): row for row in evidence["rows"]}
     evaluation = {**evaluation, "evidence": evidence}

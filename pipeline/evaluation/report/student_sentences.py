@@ -34,6 +34,8 @@ def best_student_sentence(
         return f"No student has a {primary.name} score."
     adjective = "highest" if primary.higher_is_better else "lowest"
     lead = "The only student" if len(students) == 1 else f"The student with the {adjective} {primary.name}"
+    if tolerances is not None and len(students) > 1:  # students are not compared pairwise: a point ranking
+        lead = f"The student with the {adjective} {primary.name} point estimate"
     return (
         f"{lead} is {best['student']} ({verbs(scores)[0]} sparsity {best['sparsity']:.3f}); "
         f"{gap_clause(best, teacher, scores, tolerances)}."

@@ -62,5 +62,7 @@ def synthetic_evidence(
     for name in row_facts(evaluation):
         kind = "worse" if name in worse else "noisy" if name in noisy else "same"
         produced[name] = scores(kind, refs, seed=0)
-    found = gather_evidence(evaluation, produced, refs, quality=Quality(resamples=resamples))
+    found = gather_evidence(
+        evaluation, produced, refs, quality=Quality(resamples=resamples), split_units=sentences
+    )
     return found.document, found.files

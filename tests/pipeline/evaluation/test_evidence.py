@@ -5,10 +5,13 @@ from which anyone recomputes each row's BLEU and its paired interval."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import pytest
 from sacrebleu.metrics import BLEU
 
+from pipeline.errors import UserError
 from pipeline.evaluation.evidence import REFERENCES, file_name, row_facts, write_evidence
 from pipeline.evaluation.intervals import SystemScores, quality_rows
 from tests.pipeline.evaluation.synthetic_evidence import synthetic_evidence
@@ -89,3 +92,11 @@ def test_the_saved_files_recompute_each_rows_bleu_and_its_interval(tmp_path: Pat
             seed=saved["bootstrap_seed"],
         )[1]["vs_teacher"]["bleu"]
         assert again["ci95"] == row["vs_teacher"]["bleu"]["ci95"]
+
+
+@pytest.mark.parametrize("name", ["teacher", "window() w=5", "sparsefinder untrained"])
+def test_a_student_named_like_another_row_is_refused(name: str):
+    evaluation = evaluation_with_students()
+    evaluation["students"][1]["student"] = name  # the ssa student
+    with pytest.raises(UserError, match=f"its evidence row '{re.escape(name)}' is already another model's"):
+        synthetic_evidence(evaluation)
