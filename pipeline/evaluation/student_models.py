@@ -247,6 +247,7 @@ def self_ensemble_quality(
 ) -> Measured:
     """BLEU and the teacher-forced measures of the average of ``samples`` sampled sub-models (decoding
     included)."""
+    # two ensembles drawn from the same seed: decoding and scoring each start from the seed's first draw
     with self_ensemble(model, samples, seed) as replicated:
         started = time.perf_counter()
         hypotheses, references = translate_in_order(replicated, tokenizer, test, batch_size)

@@ -25,7 +25,7 @@ from pipeline.evaluation.intervals import HIGHER_IS_BETTER
 from pipeline.evaluation.pareto import front_dominates
 from pipeline.evaluation.report.cells import table_row
 from pipeline.evaluation.report.points import LEARNED, finite_points, rows_by_method
-from pipeline.evaluation.report.verdicts import judge, judged
+from pipeline.evaluation.report.verdicts import judge, judged, task_measures
 
 HOLDS, FAILS, UNDECIDED, UNTESTED = "holds", "does not hold", "not distinguishable", "not tested"
 
@@ -51,12 +51,6 @@ def beyond(entry: Mapping[str, Any], key: str, tolerances: Mapping[str, float]) 
     out "as good as the reference". An interval that excludes 0 but reaches into the tolerance does not."""
     low, high = entry["ci95"]
     return high < -tolerances[key] if HIGHER_IS_BETTER[key] else low > tolerances[key]
-
-
-def _primary(evidence: dict) -> list[str]:
-    """The task's own measures: BLEU and perplexity (translation), perplexity (lm), and accuracy (mlm)."""
-    first = evidence["rows"][0]
-    return [key for key in ("bleu", "perplexity", "accuracy") if key in first]
 
 
 def _dominance(evaluation: dict) -> tuple[str, str]:
@@ -121,7 +115,7 @@ def claims_section(evaluation: dict, tolerances: Mapping[str, float], *, margin:
     """The table of claims, each with its outcome and what decided it, and the budget it was tested on."""
     evidence = evaluation["evidence"]
     units = f"{evidence['rows'][0]['sentences']} {evidence['units']}"
-    keys = _primary(evidence)
+    keys = task_measures(evidence["rows"][0])
     claims = [
         ("Sparsefinder", "learned predictors Pareto-dominate the fixed patterns", *_dominance(evaluation))
     ]

@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from pipeline.evaluation.report.cells import DASH, cell, num, table_row
-from pipeline.evaluation.report.verdicts import MEASURES, difference_text, judge, value_text
+from pipeline.evaluation.report.verdicts import (
+    MEASURES,
+    difference_text,
+    judge,
+    shown_value,
+    task_measures,
+    tolerance_text,
+    value_text,
+)
 
 SHORT_VERDICTS = {"keeps": "keeps", "better": "better", "worse": "worse", "not distinguishable": "n.d."}
 KINDS = {"teacher": "teacher", "point": "predicted graph", "student": "student"}
@@ -22,8 +30,8 @@ def measures_of(evidence: dict) -> list[str]:
 def judged_measures(evidence: dict) -> list[str]:
     """The measures a verdict is given on: the task's own (BLEU and perplexity, or perplexity and mlm
     accuracy) and KL to the teacher."""
-    held = measures_of(evidence)
-    return [key for key in ("bleu", "perplexity", "accuracy", "kl") if key in held]
+    first = evidence["rows"][0]
+    return [*task_measures(first), *(["kl"] if "kl" in first else [])]
 
 
 def verdicts(compared: Mapping[str, dict], keys: Sequence[str], tolerances: Mapping[str, float]) -> str:
@@ -69,7 +77,7 @@ def evidence_section(evidence: dict, tolerances: Mapping[str, float]) -> str:
     control."""
     keys = measures_of(evidence)
     judged = judged_measures(evidence)
-    compared = [key for key in ("bleu", "perplexity", "accuracy") if key in keys]
+    compared = task_measures(evidence["rows"][0])
     header = [
         "model",
         "kind",
@@ -95,12 +103,7 @@ def evidence_section(evidence: dict, tolerances: Mapping[str, float]) -> str:
                 ]
             )
         )
-    bounds = ", ".join(
-        f"{MEASURES[key].name} ±{100 * tolerances[key]:g} %"
-        if key == "perplexity"
-        else f"{MEASURES[key].name} ±{tolerances[key]:g}"
-        for key in judged
-    )
+    bounds = ", ".join(f"{MEASURES[key].name} {tolerance_text(key, tolerances)}" for key in judged)
     lines += [
         "",
         f"A verdict is *keeps* when the whole interval of the difference lies within the tolerance "
@@ -138,7 +141,7 @@ def headline_table(evaluation: dict, points: Sequence[dict]) -> str:
     measure with the 95 % interval, its paired differences from the teacher, KL to the teacher and its time
     relative to the teacher's."""
     evidence = evaluation["evidence"]
-    keys = [key for key in ("bleu", "perplexity", "accuracy") if key in evidence["rows"][0]]
+    keys = task_measures(evidence["rows"][0])
     first = MEASURES[keys[0]]
     decodes = "bleu" in keys
     timed = "decode_seconds" if decodes else "forward_seconds"
@@ -173,7 +176,7 @@ def headline_table(evaluation: dict, points: Sequence[dict]) -> str:
                     num(own.get("recall"), 3),
                     value_text(own[first.key], first.key),
                     *(difference_text(versus[key], key) if key in versus else DASH for key in keys),
-                    num(max(own["kl"]["value"], 0.0), 4) if "kl" in own else DASH,
+                    num(shown_value(own["kl"]["value"], "kl"), 4) if "kl" in own else DASH,
                     f"{time / reference:.2f}×" if time and reference else DASH,
                 ]
             )

@@ -18,7 +18,7 @@ from pipeline.evaluation.report.points import (
     sparsity_at_recall,
     teacher_quality,
 )
-from pipeline.evaluation.report.scores import BLEU, Score, task_scores, verbs
+from pipeline.evaluation.report.scores import Score, task_scores, units, verbs
 from pipeline.evaluation.report.verdicts import judged
 
 
@@ -109,8 +109,8 @@ def gap_clause(
     evidence = point.get("evidence") or {}
     compared = evidence.get("vs_teacher") or {}
     if tolerances is not None and any(score.key in compared for score in scores):
-        units = f"{evidence['sentences']} {'sentences' if BLEU in scores else 'blocks'}"
-        clauses = [judged(compared[s.key], s.key, tolerances, units) for s in scores if s.key in compared]
+        scored = units(evidence["sentences"], scores)
+        clauses = [judged(compared[s.key], s.key, tolerances, scored) for s in scores if s.key in compared]
         return f"against the teacher it {_and(clauses)}"
     parts = []
     for score in scores:

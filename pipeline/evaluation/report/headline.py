@@ -17,6 +17,7 @@ from pipeline.evaluation.report.points import (
     teacher_quality,
 )
 from pipeline.evaluation.report.scores import task_scores
+from pipeline.evaluation.report.verdicts import TASK_MEASURES
 
 
 def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_target: float) -> dict:
@@ -104,7 +105,7 @@ def evidence_headline(evaluation: dict, recall_target: float) -> dict:
             continue
         entry = {"sparsity": own.get("sparsity"), "recall": own.get("recall")}
         compared = own.get("vs_teacher") or {}
-        for key in ("bleu", "perplexity", "accuracy", "kl"):
+        for key in (*TASK_MEASURES, "kl"):
             if key not in own:
                 continue
             entry[key] = round(own[key]["value"], 4)

@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.errors import UserError
 from pipeline.evaluation.pareto import finite_number
 from pipeline.evaluation.report.scores import TASK_SCORES
+from pipeline.evaluation.report.verdicts import MEASURES
 from pipeline.timings import merge_timings, timings_path
 
 REQUIRED_KEYS = ("kind", "store", "gold_sparsity", "graphs", "quality")
@@ -127,7 +128,7 @@ def load_evidence(path: str | os.PathLike) -> dict:
             raise UserError(f"{path}: {where}.name = {row['name']!r} is not a name of its own")
         names.add(row["name"])
         for key, entry in row.items():
-            if key in EVIDENCE_MEASURES:
+            if key in MEASURES:
                 _check_interval(path, entry, f"{where}.{key}", "value")
             elif key.startswith("vs_"):
                 _check_mapping(path, entry, f"{where}.{key}", ())
@@ -144,9 +145,6 @@ def load_evidence(path: str | os.PathLike) -> dict:
                 f"{rows[0]['sentences']}; every row must be scored on the same units"
             )
     return evidence
-
-
-EVIDENCE_MEASURES = ("bleu", "chrf", "perplexity", "kl", "agreement", "accuracy")
 
 
 def _check_interval(path: Path, entry: Any, where: str, key: str) -> None:

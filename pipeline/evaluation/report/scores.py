@@ -30,6 +30,11 @@ def task_scores(evaluation: dict) -> tuple[Score, ...]:
     return TASK_SCORES[evaluation.get("task", "translation")]
 
 
+def units(count: int, scores: Sequence[Score]) -> str:
+    """``516 sentences`` when BLEU is measured (translation), else ``4 blocks``."""
+    return f"{count} {'sentences' if BLEU in scores else 'blocks'}"
+
+
 def verbs(scores: Sequence[Score]) -> tuple[str, str]:
     """How a model is run for its measures: ("decoding", "decoded") by beam search when BLEU is measured,
     else ("running", "run"), a forward over the test blocks."""

@@ -11,7 +11,7 @@ from pipeline.evaluation.pareto import best_at_least, finite_number
 from pipeline.evaluation.report.cells import difference, num, signed
 from pipeline.evaluation.report.findings import gap_clause
 from pipeline.evaluation.report.points import label, student_rows
-from pipeline.evaluation.report.scores import BLEU, Score, verbs
+from pipeline.evaluation.report.scores import Score, units, verbs
 from pipeline.evaluation.report.verdicts import judged, reversed_entry
 
 # A student is compared with the predictor points at sparsity ≥ its own − STUDENT_SLACK.
@@ -55,9 +55,9 @@ def fine_tuning_sentence(
             compared = before.get("vs_student") or {}
             if not compared:
                 continue
-            units = f"{before['sentences']} {'sentences' if BLEU in scores else 'blocks'}"
+            scored = units(before["sentences"], scores)
             found = [
-                judged(reversed_entry(compared[s.key], s.key), s.key, tolerances, units)
+                judged(reversed_entry(compared[s.key], s.key), s.key, tolerances, scored)
                 for s in scores
                 if s.key in compared
             ]
@@ -109,8 +109,8 @@ def control_sentence(
             compared = evidence.get("vs_dense") or {}
             if row is control or not compared:
                 continue
-            units = f"{evidence['sentences']} {'sentences' if BLEU in scores else 'blocks'}"
-            found = [judged(compared[s.key], s.key, tolerances, units) for s in scores if s.key in compared]
+            scored = units(evidence["sentences"], scores)
+            found = [judged(compared[s.key], s.key, tolerances, scored) for s in scores if s.key in compared]
             clauses.append(f"{row['student']} {' and '.join(found)}")
         if not clauses:
             return ""

@@ -34,6 +34,26 @@ MEASURES = {
 }
 """Every measure of the evidence, in the order the report lists them."""
 
+TASK_MEASURES = ("bleu", "perplexity", "accuracy")
+"""The measures a task is judged on, those its rows hold: BLEU and perplexity (translation), perplexity
+(lm), perplexity and accuracy (mlm)."""
+
+
+def task_measures(row: Mapping[str, Any]) -> list[str]:
+    """The :data:`TASK_MEASURES` an evidence row holds, in that order."""
+    return [key for key in TASK_MEASURES if key in row]
+
+
+def shown_value(value: float, key: str) -> float:
+    """A value as the report writes it: KL is never negative, though a float32 sum of a model against
+    itself can land a hair below 0."""
+    return max(value, 0.0) if key == "kl" else value
+
+
+def tolerance_text(key: str, tolerances: Mapping[str, float]) -> str:
+    """``±0.5``, or ``±1 %`` for a relative measure."""
+    return f"±{100 * tolerances[key]:g} %" if key in RELATIVE else f"±{tolerances[key]:g}"
+
 
 def _signed(value: float, digits: int) -> str:
     return f"{value:+.{digits}f}".replace("-", "−")
@@ -42,9 +62,7 @@ def _signed(value: float, digits: int) -> str:
 def value_text(entry: Mapping[str, Any], key: str) -> str:
     """A row's value with its interval: ``17.12 [16.20, 18.05]``."""
     digits = MEASURES[key].digits
-    value, (low, high) = entry["value"], entry["ci95"]
-    if key == "kl":  # never negative: a float32 sum of a model against itself can land a hair below 0
-        value, low, high = (max(number, 0.0) for number in (value, low, high))
+    value, low, high = (shown_value(number, key) for number in (entry["value"], *entry["ci95"]))
     return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
@@ -72,8 +90,7 @@ def judged(entry: Mapping[str, Any], key: str, tolerances: Mapping[str, float], 
     found = judge(entry, key, tolerances)
     shown = difference_text(entry, key)
     if found == "keeps":
-        bound = f"±{100 * tolerances[key]:g} %" if key in RELATIVE else f"±{tolerances[key]:g}"
-        return f"keeps {name} ({shown}, within {bound})"
+        return f"keeps {name} ({shown}, within {tolerance_text(key, tolerances)})"
     if found == "not distinguishable":
         return f"is not distinguishable in {name} on {units} ({shown})"
     return f"has {found} {name} ({shown})"
