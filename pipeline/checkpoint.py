@@ -47,6 +47,12 @@ CODE_FILES = ("config.json", "tokenizer_config.json")
 WRITERS = "pretrain, teacher, configure, par_search or a student stage"
 
 
+def seed_path(folder: str | os.PathLike, seed: int) -> Path:
+    """Where inside ``folder`` (a stage's ``out`` or ``run_dir``) the model trained with ``seed`` lies: a
+    stage that trains once per seed (``student@NAME``) writes one model folder per seed there."""
+    return Path(folder) / f"seed-{seed}"
+
+
 def save_checkpoint(
     folder: str | os.PathLike,
     model: PreTrainedModel,

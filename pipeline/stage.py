@@ -26,7 +26,7 @@ from pipeline.params.base import Section, load_section
 S = TypeVar("S", bound=Section)
 
 # params keys that name what a stage writes (files or folders), at any depth of its section
-OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir", "mixing", "hypotheses")
+OUTPUT_KEYS = ("out", "metrics", "plot", "plots", "run_dir", "mixing", "hypotheses", "results")
 # params keys that name what a stage reads (checkpoints, corpora, stores, state files, a dataset folder or
 # hub id, the SWORD library), at any depth of its section; hub ids are compared as paths too, harmlessly
 INPUT_KEYS = (

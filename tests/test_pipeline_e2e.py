@@ -215,20 +215,48 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     headline = load(project, "artifacts/metrics/report.json")
     assert set(headline["methods"]) == set(methods) and headline["teacher_bleu"] == teacher_quality["bleu"]
     assert "report.json" in dvc(project, "metrics", "show").stdout
+    # the Results table: one line per model, the teacher's first
+    table = dvc(project, "metrics", "show", "artifacts/metrics/results").stdout.splitlines()
+    assert table[1].startswith("artifacts/metrics/results/00-teacher.json")
+    assert any(f"results/{len(table) - 2:02d}-student-" in line for line in table[-1:])
     for name in ("sparsity_recall.png", "sparsity_bleu.png", "sparsity_perplexity.png", "recall_heatmap.png",
                  "speed_bleu.png", "pareto_recall.csv", "quality.csv"):  # fmt: skip
         assert (project / "artifacts/plots/report" / name).stat().st_size > 0
 
     # students: each starts from its init folder, is distilled from the teacher, and loads back alone
+    # each once per seed (student.seeds [0, 1]): a model folder and a metrics entry per seed
     names = {"sparsefinder", "ssa", "sbm", "samsa"}
     for name in names:
-        manifest = load(project, f"artifacts/students/{name}/manifest.json")
-        assert manifest["attn_implementation"] == name and manifest["stage"] == f"student@{name}"
-        assert manifest["parent"]["teacher"]["model_sha256"] == teacher_sha256
+        assert sorted(p.name for p in (project / f"artifacts/students/{name}").iterdir()) == [
+            "seed-0",
+            "seed-1",
+        ]
         metrics = load(project, f"artifacts/metrics/student_{name}.json")
-        assert math.isfinite(metrics["test"]["bleu"]) and metrics["valid"]["perplexity"] > 1.0
+        assert list(metrics) == ["seed-0", "seed-1"]
+        for seed in (0, 1):
+            manifest = load(project, f"artifacts/students/{name}/seed-{seed}/manifest.json")
+            assert manifest["attn_implementation"] == name and manifest["stage"] == f"student@{name}"
+            assert manifest["parent"]["teacher"]["model_sha256"] == teacher_sha256
+            assert manifest["seed"] == manifest["params"]["train"]["seed"] == seed
+            measured = metrics[f"seed-{seed}"]
+            assert math.isfinite(measured["test"]["bleu"]) and measured["valid"]["perplexity"] > 1.0
         assert not (project / f"artifacts/runs/student-{name}").exists()
     students = {row["student"]: row for row in evaluation["students"]}
+    # a student's row is the mean over its seeds, each seed's beside it; its evidence too, with the spread
+    ssa = students["ssa"]
+    assert list(ssa["seeds"]) == ["seed-0", "seed-1"]
+    assert ssa["perplexity"] == round(
+        (ssa["seeds"]["seed-0"]["perplexity"] + ssa["seeds"]["seed-1"]["perplexity"]) / 2, 4
+    )
+    ssa_evidence = rows["ssa"]
+    assert ssa_evidence["seeds"] == ["seed-0", "seed-1"] and len(ssa_evidence["hypotheses"]) == 2
+    spread = ssa_evidence["bleu"]["spread"]
+    seed_bleu = [
+        BLEU().corpus_score((folder / f).read_text().splitlines(), [references]).score
+        for f in ssa_evidence["hypotheses"]
+    ]
+    assert spread["seeds"] == pytest.approx(seed_bleu, abs=1e-6)
+    assert ssa_evidence["bleu"]["value"] == pytest.approx(sum(seed_bleu) / 2, abs=1e-6)
     par_students = {"par-hand": {"encoder": "sff", "decoder": "scfcff"}}
     assert set(students) == names | set(par_students) | {"par"}
     assert students["ssa"]["sparsity"] == 0.0  # SSA samples in training only
@@ -255,9 +283,9 @@ def test_dvc_repro_end_to_end(project: Path) -> None:
     assert (project / "artifacts/plots/par_search.png").stat().st_size > 0
     assert load(project, "artifacts/models/par-searched/config.json")["par"] == searched
     for name, patterns in {**par_students, "par": searched}.items():
-        manifest = load(project, f"artifacts/students/{name}/manifest.json")
+        manifest = load(project, f"artifacts/students/{name}/seed-0/manifest.json")
         assert manifest["attn_implementation"] == "entmax" and manifest["stage"] == f"student@{name}"
-        assert load(project, f"artifacts/students/{name}/config.json")["par"] == patterns
+        assert load(project, f"artifacts/students/{name}/seed-1/config.json")["par"] == patterns
         row = students[name]["par"]
         attention = sum(pattern.count("s") for pattern in patterns.values())
         assert row["attention_sublayers"] == attention
@@ -300,7 +328,7 @@ def check_fewer_students(project: Path) -> None:
     back as it was (params, lock and the evaluation's and report's outputs) afterwards."""
     params = yaml.safe_load((project / "params.yaml").read_text())
     written = [params["evaluate"][key] for key in ("out", "timings", "evidence", "hypotheses")]
-    written += [params["report"][key] for key in ("out", "plots", "metrics")]
+    written += [params["report"][key] for key in ("out", "plots", "metrics", "results")]
     saved = project.parent / f"{project.name}-saved"
     kept_files = ["params.yaml", "dvc.lock", *written]
     for name in kept_files:
@@ -310,7 +338,7 @@ def check_fewer_students(project: Path) -> None:
     }
     try:
         set_params(project, "student", instances=kept)
-        assert (project / "artifacts/students/samsa/manifest.json").is_file()  # the leftover
+        assert (project / "artifacts/students/samsa/seed-0/manifest.json").is_file()  # the leftover
         dvc(project, "repro")
         evaluation = load(project, params["evaluate"]["out"])
         assert [row["student"] for row in evaluation["students"]] == ["sparsefinder", "ssa"]
@@ -324,8 +352,8 @@ def check_fewer_students(project: Path) -> None:
         failed = run(project, sys.executable, "-m", "stages.evaluate", check=False)
         assert failed.returncode == 2
         assert failed.stderr.strip().splitlines()[-1] == (
-            "error: student.instances.ghost.out = 'artifacts/students/ghost' holds no student model; "
-            "build it: dvc repro student@ghost"
+            "error: student.instances.ghost.out: 'artifacts/students/ghost/seed-0' holds no student model "
+            "(one folder per seed of student.seeds); build it: dvc repro student@ghost"
         )
     finally:
         for name in kept_files:
@@ -416,9 +444,12 @@ def test_student_distills_under_torchrun(project: Path) -> None:
         project, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "--master_port", "29518", "-m", "stages.student", "ssa",
     )  # fmt: skip
-    manifest = load(project, "artifacts/ddp-test/student/manifest.json")
-    assert manifest["attn_implementation"] == "ssa", result.stderr[-2000:]
-    assert math.isfinite(load(project, "artifacts/ddp-test/student.json")["valid"]["perplexity"])
+    for seed in params["student"]["seeds"]:
+        manifest = load(project, f"artifacts/ddp-test/student/seed-{seed}/manifest.json")
+        assert manifest["attn_implementation"] == "ssa", result.stderr[-2000:]
+        assert math.isfinite(
+            load(project, "artifacts/ddp-test/student.json")[f"seed-{seed}"]["valid"]["perplexity"]
+        )
 
 
 def test_pretrain_from_named_checkpoint(project: Path) -> None:

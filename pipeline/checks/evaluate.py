@@ -6,12 +6,12 @@ runs in ``sparsefinder params`` once its own inputs exist."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
 from pipeline.attention import model_skeleton
-from pipeline.checkpoint import loading, resolve_checkpoint
+from pipeline.checkpoint import loading, resolve_checkpoint, seed_path
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import read_corpus_card
 from pipeline.errors import UserError
@@ -51,20 +51,22 @@ def check_params(params: Evaluate) -> None:
 class EvaluateInputs(StageInputs):
     """The stage's inputs and its checks against them, each run as soon as its own inputs exist."""
 
-    def __init__(self, params: Evaluate, students: Mapping[str, str]) -> None:
+    def __init__(self, params: Evaluate, students: Mapping[str, Sequence[str]]) -> None:
         self.params = params
-        self.declared = students  # student.instances: name → out
+        self.declared = students  # student.instances: name → one model folder per seed
 
     @cached_property
-    def students(self) -> dict[str, Path]:
-        """The declared students' folders, each inside ``evaluate.students`` and holding a model."""
+    def students(self) -> dict[str, list[Path]]:
+        """The declared students' folders (one per seed), each inside ``evaluate.students`` and holding a
+        model."""
         return student_folders(self.params.students, self.declared)
 
     def check_parents(self) -> None:
-        """Every declared student was distilled from ``evaluate.teacher``."""
+        """Every declared student (every seed) was distilled from ``evaluate.teacher``."""
         key = f"evaluate.teacher = {self.params.teacher!r}"
-        for name, folder in self.students.items():
-            check_parent(name, folder, key, self.weights)
+        for name, folders in self.students.items():
+            for folder in folders:
+                check_parent(name, folder, key, self.weights)
 
     @cached_property
     def store(self) -> GraphStore:
@@ -158,16 +160,22 @@ class EvaluateInputs(StageInputs):
         return checks
 
 
-def declared_students(section: Student | None) -> dict[str, str]:
-    """name → model folder of every student a ``student`` section declares (none without one)."""
-    return {} if section is None else {name: spec.out for name, spec in section.instances.items()}
+def declared_students(section: Student | None) -> dict[str, list[str]]:
+    """name → the model folders (one per seed) of every student a ``student`` section declares (none
+    without one)."""
+    if section is None:
+        return {}
+    return {
+        name: [str(seed_path(spec.out, seed)) for seed in section.seeds]
+        for name, spec in section.instances.items()
+    }
 
 
-def input_checks(params: Evaluate, students: Mapping[str, str]) -> list[InputCheck]:
+def input_checks(params: Evaluate, students: Mapping[str, Sequence[str]]) -> list[InputCheck]:
     return EvaluateInputs(params, students).checks()
 
 
-def check_inputs(params: Evaluate, students: Mapping[str, str]) -> EvaluateInputs:
-    """The stage's inputs, after every check against them; ``students``: name → folder of every student
-    the params declare (:func:`declared_students`)."""
+def check_inputs(params: Evaluate, students: Mapping[str, Sequence[str]]) -> EvaluateInputs:
+    """The stage's inputs, after every check against them; ``students``: name → the model folders (one per
+    seed) of every student the params declare (:func:`declared_students`)."""
     return EvaluateInputs(params, students).check()

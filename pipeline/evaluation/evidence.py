@@ -13,7 +13,9 @@ Written by the evaluate stage:
   "recall", "bleu": {"value", "ci95"}, "chrf", "perplexity", "kl", "agreement", "vs_teacher": {"bleu":
   {"diff", "ci95", "significant"}, …}, "vs_dense": {…}}]}`` (an untrained twin or a self-ensemble also
   ``student``, the student it belongs to, and ``vs_student``); perplexity differences are relative (0.01 =
-  1 % higher);
+  1 % higher). A student trained on several seeds is the mean over them: its row also has ``seeds`` (their
+  folder names), each measure a ``spread`` (each seed's value and their standard deviation), and
+  ``hypotheses`` is a list, one file per seed;
 - ``hypotheses/references.txt`` (translation): the test split's references, one line each, in split order,
   and one file per row beside it with that row's outputs, line for line.
 """
@@ -103,6 +105,8 @@ def row_facts(evaluation: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for row in evaluation["students"]:
         name = row["student"]
         facts[name] = {"kind": "student", "sparsity": row["sparsity"], "recall": None}
+        if "seeds" in row:
+            facts[name]["seeds"] = list(row["seeds"])
         if "untrained" in row:
             sparsity = row["untrained"].get("sparsity")
             facts[untrained_name(name)] = {
@@ -124,14 +128,15 @@ def row_facts(evaluation: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def gather_evidence(
     evaluation: dict[str, Any],
-    scores: dict[str, SystemScores],
+    scores: dict[str, SystemScores | list[SystemScores]],
     references: list[str] | None,
     *,
     quality: Quality,
     split_units: int,
 ) -> Evidence:
     """The evidence of an evaluation (``evaluate.json``'s content) from what each of its models produced
-    (``scores`` by evidence name, the teacher's named ``teacher``) on the test units, against
+    (``scores`` by evidence name, the teacher's named ``teacher``; a student trained on several seeds, one
+    per seed, in the order of its row's ``seeds``) on the test units, against
     ``references`` (translation; None for the block tasks); ``split_units`` is the size of the whole test
     split the units were taken from (more than the units when ``evaluate.quality.examples`` caps them)."""
     _check_names(evaluation)
@@ -153,11 +158,16 @@ def gather_evidence(
     document_rows = []
     for row in rows:
         name = row["name"]
-        hypotheses = scores[name].hypotheses
         found = {"name": name, **facts[name], "hypotheses": None}
-        if hypotheses is not None:
-            found["hypotheses"] = file_name(name, taken)
-            files[found["hypotheses"]] = [_line(text) for text in hypotheses]
+        produced = scores[name]
+        if isinstance(produced, SystemScores):
+            if produced.hypotheses is not None:
+                found["hypotheses"] = file_name(name, taken)
+                files[found["hypotheses"]] = [_line(text) for text in produced.hypotheses]
+        elif produced[0].hypotheses is not None:  # one file per seed, in the seeds' order
+            found["hypotheses"] = [file_name(f"{name} {seed}", taken) for seed in facts[name]["seeds"]]
+            for file, seed_scores in zip(found["hypotheses"], produced, strict=True):
+                files[file] = [_line(text) for text in seed_scores.hypotheses]
         document_rows.append({**found, **{key: value for key, value in row.items() if key != "name"}})
     document = {
         "units": "sentences" if references is not None else "blocks",

@@ -256,8 +256,37 @@ def _estimates(
     return estimates
 
 
+def _seed_estimates(
+    seeds: Sequence[SystemScores],
+    references: Sequence[str] | None,
+    metrics: Mapping[str, Metric],
+    weights: np.ndarray,
+) -> tuple[dict[str, tuple[float, np.ndarray]], dict[str, list[float]]]:
+    """A system trained once per seed, as the mean of its seeds: per measure every seed has (mean of the
+    seeds' full-sample values, (B,) mean of their values on each shared resample), and each seed's value.
+
+    The interval of the mean is over test sentences, the seeds held fixed; their spread is beside it."""
+    each = [_estimates(scores, references, metrics, weights) for scores in seeds]
+    shared = [name for name in each[0] if all(name in own for own in each)]
+    estimates = {
+        name: (
+            float(np.mean([own[name][0] for own in each])),
+            np.mean([own[name][1] for own in each], axis=0),
+        )
+        for name in shared
+    }
+    return estimates, {name: [own[name][0] for own in each] for name in shared}
+
+
+def seed_spread(values: Sequence[float]) -> dict[str, Any]:
+    """``{"seeds": [v_1, …], "sd": s}``: each seed's value and their sample standard deviation (ddof 1; 0
+    for one seed)."""
+    sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return {"seeds": [float(value) for value in values], "sd": sd}
+
+
 def quality_rows(
-    systems: Mapping[str, SystemScores],
+    systems: Mapping[str, SystemScores | Sequence[SystemScores]],
     references: Sequence[str] | None,
     *,
     compared_with: Mapping[str, str] | None = None,
@@ -276,10 +305,19 @@ def quality_rows(
     :data:`RELATIVE`); ``also`` adds comparisons of single rows the same way (``{"ssa S=4": {"student":
     "ssa"}}`` gives that row ``vs_student``). Every system must cover the same sentences, in one order.
     ``metrics`` are the corpus metrics by name (default: :func:`default_metrics`).
+
+    A system given as a sequence of scores, one per training seed, is their mean (:func:`_seed_estimates`):
+    each measure of its row also holds ``spread`` (:func:`seed_spread`), and its differences are those of
+    the mean.
     """
     if not systems:
         return []
-    sizes = {name: scores.sentences() for name, scores in systems.items()}
+    sizes = {}
+    for name, found in systems.items():
+        if isinstance(found, SystemScores):
+            sizes[name] = found.sentences()
+        else:
+            sizes |= {f"{name} (seed {i + 1})": scores.sentences() for i, scores in enumerate(found)}
     if references is not None:
         sizes["references"] = len(references)
     if len(set(sizes.values())) != 1:
@@ -287,13 +325,19 @@ def quality_rows(
     sentences = next(iter(sizes.values()))
     weights = resample_weights(resamples(sentences, count, seed=seed), sentences)  # (B, S)
     corpus_metrics = default_metrics() if metrics is None else metrics
-    estimates = {
-        name: _estimates(scores, references, corpus_metrics, weights) for name, scores in systems.items()
-    }
+    estimates, spreads = {}, {}
+    for name, found in systems.items():
+        if isinstance(found, SystemScores):
+            estimates[name] = _estimates(found, references, corpus_metrics, weights)
+        else:
+            estimates[name], spreads[name] = _seed_estimates(found, references, corpus_metrics, weights)
     rows = []
     for name, own in estimates.items():
         row: dict[str, Any] = {"name": name, "sentences": sentences}
         row |= {measure: row_entry(*estimate) for measure, estimate in own.items()}
+        if name in spreads:
+            for measure, values in spreads[name].items():
+                row[measure]["spread"] = seed_spread(values)
         comparisons = {**(compared_with or {TEACHER: TEACHER, DENSE: DENSE}), **(also or {}).get(name, {})}
         for key, reference in comparisons.items():
             if reference == name or reference not in estimates:

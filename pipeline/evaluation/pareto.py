@@ -83,3 +83,10 @@ def best_at_least(
         if best_key is None or key > best_key:
             best, best_key = dict(row), key
     return best
+
+
+def operating_key(sparsity: float, recall: float, recall_target: float) -> tuple[bool, float, float]:
+    """Sort key of a method's operating point (the largest key wins): its sparsest setting with recall ≥
+    ``recall_target``, or, when none reaches the target, its highest-recall one (ties: the sparser)."""
+    reaches = recall >= recall_target
+    return (True, sparsity, recall) if reaches else (False, recall, sparsity)

@@ -11,7 +11,7 @@ batches for the teacher and every point, one after another, so the times compare
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor
 from pipeline.corpus_card import Task
 from pipeline.evaluation.intervals import RATIOS, TEACHER, SystemScores, ratio_value
-from pipeline.evaluation.pareto import pareto_front
+from pipeline.evaluation.pareto import operating_key, pareto_front
 from pipeline.metrics.language_model import token_loss
 from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate, translate_in_order
@@ -70,6 +70,18 @@ def choose_points(
     return chosen
 
 
+def operating_labels(points: Sequence[tuple[Setting, dict[str, Any]]], recall_target: float) -> set[str]:
+    """The labels of each method's operating point among ``points`` (graph rows with ``sparsity`` and
+    ``recall``; :func:`~pipeline.evaluation.pareto.operating_key`): the points the report's headline
+    quotes."""
+    chosen: dict[str, tuple[tuple, str]] = {}
+    for _, row in points:
+        key = operating_key(row["sparsity"], row["recall"], recall_target)
+        if row["method"] not in chosen or key > chosen[row["method"]][0]:
+            chosen[row["method"]] = key, row["label"]
+    return {label for _, label in chosen.values()}
+
+
 Measured = tuple[dict[str, Any], SystemScores]
 """What measuring one model gives: its JSON row (point values), and what it produced on every test unit (for
 the intervals of :mod:`pipeline.evaluation.intervals`)."""
@@ -101,6 +113,7 @@ def translation_quality(
     batch_size: int,
     scoring: Scoring,
     teacher: TeacherTargets | None,
+    decode: bool = True,
 ) -> Measured:
     """BLEU (the model's generation config: the same beams for every model), the teacher-forced measures
     against the ``teacher``'s targets (perplexity, KL, agreement), the sparsity of the graphs used while
@@ -108,26 +121,33 @@ def translation_quality(
 
     Times are taken on passes that count no sparsity and score nothing beyond the loss: ``forward_seconds``
     is a teacher-forced forward over every test sentence, ``decode_seconds`` decoding the first batch alone.
+    Without ``decode`` the model is measured teacher-forced alone: no BLEU, no decoding time, and the
+    sparsity is that of the graphs it attends while scoring the references (``"decoded": false``).
     """
-    with measure_sparsity(model) as measured:
-        hypotheses, references = translate_in_order(model, tokenizer, test, batch_size)
-    sums = unit_sums(model, test, scoring, teacher)
+    if not decode:
+        with measure_sparsity(model) as measured:
+            sums = unit_sums(model, test, scoring, teacher)
+        hypotheses = None
+    else:
+        with measure_sparsity(model) as measured:
+            hypotheses, references = translate_in_order(model, tokenizer, test, batch_size)
+        sums = unit_sums(model, test, scoring, teacher)
     started = time.perf_counter()
     perplexity(model, test, batch_size)
     forward_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    translate(model, tokenizer, test.select(range(min(batch_size, len(test)))), batch_size)
-    decode_seconds = time.perf_counter() - started
     scores = scores_of(sums, "translation", hypotheses)
     row = {
-        **corpus_bleu(hypotheses, references),
+        **(corpus_bleu(hypotheses, references) if decode else {"decoded": False}),
         **point_values(scores),
         "sparsity": measured.get("sparsity"),
         "sparsity_per_layer_head": measured.get("per_layer_head"),
         "forward_seconds": round(forward_seconds, 3),
-        "decode_seconds": round(decode_seconds, 3),
-        "examples": hypotheses[:2],
     }
+    if decode:
+        started = time.perf_counter()
+        translate(model, tokenizer, test.select(range(min(batch_size, len(test)))), batch_size)
+        row["decode_seconds"] = round(time.perf_counter() - started, 3)
+        row["examples"] = hypotheses[:2]
     return row, scores
 
 
@@ -188,20 +208,25 @@ def quality_sweep(
     model: PreTrainedModel,
     points: Sequence[tuple[Setting, dict[str, Any]]],
     *,
-    measure: Callable[[PreTrainedModel], Measured],
+    measure: Callable[..., Measured],
     kind: str,
     projections: Mapping[int, HeadProjections],
+    decoded: Collection[str] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, SystemScores]]:
     """(teacher quality, one quality row per point, what each produced: ``teacher`` and each point's label),
     each ``measure(model)`` (:func:`translation_quality` or :func:`language_quality` with their data bound);
     ``model`` must have been loaded as ``sparsefinder`` with no heads attached (it is the teacher until the
-    first point attaches its own)."""
+    first point attaches its own). With ``decoded`` (labels), the other points are measured
+    ``measure(model, decode=False)``: teacher-forced alone."""
     teacher, teacher_scores = measure(model)
     scores = {TEACHER: teacher_scores}
     rows = []
     for setting, graph_row in points:
         attach_setting(model, setting, kind=kind, projections=projections)
-        quality, scores[graph_row["label"]] = measure(model)
+        if decoded is None or graph_row["label"] in decoded:
+            quality, scores[graph_row["label"]] = measure(model)
+        else:
+            quality, scores[graph_row["label"]] = measure(model, decode=False)
         identity = {k: graph_row[k] for k in ("method", "knobs", "window", "global_tokens", "label")}
         rows.append(
             {

@@ -19,7 +19,8 @@ quality with predicted graphs at each method's best points, the students, and th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from pipeline.evaluation.quality import (
     attach_setting,
     choose_points,
     language_quality,
+    operating_labels,
     quality_sweep,
     translation_quality,
 )
@@ -45,6 +47,7 @@ from pipeline.evaluation.speed import speed_table
 from pipeline.evaluation.student_models import (
     language_ensemble_quality,
     load_student,
+    seed_means,
     self_ensemble_quality,
     student_quality,
     timing_batches,
@@ -200,15 +203,20 @@ def task_measures(
 
 def evaluate_students(
     params: Evaluate,
-    folders: Mapping[str, Path],
+    folders: Mapping[str, Sequence[Path]],
     task: Task,
     train: Dataset,
     measure: Callable,
     ensemble: Callable,
-) -> tuple[list[dict], dict[str, SystemScores]]:
-    """One row per declared student (``folders``, checked by :mod:`pipeline.checks.evaluate`: each
-    distilled from this teacher), measured by the teacher's ``measure`` (:func:`task_measures`), and what
-    every model measured produced, by evidence name."""
+) -> tuple[list[dict], dict[str, SystemScores | list[SystemScores]]]:
+    """One row per declared student (``folders``: its model folder per seed, checked by
+    :mod:`pipeline.checks.evaluate`: each distilled from this teacher), measured by the teacher's ``measure``
+    (:func:`task_measures`), and what every model measured produced, by evidence name (a student trained on
+    several seeds: one scores per seed).
+
+    The first seed's model is measured in full (:func:`student_quality`: its untrained twin, self-ensembles
+    and training step time too); every further seed's by ``measure`` alone, and the row's measures are the
+    mean over seeds, each seed's beside them (:func:`seed_means`)."""
     if not folders:
         return [], {}
     quality = params.quality
@@ -217,25 +225,35 @@ def evaluate_students(
     pad_id = teacher.config.pad_token_id
     batches = timing_batches(train, quality.batch_size, quality.timing_batches, pad_id, task)
     rows, scores = [], {}
-    for name, folder in folders.items():
-        student = load_student(folder, f"evaluate.students ({name})")
-        untrained = untrained_twin(student, params.teacher)
-        for model in (student, untrained):
-            if model is not None and task == "translation":
-                model.generation_config.num_beams = quality.beams
-                model.generation_config.max_new_tokens = quality.max_new_tokens
-        row, produced = student_quality(
-            name,
-            student,
-            teacher,
-            batches,
-            measure=measure,
-            ensemble=ensemble,
-            ensemble_samples=quality.ensemble_samples,
-            untrained=untrained,
-        )
+    for name, seeds in folders.items():
+        measured = []
+        for i, folder in enumerate(seeds):
+            student = load_student(folder, f"evaluate.students ({name})")
+            if task == "translation":
+                student.generation_config.num_beams = quality.beams
+                student.generation_config.max_new_tokens = quality.max_new_tokens
+            if i:
+                measured.append(measure(student))
+                continue
+            untrained = untrained_twin(student, params.teacher)
+            if untrained is not None and task == "translation":
+                untrained.generation_config.num_beams = quality.beams
+                untrained.generation_config.max_new_tokens = quality.max_new_tokens
+            row, produced = student_quality(
+                name,
+                student,
+                teacher,
+                batches,
+                measure=measure,
+                ensemble=ensemble,
+                ensemble_samples=quality.ensemble_samples,
+                untrained=untrained,
+            )
+            scores |= produced
+        if len(seeds) > 1:
+            row = seed_means(row, [folder.name for folder in seeds], measured)
+            scores[name] = [scores[name], *(produced for _, produced in measured)]
         rows.append(row)
-        scores |= produced
     return rows, scores
 
 
@@ -273,8 +291,11 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> tuple[dict[str, 
         per_method=quality.points_per_method,
         recall_targets=quality.recall_targets,
     )
+    decoded = None  # every point
+    if task == "translation" and quality.decode == "operating":
+        decoded = operating_labels(points, quality.recall_targets[0] if quality.recall_targets else math.inf)
     teacher_quality, point_rows, scores = quality_sweep(
-        model, [*points, full], measure=measure, kind=kind, projections=projections
+        model, [*points, full], measure=measure, kind=kind, projections=projections, decoded=decoded
     )
     teacher_quality["sparsity"] = gold["sparsity"]
     students, student_scores = evaluate_students(

@@ -48,28 +48,30 @@ from pipeline.timer import timed
 from pipeline.training.batches import padded_batches
 
 
-def student_folders(folder: str | None, declared: Mapping[str, str]) -> dict[str, Path]:
-    """{name: model folder} of the students the params declare (``student.instances``: name → ``out``), in
-    their order; none when ``folder`` (``evaluate.students``) is None. Folders of other profiles' students
-    that lie beside them are ignored. Each declared folder must lie inside ``folder``, which evaluate depends
-    on, and hold a student model."""
+def student_folders(folder: str | None, declared: Mapping[str, Sequence[str]]) -> dict[str, list[Path]]:
+    """{name: its seeds' model folders} of the students the params declare (``student.instances``: name →
+    the folders its stage writes, one per seed of ``student.seeds``), in their order; none when ``folder``
+    (``evaluate.students``) is None. Folders of other profiles' students that lie beside them are ignored.
+    Each declared folder must lie inside ``folder``, which evaluate depends on, and hold a student model."""
     if folder is None:
         return {}
     root = Path(folder).resolve()
     found = {}
-    for name, out in declared.items():
-        path = Path(out)
-        if root not in path.resolve().parents:
-            raise UserError(
-                f"student.instances.{name}.out = {out!r} lies outside evaluate.students = {folder!r}; "
-                "allowed: a folder inside it (evaluate depends on that folder)"
-            )
-        if not (path / MANIFEST).is_file():
-            raise UserError(
-                f"student.instances.{name}.out = {out!r} holds no student model; build it: "
-                f"dvc repro student@{name}"
-            )
-        found[name] = path
+    for name, seeds in declared.items():
+        found[name] = []
+        for out in seeds:
+            path = Path(out)
+            if root not in path.resolve().parents:
+                raise UserError(
+                    f"student.instances.{name}.out: {out!r} lies outside evaluate.students = {folder!r}; "
+                    "allowed: a folder inside it (evaluate depends on that folder)"
+                )
+            if not (path / MANIFEST).is_file():
+                raise UserError(
+                    f"student.instances.{name}.out: {out!r} holds no student model (one folder per seed of "
+                    f"student.seeds); build it: dvc repro student@{name}"
+                )
+            found[name].append(path)
     return found
 
 
@@ -205,6 +207,22 @@ def student_quality(
             measured, scores[ensemble_name(name, samples)] = ensemble(student, samples)
             row["ensembles"].append(measured)
     return row, scores
+
+
+SEED_MEASURES = ("bleu", "perplexity", "kl", "agreement", "accuracy", "loss", "sparsity")
+"""The measures of a student's row that are averaged over its seeds."""
+
+
+def seed_means(row: dict[str, Any], seeds: Sequence[str], others: Sequence[Measured]) -> dict[str, Any]:
+    """A student's ``row`` (its first seed's, :func:`student_quality`) as the mean over its ``seeds``
+    (their folder names; ``others`` are the further seeds' measures, in order): each of
+    :data:`SEED_MEASURES` that every seed has becomes the mean, and ``seeds`` holds each seed's own values.
+    Its untrained twin, self-ensembles and step times stay the first seed's."""
+    rows = [row, *(other for other, _ in others)]
+    keys = [key for key in SEED_MEASURES if all(isinstance(found.get(key), float | int) for found in rows)]
+    means = {key: round(statistics.fmean(found[key] for found in rows), 4) for key in keys}
+    per_seed = {seed: {key: found[key] for key in keys} for seed, found in zip(seeds, rows, strict=True)}
+    return {**row, **means, "seeds": per_seed}
 
 
 def untrained_name(student: str) -> str:

@@ -110,19 +110,21 @@ def evaluate_language_model(
     test_examples: int | None,
     sparsity_examples: int,
 ) -> dict[str, Any]:
-    """Valid and test loss/perplexity (mlm: accuracy too) and, for a model whose attention function
-    returns its probabilities (α-entmax), the per-layer attention sparsity on the valid blocks."""
+    """Valid and test loss/perplexity (mlm: accuracy too; no test with ``test_examples`` 0) and, for a
+    model whose attention function returns its probabilities (α-entmax), the per-layer attention sparsity on
+    the valid blocks."""
     started = time.perf_counter()
+    metrics: dict[str, Any] = {
+        "valid": token_loss(model, task, data["valid"], batch_size, mask_id=tokenizer.mask_token_id)
+    }
     test = data["test"]
     if test_examples is not None:
         test = test.select(range(min(test_examples, len(test))))
-    metrics: dict[str, Any] = {
-        "valid": token_loss(model, task, data["valid"], batch_size, mask_id=tokenizer.mask_token_id),
-        "test": {
+    if len(test):
+        metrics["test"] = {
             "blocks": len(test),
             **token_loss(model, task, test, batch_size, mask_id=tokenizer.mask_token_id),
-        },
-    }
+        }
     if model.config._attn_implementation == "entmax":
         sample = data["valid"].select(range(min(sparsity_examples, len(data["valid"]))))
         metrics["attention_sparsity"] = layer_sparsity(model, sample, batch_size)

@@ -83,6 +83,7 @@ Count = bounded(COUNT_LIMIT)
 Steps = bounded(STEPS_LIMIT)
 NonNegativeSteps = bounded(STEPS_LIMIT, least=0)
 Examples = bounded(EXAMPLES_LIMIT)
+NonNegativeExamples = bounded(EXAMPLES_LIMIT, least=0)
 
 
 class Section(BaseModel):

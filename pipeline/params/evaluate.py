@@ -3,7 +3,7 @@ points, and the students."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -34,6 +34,10 @@ class Quality(Section):
     units (``resamples`` draws seeded with ``bootstrap_seed``, shared by every model)."""
 
     examples: Examples | None = None  # null: the whole test split
+    # translation: which models are decoded for BLEU and chrF: "all", or "operating": the teacher, every
+    # student and each method's operating point (its sparsest point reaching the first recall target, else
+    # its highest-recall one); the other points are measured teacher-forced alone (perplexity, KL, agreement)
+    decode: Literal["all", "operating"] = "all"
     beams: Beams = 1
     max_new_tokens: Tokens = 80
     batch_size: BatchSize = 32

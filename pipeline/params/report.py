@@ -35,6 +35,8 @@ class Report(Section):
     out: str = "artifacts/report.md"
     plots: str = "artifacts/plots/report"
     metrics: str = "artifacts/metrics/report.json"
+    # the Results table, one small JSON per row, so that `dvc metrics show` prints one line per model
+    results: str = "artifacts/metrics/results"
 
     @model_validator(mode="after")
     def _unique_levels(self) -> Report:

@@ -141,6 +141,9 @@ class Student(Section):
     distill: Distillation = Distillation()
     train: Training = Training(max_steps=200, lr=2e-4, warmup_steps=20)
     eval: Evaluation = Evaluation()
+    # every student is trained once per seed (its added parameters' initial values and the batch order),
+    # into out/seed-S; the evaluation reports the mean over seeds with their spread
+    seeds: Annotated[list[Seed], Field(min_length=1)] = [0]
     instances: Annotated[dict[str, StudentSpec], Field(min_length=1)] = {
         name: kind(
             out=f"artifacts/students/{name}",
@@ -159,6 +162,10 @@ class Student(Section):
 
     @model_validator(mode="after")
     def _instances(self) -> Student:
+        if "seed" in self.train.model_fields_set:
+            raise ValueError("train.seed: a student trains once per seed of student.seeds; set those instead")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds {self.seeds} lists a seed twice")
         for name in self.instances:
             if not STUDENT_NAME.fullmatch(name):
                 raise ValueError(
@@ -191,6 +198,7 @@ class StudentRun(Section):
     distill: Distillation
     train: Training
     eval: Evaluation
+    seeds: list[Seed]
     spec: StudentSpec
     out: str
     run_dir: str

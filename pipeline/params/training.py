@@ -17,6 +17,7 @@ from pipeline.params.base import (
     Heads,
     Layers,
     ModelWidth,
+    NonNegativeExamples,
     NonNegativeSteps,
     Positions,
     Section,
@@ -64,7 +65,9 @@ class Evaluation(Section):
     beams: Beams = 4
     max_new_tokens: Tokens = 96
     batch_size: BatchSize = 32
-    test_examples: Examples | None = 500
+    # the first N test units (None: all; 0: none, leaving test quality to the evaluate stage, which scores
+    # every model on the whole split the same way)
+    test_examples: NonNegativeExamples | None = 500
     sparsity_examples: Examples = 200
 
 

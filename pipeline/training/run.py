@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,9 +22,9 @@ from transformers import (
 )
 
 import pipeline.attention  # noqa: F401  (registers the attention implementations)
-from pipeline.atomic import staged_outputs
+from pipeline.atomic import atomic_path, staged_outputs
 from pipeline.attention.sparsity import collect_marian_sparsity
-from pipeline.checkpoint import load_auto_tokenizer, save_checkpoint
+from pipeline.checkpoint import load_auto_tokenizer, save_checkpoint, seed_path
 from pipeline.corpus_card import CorpusCard, Task, read_corpus_card
 from pipeline.errors import UserError, writing
 from pipeline.fingerprint import folder_sha256, value_sha256
@@ -52,6 +52,8 @@ class TrainedSection(Protocol):
     eval: Evaluation
 
     def model_dump(self) -> dict[str, Any]: ...
+
+    def model_copy(self, *, update: dict[str, Any]) -> Any: ...
 
 
 class InitializedSection(TrainedSection, Protocol):
@@ -143,19 +145,19 @@ def encode_with(tokenizer: PreTrainedTokenizerBase, data: DatasetDict, max_lengt
 def evaluate_translation(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: DatasetDict, settings: Evaluation
 ) -> dict[str, Any]:
-    """Valid perplexity, test BLEU (beam search, detokenized) and, for entmax models, attention sparsity."""
+    """Valid perplexity, test BLEU (beam search, detokenized; none with ``test_examples`` 0) and, for
+    entmax models, attention sparsity."""
     started = time.perf_counter()
+    metrics: dict[str, Any] = {"valid": perplexity(model, data["valid"], settings.batch_size)}
     test = data["test"]
     if settings.test_examples is not None:
         test = test.select(range(min(settings.test_examples, len(test))))
-    hypotheses, references = translate(model, tokenizer, test, settings.batch_size)
-    metrics: dict[str, Any] = {
-        "valid": perplexity(model, data["valid"], settings.batch_size),
-        "test": {"sentences": len(test), **corpus_bleu(hypotheses, references)},
-        "examples": [
+    if len(test):
+        hypotheses, references = translate(model, tokenizer, test, settings.batch_size)
+        metrics["test"] = {"sentences": len(test), **corpus_bleu(hypotheses, references)}
+        metrics["examples"] = [
             {"hypothesis": h, "reference": r} for h, r in zip(hypotheses[:3], references[:3], strict=True)
-        ],
-    }
+        ]
     if model.config._attn_implementation == "entmax":
         sample = data["valid"].select(range(min(settings.sparsity_examples, len(data["valid"]))))
         batches = (
@@ -221,32 +223,94 @@ def train_and_evaluate(
     if not is_main_process():
         return
     task = read_corpus_card(params.data, f"{stage}.data").task
-    if task == "translation":
-        set_generation(model, params.eval)
     # the model, its metrics and their timings are swapped in together: a failure while measuring or while
     # writing the metrics (a full disk) leaves the previous model and the metrics describing it as they were
     with staged_outputs(params.out, *metrics_files(params.metrics)):
-        with writing(f"the checkpoint {params.out}"):
-            save_checkpoint(
-                params.out,
-                model,
-                tokenizer,
-                {"stage": stage, "params": params.model_dump(), "data_sha256": data_sha256, "parent": parent},
-            )
-        if task == "translation":
-            measured = evaluate_translation(model, tokenizer, data, params.eval)
-        else:
-            settings = params.eval
-            measured = evaluate_language_model(
-                model,
-                tokenizer,
-                task,
-                data,
-                batch_size=settings.batch_size,
-                test_examples=settings.test_examples,
-                sparsity_examples=settings.sparsity_examples,
-            )
-        metrics = {"train_seconds": round(train_seconds, 1), **measured}
+        manifest = {
+            "stage": stage,
+            "params": params.model_dump(),
+            "data_sha256": data_sha256,
+            "parent": parent,
+        }
+        measured = save_and_measure(params.out, params, model, tokenizer, data, manifest, task=task)
+        with writing(f"the metrics {params.metrics}"):
+            write_metrics(params.metrics, {"train_seconds": round(train_seconds, 1), **measured})
+    shutil.rmtree(params.run_dir, ignore_errors=True)
+
+
+def train_seeds(
+    stage: str,
+    params: TrainedSection,
+    build: Callable[[int], PreTrainedModel],
+    tokenizer: PreTrainedTokenizerBase,
+    data: DatasetDict,
+    parent: dict[str, Any] | None,
+    *,
+    seeds: Sequence[int],
+    teacher: PreTrainedModel | None = None,
+    callbacks: Callable[[], Sequence[TrainerCallback]] = tuple,
+) -> None:
+    """Train one model per seed: ``build(seed)`` is its starting model and ``train.seed`` = seed; save each
+    to ``params.out``/seed-S (:func:`seed_path`) and write ``params.metrics`` with one entry per seed
+    (``"seed-S"``), all swapped in together.
+
+    Each seed runs in ``params.run_dir``/seed-S, kept until every seed is saved, so an interrupted stage
+    resumes the seed it was training and does not train the finished ones again. ``callbacks()`` makes a
+    fresh set of training callbacks per seed.
+    """
+    trained = []
+    for seed in seeds:
+        own = params.model_copy(
+            update={
+                "train": params.train.model_copy(update={"seed": seed}),
+                "run_dir": str(seed_path(params.run_dir, seed)),
+                "out": str(seed_path(params.out, seed)),
+            }
+        )
+        found = train_stage(own, build(seed), tokenizer, data, parent, teacher=teacher, callbacks=callbacks())
+        trained.append((seed, own, *found))
+    if not is_main_process():
+        return
+    task = read_corpus_card(params.data, f"{stage}.data").task
+    metrics = {}
+    with staged_outputs(params.out, *metrics_files(params.metrics)):
+        with atomic_path(params.out, directory=True) as folder:
+            for seed, own, model, train_seconds, data_sha256 in trained:
+                manifest = {"stage": stage, "params": own.model_dump(), "data_sha256": data_sha256}
+                manifest |= {"parent": parent, "seed": seed}
+                target = seed_path(folder, seed)
+                measured = save_and_measure(target, own, model, tokenizer, data, manifest, task=task)
+                metrics[target.name] = {"train_seconds": round(train_seconds, 1), **measured}
         with writing(f"the metrics {params.metrics}"):
             write_metrics(params.metrics, metrics)
     shutil.rmtree(params.run_dir, ignore_errors=True)
+
+
+def save_and_measure(
+    folder: str | Path,
+    params: TrainedSection,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DatasetDict,
+    manifest: dict[str, Any],
+    *,
+    task: Task,
+) -> dict[str, Any]:
+    """Save a trained ``model`` to ``folder`` with ``manifest``, and its measures on ``task`` with
+    ``params.eval`` (:func:`evaluate_translation`, or the block tasks' :func:`evaluate_language_model`)."""
+    if task == "translation":
+        set_generation(model, params.eval)
+    with writing(f"the checkpoint {params.out}"):
+        save_checkpoint(folder, model, tokenizer, manifest)
+    if task == "translation":
+        return evaluate_translation(model, tokenizer, data, params.eval)
+    settings = params.eval
+    return evaluate_language_model(
+        model,
+        tokenizer,
+        task,
+        data,
+        batch_size=settings.batch_size,
+        test_examples=settings.test_examples,
+        sparsity_examples=settings.sparsity_examples,
+    )

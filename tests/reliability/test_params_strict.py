@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import pytest
 import yaml
@@ -118,7 +118,7 @@ def duplicated(tmp_path: Path, first: str, duplicate: str, after: str) -> tuple[
 @pytest.mark.parametrize(
     ("first", "duplicate", "after", "key"),
     [
-        ("report:\n", "report: {}\n", "  metrics: artifacts/metrics/report.json\n", "report"),
+        ("report:\n", "report: {}\n", "  results: artifacts/metrics/results\n", "report"),
         ("  rank: 4\n", "  rank: 8\n", "  rank: 4\n", "project.rank"),
         ("    lr: 0.005\n", "    lr: 0.01\n", "    lr: 0.005\n", "pretrain.train.lr"),
         (
@@ -246,10 +246,13 @@ def test_every_seed_is_a_seed() -> None:
         "evaluate.quality.ensemble_seed",
         "evaluate.quality.bootstrap_seed",
         "par_search.train.seed",
-        "student.train.seed",
+        "student.train.seed",  # refused: student.seeds replaces it
+        "student.seeds",  # a list of seeds, one training run each
         "student.instances.seed",  # an SBM student's evaluation graph
     }
     rule = get_args(Seed)[1].metadata
+    listed = seeds.pop("student.seeds").annotation
+    assert get_origin(listed) is list and get_args(listed)[0] == Seed
     assert all(field.annotation is int and field.metadata == rule for field in seeds.values()), seeds
 
 

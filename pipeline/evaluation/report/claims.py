@@ -25,7 +25,7 @@ from pipeline.evaluation.intervals import HIGHER_IS_BETTER
 from pipeline.evaluation.pareto import front_dominates
 from pipeline.evaluation.report.cells import table_row
 from pipeline.evaluation.report.points import LEARNED, finite_points, rows_by_method
-from pipeline.evaluation.report.verdicts import judge, judged, task_measures
+from pipeline.evaluation.report.verdicts import judge, judged, seeds_text, task_measures
 
 HOLDS, FAILS, UNDECIDED, UNTESTED = "holds", "does not hold", "not distinguishable", "not tested"
 
@@ -77,7 +77,10 @@ def _best_point(evaluation: dict, methods: Sequence[str], margin: float) -> dict
     candidates = [
         point
         for point in evaluation["quality"]["points"]
-        if point["method"] in methods and _decoding_sparsity(point) >= level and point.get("evidence")
+        if point["method"] in methods
+        and _decoding_sparsity(point) >= level
+        and point.get("evidence")
+        and point.get("decoded", True)
     ]
     return max(candidates, key=lambda p: (p["graph_recall"], _decoding_sparsity(p)), default=None)
 
@@ -99,7 +102,11 @@ def _at_gold(
     level = evaluation["gold_sparsity"] - margin
     point = _best_point(evaluation, methods, margin)
     if point is None:
-        decoded = [_decoding_sparsity(p) for p in evaluation["quality"]["points"] if p["method"] in methods]
+        decoded = [
+            _decoding_sparsity(p)
+            for p in evaluation["quality"]["points"]
+            if p["method"] in methods and p.get("decoded", True)
+        ]
         sparsest = f"; the sparsest decoded one has {max(decoded):.3f}" if decoded else ""
         return UNTESTED, f"no point of {', '.join(methods)} was decoded at sparsity ≥ {level:.3f}{sparsest}"
     units = f"{point['evidence']['sentences']} {evaluation['evidence']['units']}"
@@ -152,7 +159,7 @@ def claims_section(evaluation: dict, tolerances: Mapping[str, float], *, margin:
     how = "" if beams is None else (", greedy decoding" if beams == 1 else f", beam {beams}")
     lines += [
         "",
-        f"Tested on {units}{how}, one training seed per student; quality claims are judged by the 95 % "
+        f"Tested on {units}{how}, {seeds_text(evidence)}; quality claims are judged by the 95 % "
         "intervals of the Evidence section against the tolerances there.",
     ]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from pipeline.evaluation.report.verdicts import (
     shown_value,
     task_measures,
     tolerance_text,
+    training_seeds,
     value_text,
 )
 
@@ -67,8 +68,21 @@ def preamble(evidence: dict) -> str:
         "with the teacher) from sums over each unit"
         + ("" if decoding else " (consecutive blocks of one text, resampled as if independent)")
         + ". "
-        "Perplexity differences are relative. Each student was trained once (one seed): its interval is the "
-        "test set's uncertainty alone, not the spread over training runs."
+        "Perplexity differences are relative. " + _seeds_sentence(training_seeds(evidence))
+    )
+
+
+def _seeds_sentence(seeds: int) -> str:
+    """What a student's row is: one training run, or the mean over several."""
+    if seeds == 1:
+        return (
+            "Each student was trained once (one seed): its interval is the test set's uncertainty alone, not "
+            "the spread over training runs."
+        )
+    return (
+        f"Each student was trained {seeds} times (one seed each): its row is the mean over the seeds, its "
+        "interval the test set's uncertainty of that mean, and sd after it the seeds' standard deviation "
+        "(the spread over training runs)."
     )
 
 

@@ -1,11 +1,11 @@
-"""The headline JSON declared as a DVC metric: gold and teacher numbers, per-method threshold values, the
-best setting and the students' quality."""
+"""What the report declares as DVC metrics: the headline JSON (gold and teacher numbers, per-method
+threshold values, the best setting and the students' quality) and the Results table's rows, one file each."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.evaluation.pareto import finite_number
+from pipeline.evaluation.pareto import finite_number, operating_key
 from pipeline.evaluation.report.points import (
     field,
     label,
@@ -17,7 +17,7 @@ from pipeline.evaluation.report.points import (
     teacher_quality,
 )
 from pipeline.evaluation.report.scores import task_scores
-from pipeline.evaluation.report.verdicts import TASK_MEASURES
+from pipeline.evaluation.report.verdicts import difference_text, task_measures, value_text
 
 
 def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_target: float) -> dict:
@@ -60,59 +60,60 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
         summary["students"] = {
             row["student"]: {key: field(row, key) for key in (*keys, "sparsity")} for row in students
         }
-    if evaluation.get("evidence"):
-        summary["evidence"] = evidence_headline(evaluation, recall_target)
     return summary
 
 
 def operating_points(evaluation: dict, recall_target: float) -> list[dict]:
-    """Each method's decoded point at its operating point: the sparsest with graph recall ≥
-    ``recall_target``, or its highest-recall one when none reaches it; in the evaluation's order, the
-    recall-1 check (a window wider than any sentence, sparsity 0) left out."""
-    chosen: dict[str, dict] = {}
+    """Each method's decoded point at its operating point (:func:`~pipeline.evaluation.pareto.operating_key`):
+    the sparsest with graph recall ≥ ``recall_target``, or its highest-recall one when none reaches it; in
+    the evaluation's order, the recall-1 check (a window wider than any sentence, sparsity 0) and the points
+    measured teacher-forced alone (``decoded`` false) left out."""
+    chosen: dict[str, tuple[tuple, dict]] = {}
     for point in evaluation["quality"]["points"]:
         recall = finite_number(point.get("graph_recall"))
         sparsity = finite_number(point.get("graph_sparsity"))
-        if recall is None or not sparsity:
+        if recall is None or not sparsity or not point.get("decoded", True):
             continue
+        key = operating_key(sparsity, recall, recall_target)
         held = chosen.get(point["method"])
-        if held is None or _operating_key(point, recall_target) > _operating_key(held, recall_target):
-            chosen[point["method"]] = point
-    return list(chosen.values())
+        if held is None or key > held[0]:
+            chosen[point["method"]] = key, point
+    return [point for _, point in chosen.values()]
 
 
-def _operating_key(point: dict, recall_target: float) -> tuple[bool, float]:
-    """Points reaching the target first, the sparsest of them; then the highest recall."""
-    reaches = point["graph_recall"] >= recall_target
-    return reaches, point["graph_sparsity"] if reaches else point["graph_recall"]
+def headline_rows(evaluation: dict, recall_target: float) -> dict[str, dict]:
+    """The Results table as one flat entry per row, keyed by the file name ``dvc metrics show`` lists it
+    under (``00-teacher``, ``01-window``, …, ``07-student-ssa``), so that it prints one line per model.
 
-
-def evidence_headline(evaluation: dict, recall_target: float) -> dict:
-    """The headline's evidence, flat so that ``dvc metrics show`` reads it as a table: per row (each
-    method's operating point by method name, each student as ``student:NAME``), its sparsity and recall,
-    and per measure its value and its paired difference from the teacher with the 95 % interval
-    (``d_bleu``, ``d_bleu_lo``, ``d_bleu_hi``; perplexity relative) and whether that interval excludes 0;
-    the number of test units beside them."""
-    evidence = evaluation["evidence"]
+    The rows are the teacher, each method's operating point (:func:`operating_points`) and each student;
+    each entry holds the row's sparsity, graph recall (predicted graphs) and test units, and per measure
+    the task's own measures, each with its 95 % interval, and their paired differences from the teacher with
+    theirs (``d_bleu``; perplexity relative), and KL to the teacher, written as the report writes them; {}
+    without evidence."""
+    if not evaluation.get("evidence"):
+        return {}
     rows = [
+        ("teacher", evaluation["quality"]["teacher"]),
         *((point["method"], point) for point in operating_points(evaluation, recall_target)),
-        *((f"student:{row['student']}", row) for row in student_rows(evaluation)),
+        *((f"student-{row['student']}", row) for row in student_rows(evaluation)),
     ]
     found: dict[str, dict] = {}
     for name, row in rows:
         own = row.get("evidence")
         if not own:
             continue
-        entry = {"sparsity": own.get("sparsity"), "recall": own.get("recall")}
+        entry: dict = {"sparsity": _rounded(own.get("sparsity")), "recall": _rounded(own.get("recall"))}
+        entry[evaluation["evidence"]["units"]] = own["sentences"]
         compared = own.get("vs_teacher") or {}
-        for key in (*TASK_MEASURES, "kl"):
-            if key not in own:
-                continue
-            entry[key] = round(own[key]["value"], 4)
-            if key in compared and key != "kl":
-                difference = compared[key]
-                entry[f"d_{key}"] = round(difference["diff"], 4)
-                entry[f"d_{key}_lo"], entry[f"d_{key}_hi"] = (round(end, 4) for end in difference["ci95"])
-                entry[f"d_{key}_significant"] = difference["significant"]
-        found[name] = entry
-    return {"units": evidence["rows"][0]["sentences"], "rows": found}
+        for key in task_measures(own):
+            entry[key] = value_text(own[key], key)
+            if key in compared:
+                entry[f"d_{key}"] = difference_text(compared[key], key)
+        if compared and "kl" in own:  # KL is to the teacher already: no difference, and none for itself
+            entry["kl"] = value_text(own["kl"], "kl")
+        found[f"{len(found):02d}-{name}"] = {k: v for k, v in entry.items() if v is not None}
+    return found
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

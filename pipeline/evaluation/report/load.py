@@ -41,7 +41,9 @@ def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None =
     if not isinstance(quality["points"], list):
         raise UserError(f"{path}: 'quality.points' must be a list")
     for i, row in enumerate(quality["points"]):
-        _check_row(path, row, f"quality.points[{i}]", ("method", "sparsity", *scored))
+        # a point measured teacher-forced alone (``decoded`` false) has no BLEU
+        measured = scored if row.get("decoded", True) else tuple(key for key in scored if key != "bleu")
+        _check_row(path, row, f"quality.points[{i}]", ("method", "sparsity", *measured))
     if "students" in evaluation:
         _check_students(path, evaluation["students"], scored)
     timings = Path(timings or timings_path(path))

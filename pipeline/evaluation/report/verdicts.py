@@ -60,10 +60,29 @@ def _signed(value: float, digits: int) -> str:
 
 
 def value_text(entry: Mapping[str, Any], key: str) -> str:
-    """A row's value with its interval: ``17.12 [16.20, 18.05]``."""
+    """A row's value with its interval: ``17.12 [16.20, 18.05]``; for the mean over several training
+    seeds, their standard deviation after it: ``17.12 [16.20, 18.05] sd 0.31``."""
     digits = MEASURES[key].digits
     value, low, high = (shown_value(number, key) for number in (entry["value"], *entry["ci95"]))
-    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    shown = f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    spread = entry.get("spread")
+    if spread and len(spread["seeds"]) > 1:
+        shown += f" sd {spread['sd']:.{digits}f}"
+    return shown
+
+
+def training_seeds(evidence: Mapping[str, Any]) -> int:
+    """How many seeds each student was trained on (1 without students)."""
+    return max((len(row.get("seeds") or [None]) for row in evidence["rows"]), default=1)
+
+
+def seeds_text(evidence: Mapping[str, Any]) -> str:
+    """``one training seed per student``, or ``3 training seeds per student (their mean; sd: their
+    spread)``."""
+    seeds = training_seeds(evidence)
+    if seeds == 1:
+        return "one training seed per student"
+    return f"{seeds} training seeds per student (their mean; sd: their spread)"
 
 
 def difference_text(entry: Mapping[str, Any], key: str) -> str:

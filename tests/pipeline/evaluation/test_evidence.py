@@ -12,9 +12,10 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from pipeline.errors import UserError
-from pipeline.evaluation.evidence import REFERENCES, file_name, row_facts, write_evidence
+from pipeline.evaluation.evidence import REFERENCES, file_name, gather_evidence, row_facts, write_evidence
 from pipeline.evaluation.intervals import SystemScores, quality_rows
-from tests.pipeline.evaluation.synthetic_evidence import synthetic_evidence
+from pipeline.params.evaluate import Quality
+from tests.pipeline.evaluation.synthetic_evidence import references, scores, synthetic_evidence
 from tests.pipeline.evaluation.test_report_evidence import dense_student
 from tests.pipeline.evaluation.test_report_students import with_students
 
@@ -100,3 +101,27 @@ def test_a_student_named_like_another_row_is_refused(name: str):
     evaluation["students"][1]["student"] = name  # the ssa student
     with pytest.raises(UserError, match=f"its evidence row '{re.escape(name)}' is already another model's"):
         synthetic_evidence(evaluation)
+
+
+def test_a_student_trained_on_several_seeds_is_one_row_with_a_file_per_seed(tmp_path: Path):
+    evaluation = evaluation_with_students()
+    evaluation["students"][1]["seeds"] = {"seed-0": {"bleu": 1.0}, "seed-1": {"bleu": 2.0}}  # the ssa student
+    refs = references(120)
+    produced = {name: scores("same", refs, seed=0) for name in row_facts(evaluation)}
+    produced["ssa"] = [scores("same", refs, seed=0), scores("worse", refs, seed=0)]
+    found = gather_evidence(evaluation, produced, refs, quality=Quality(resamples=200), split_units=120)
+    write_evidence(found, tmp_path / "q.json", tmp_path / "h")
+    rows = {row["name"]: row for row in found.document["rows"]}
+    ssa = rows["ssa"]
+    assert ssa["seeds"] == ["seed-0", "seed-1"] and ssa["hypotheses"] == ["ssa_seed-0.txt", "ssa_seed-1.txt"]
+    seed_bleu = [
+        BLEU().corpus_score((tmp_path / "h" / name).read_text().splitlines(), [refs]).score
+        for name in ssa["hypotheses"]
+    ]
+    assert ssa["bleu"]["spread"]["seeds"] == pytest.approx(seed_bleu, abs=1e-9)
+    assert ssa["bleu"]["value"] == pytest.approx(sum(seed_bleu) / 2, abs=1e-9)
+    # one seed is the teacher's own outputs, the other worse: the mean is worse, the spread wide
+    assert ssa["vs_teacher"]["bleu"]["significant"] and ssa["vs_teacher"]["bleu"]["diff"] < 0
+    assert ssa["bleu"]["spread"]["sd"] > 1.0
+    # the twin and ensembles of that student, and every other row, keep one file each
+    assert isinstance(rows["ssa S=4"]["hypotheses"], str) and "seeds" not in rows["teacher"]

@@ -238,3 +238,35 @@ def test_systems_must_share_the_sentences():
         quality_rows({"a": SystemScores(GOOD)}, REFERENCES[:-1], seed=0)
     with pytest.raises(ValueError, match="disagree"):
         SystemScores(GOOD, tokens=np.ones(3)).sentences()
+
+
+def test_a_system_trained_on_several_seeds_is_their_mean_with_their_spread():
+    """Two seeds of one student: the row is the mean of the seeds' values on the full sample and on every
+    shared resample (so its difference from the teacher is paired too); each seed's value and their sample
+    standard deviation lie beside it."""
+    tokens = np.full(SENTENCES, 10.0)
+    nll = np.linspace(10.0, 30.0, SENTENCES)
+    teacher = SystemScores(GOOD, nll=nll, tokens=tokens)
+    seeds = [
+        SystemScores(RIVAL, nll=nll + 1.0, tokens=tokens),
+        SystemScores(DROPPED, nll=nll + 3.0, tokens=tokens),
+    ]
+    systems = {"teacher": teacher, "student": seeds, "one": seeds[0], "two": seeds[1]}
+    rows = {row["name"]: row for row in quality_rows(systems, REFERENCES, count=RESAMPLES, seed=3)}
+    student, one, two = rows["student"], rows["one"], rows["two"]
+    for measure in ("bleu", "chrf", "perplexity"):
+        values = [one[measure]["value"], two[measure]["value"]]
+        assert student[measure]["value"] == pytest.approx(sum(values) / 2, rel=1e-12)
+        assert student[measure]["spread"] == {
+            "seeds": values,
+            "sd": pytest.approx(abs(values[0] - values[1]) / math.sqrt(2), rel=1e-12),
+        }
+        low, high = student[measure]["ci95"]
+        assert low < student[measure]["value"] < high
+    # its difference from the teacher is the mean of the seeds' differences
+    difference = student["vs_teacher"]["bleu"]["diff"]
+    assert difference == pytest.approx(
+        (one["vs_teacher"]["bleu"]["diff"] + two["vs_teacher"]["bleu"]["diff"]) / 2, rel=1e-12
+    )
+    assert student["vs_teacher"]["bleu"]["significant"] and difference < 0
+    assert "spread" not in one["bleu"] and "spread" not in rows["teacher"]["bleu"]

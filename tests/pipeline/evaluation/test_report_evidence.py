@@ -13,7 +13,7 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.evaluation.report import attach_evidence, build_report, load_evidence
 from pipeline.evaluation.report.claims import FAILS, HOLDS, UNDECIDED, quality_claim
-from pipeline.evaluation.report.verdicts import difference_text, judged, reversed_entry
+from pipeline.evaluation.report.verdicts import difference_text, judged, reversed_entry, value_text
 from tests.pipeline.evaluation.synthetic import synthetic_evaluation
 from tests.pipeline.evaluation.synthetic_evidence import synthetic_evidence
 from tests.pipeline.evaluation.test_report_students import section, with_students
@@ -120,6 +120,24 @@ def test_differences_read_both_ways():
         -2.0,
         -0.5,
     ]
+
+
+def test_a_mean_over_seeds_shows_its_spread_and_the_report_says_how_many_seeds():
+    evaluation = evaluation_with_evidence()
+    markdown, _ = build_report(evaluation, tolerances=TOLERANCES)
+    assert "one training seed per student" in markdown and "Each student was trained once" in markdown
+    ssa = row_of(evaluation, "ssa")
+    ssa["seeds"] = ["seed-0", "seed-1", "seed-2"]
+    ssa["bleu"]["spread"] = {"seeds": [17.0, 18.0, 19.0], "sd": 1.0}
+    assert value_text(ssa["bleu"], "bleu").endswith("] sd 1.00")
+    assert value_text(row_of(evaluation, "teacher")["bleu"], "bleu").endswith("]")
+    markdown, _ = build_report(evaluation, tolerances=TOLERANCES)
+    assert "3 training seeds per student (their mean; sd: their spread)" in section(markdown, "Claims")
+    assert "Each student was trained 3 times (one seed each): its row is the mean over the seeds" in markdown
+    ssa_line = next(
+        line for line in section(markdown, "Headline").splitlines() if line.startswith("| student: ssa")
+    )
+    assert "sd 1.00" in ssa_line
 
 
 def test_evidence_file_is_checked_where_it_is_read(tmp_path: Path):

@@ -22,6 +22,7 @@ def run_report(tmp_path: Path, evaluation: Path, evidence: Path | None = None) -
         "out": str(tmp_path / "out" / "report.md"),
         "plots": str(tmp_path / "out" / "plots" / "report"),
         "metrics": str(tmp_path / "out" / "metrics" / "report.json"),
+        "results": str(tmp_path / "out" / "metrics" / "results"),
     }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"report": report}))
     # run in tmp_path, the project folder its outputs must lie in
@@ -57,10 +58,18 @@ def test_stage_writes_report_metrics_and_plots(tmp_path: Path):
     # the evidence: its sections, and the headline's operating points with their intervals
     assert "## Claims" in markdown and "## Evidence" in markdown
     assert "window() w=5 | predicted graph" in markdown
-    kmeans = headline["evidence"]["rows"]["kmeans"]
-    assert headline["evidence"]["units"] == 120
-    assert kmeans["d_bleu"] == kmeans["d_bleu_lo"] == kmeans["d_bleu_hi"] == 0.0
-    assert kmeans["d_bleu_significant"] is False
+    # the Results table, one file per row in the report's order, each value with its interval
+    results = out / "metrics" / "results"
+    rows = {path.stem: json.loads(path.read_text()) for path in sorted(results.iterdir())}
+    assert list(rows) == ["00-teacher", "01-kmeans", "02-distance", "03-window"]
+    assert rows["00-teacher"] == {
+        "sparsity": 0.87, "recall": 1.0, "sentences": 120,
+        "bleu": "70.52 [69.62, 71.31]", "perplexity": "5.13 [4.95, 5.33]",
+    }  # fmt: skip
+    assert rows["01-kmeans"]["d_bleu"] == "+0.00 [+0.00, +0.00]" and rows["01-kmeans"]["recall"] == 0.96
+    # the noisy point: a difference whose interval holds 0, and KL above 0
+    assert rows["03-window"]["d_bleu"] == "−0.43 [−7.39, +5.18]"
+    assert rows["03-window"]["kl"] == "0.0010 [0.0010, 0.0010]" and "d_kl" not in rows["03-window"]
 
 
 def test_missing_evidence_is_one_line_and_writes_nothing(tmp_path: Path):

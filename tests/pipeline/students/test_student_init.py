@@ -73,8 +73,8 @@ def test_sparsefinder_student_trains_the_model_not_its_predictor_and_reloads_alo
 
     save_checkpoint(folders["root"] / "students" / "sparsefinder", model.eval(), tokenizer, {"stage": "t"})
     students = folders["root"] / "students"
-    found = student_folders(str(students), {"sparsefinder": str(students / "sparsefinder")})
-    reloaded = load_student(found["sparsefinder"], "student")
+    found = student_folders(str(students), {"sparsefinder": [str(students / "sparsefinder")]})
+    reloaded = load_student(found["sparsefinder"][0], "student")
     assert sparsefinder_heads(reloaded)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**batch()).logits, model(**batch()).logits, rtol=0, atol=0)

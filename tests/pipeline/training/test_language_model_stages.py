@@ -238,7 +238,7 @@ def test_students_are_distilled_and_measured_like_the_teacher(trained) -> None:
         assert math.isfinite(row["perplexity"]) and "bleu" not in row
         assert ("accuracy" in row) == (task == "mlm")
         trained_metrics = metrics(folder, f"student_{name}")
-        assert trained_metrics["test"]["perplexity"] > 1.0
+        assert trained_metrics["seed-0"]["test"]["perplexity"] > 1.0
     # the sparsefinder student attends its predicted graph; its untrained twin is the configured teacher
     assert rows["sparsefinder"]["sparsity"] > 0 and "perplexity" in rows["sparsefinder"]["untrained"]
     assert rows["ssa"]["sparsity"] == 0.0  # SSA evaluates densely ...
