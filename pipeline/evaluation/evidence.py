@@ -175,7 +175,11 @@ def gather_evidence(
         "confidence": (PERCENTILES[1] - PERCENTILES[0]) / 100,
         "resamples": quality.resamples,
         "bootstrap_seed": quality.bootstrap_seed,
-        "decoding": {"beams": quality.beams, "max_new_tokens": quality.max_new_tokens}
+        "decoding": {
+            "beams": quality.beams,
+            "max_new_tokens": quality.max_new_tokens,
+            "decoded": quality.decode,
+        }
         if references is not None
         else None,
         "signatures": {name: str(metric.get_signature()) for name, metric in metrics.items()}

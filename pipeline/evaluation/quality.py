@@ -113,6 +113,7 @@ def translation_quality(
     batch_size: int,
     scoring: Scoring,
     teacher: TeacherTargets | None,
+    timed: int | None = None,
     decode: bool = True,
 ) -> Measured:
     """BLEU (the model's generation config: the same beams for every model), the teacher-forced measures
@@ -120,7 +121,8 @@ def translation_quality(
     decoding (overall and per layer and head; None without predictor heads), and wall times.
 
     Times are taken on passes that count no sparsity and score nothing beyond the loss: ``forward_seconds``
-    is a teacher-forced forward over every test sentence, ``decode_seconds`` decoding the first batch alone.
+    is a teacher-forced forward over the first ``timed`` test sentences (None: all), ``decode_seconds``
+    decoding the first batch alone; every model is timed on the same sentences.
     Without ``decode`` the model is measured teacher-forced alone: no BLEU, no decoding time, and the
     sparsity is that of the graphs it attends while scoring the references (``"decoded": false``).
     """
@@ -133,7 +135,7 @@ def translation_quality(
             hypotheses, references = translate_in_order(model, tokenizer, test, batch_size)
         sums = unit_sums(model, test, scoring, teacher)
     started = time.perf_counter()
-    perplexity(model, test, batch_size)
+    perplexity(model, test if timed is None else test.select(range(min(timed, len(test)))), batch_size)
     forward_seconds = time.perf_counter() - started
     scores = scores_of(sums, "translation", hypotheses)
     row = {

@@ -195,7 +195,8 @@ def task_measures(
     data = {"test": test, "scoring": scoring, "teacher": targets}
     if task == "translation":
         decoding = {**data, "tokenizer": tokenizer, "batch_size": quality.batch_size}
-        measure = partial(translation_quality, **decoding)
+        timed = quality.timing_batches * quality.batch_size  # the forward timed: a few batches suffice
+        measure = partial(translation_quality, **decoding, timed=timed)
         return measure, partial(self_ensemble_quality, **decoding, seed=quality.ensemble_seed)
     measure = partial(language_quality, **data, tokenizer=tokenizer, task=task, batch_size=quality.batch_size)
     return measure, partial(language_ensemble_quality, **data, task=task, seed=quality.ensemble_seed)
@@ -216,7 +217,8 @@ def evaluate_students(
 
     The first seed's model is measured in full (:func:`student_quality`: its untrained twin, self-ensembles
     and training step time too); every further seed's by ``measure`` alone, and the row's measures are the
-    mean over seeds, each seed's beside them (:func:`seed_means`)."""
+    mean over seeds, each seed's beside them (:func:`seed_means`). With ``decode: operating`` an untrained
+    twin is scored teacher-forced alone."""
     if not folders:
         return [], {}
     quality = params.quality
@@ -224,6 +226,9 @@ def evaluate_students(
         teacher = load_model(params.teacher)
     pad_id = teacher.config.pad_token_id
     batches = timing_batches(train, quality.batch_size, quality.timing_batches, pad_id, task)
+    # the untrained twins are no headline row: decoded only when every model is
+    forced = task == "translation" and quality.decode == "operating"
+    measure_untrained = partial(measure, decode=False) if forced else measure
     rows, scores = [], {}
     for name, seeds in folders.items():
         measured = []
@@ -248,6 +253,7 @@ def evaluate_students(
                 ensemble=ensemble,
                 ensemble_samples=quality.ensemble_samples,
                 untrained=untrained,
+                measure_untrained=measure_untrained,
             )
             scores |= produced
         if len(seeds) > 1:

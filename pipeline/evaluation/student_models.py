@@ -167,14 +167,16 @@ def student_quality(
     ensemble: Callable[[PreTrainedModel, int], Measured],
     ensemble_samples: Sequence[int],
     untrained: PreTrainedModel | None = None,
+    measure_untrained: Callable[[PreTrainedModel], Measured] | None = None,
 ) -> tuple[dict[str, Any], dict[str, SystemScores]]:
     """One student's row: ``measure(student)`` (the teacher's and the predictor points' measure:
     :func:`~pipeline.evaluation.quality.translation_quality` or
     :func:`~pipeline.evaluation.quality.language_quality`) plus the fraction of query–key pairs it computes
     per layer, its training step time and the teacher's measured beside it, its self-ensembles
     ``ensemble(student, samples)`` (SSA students) for each of ``ensemble_samples``, and the quality of its
-    ``untrained`` twin (:func:`untrained_twin`) when it has one; and what each of these models produced, by
-    evidence name (:func:`ensemble_name`, :func:`untrained_name`)."""
+    ``untrained`` twin (:func:`untrained_twin`) when it has one (measured by ``measure_untrained``, by
+    default ``measure``); and what each of these models produced, by evidence name (:func:`ensemble_name`,
+    :func:`untrained_name`)."""
     quality, student_scores = measure(student)
     scores = {name: student_scores}
     sparsity_table = quality.pop("sparsity_per_layer_head")
@@ -199,7 +201,7 @@ def student_quality(
             "attention_fraction": share,
         }
     if untrained is not None:
-        before, scores[untrained_name(name)] = measure(untrained)
+        before, scores[untrained_name(name)] = (measure_untrained or measure)(untrained)
         row["untrained"] = {key: before[key] for key in ("bleu", "perplexity", "sparsity") if key in before}
     if ssa_heads(student) and ensemble_samples:
         row["ensembles"] = []

@@ -46,7 +46,8 @@ class Quality(Section):
     points_per_method: bounded(COUNT_LIMIT, least=0) = 1
     # and each method's sparsest setting there with recall >= each of these (its operating point)
     recall_targets: list[Annotated[float, Field(gt=0.0, le=1.0)]] = [0.95, 0.99]
-    # students: self-ensembles of S sampled sub-models (SSA students), and training batches timed per model
+    # students: self-ensembles of S sampled sub-models (SSA students); batches timed per model (a student's
+    # training step beside the teacher's, and every model's teacher-forced forward)
     ensemble_samples: list[Count] = [1, 4]
     ensemble_seed: Seed = 0
     timing_batches: Count = 5

@@ -58,7 +58,12 @@ def preamble(evidence: dict) -> str:
     if decoding:
         beams = decoding["beams"]
         how = "greedily" if beams == 1 else f"by beam search (beam {beams})"
-        decoded = f", every model decoded {how} with at most {decoding['max_new_tokens']} new tokens"
+        which = "every model"
+        if decoding.get("decoded") == "operating":
+            which = "the teacher, every student and each method's operating point"
+        decoded = f", {which} decoded {how} with at most {decoding['max_new_tokens']} new tokens"
+        if decoding.get("decoded") == "operating":
+            decoded += " (the other points are scored teacher-forced alone: they have no BLEU or chrF)"
     corpus = "BLEU and chrF from sacreBLEU's own sufficient statistics, " if decoding else ""
     return (
         f"Every model is scored on the same {units}{decoded}. Intervals are 95 % "

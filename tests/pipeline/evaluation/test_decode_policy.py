@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.evaluation.evidence import gather_evidence, row_facts
 from pipeline.evaluation.quality import operating_labels, translation_quality
 from pipeline.evaluation.report import build_report, load_evaluation
+from pipeline.evaluation.report.evidence import preamble
 from pipeline.evaluation.report.headline import operating_points
 from pipeline.metrics.teacher_forced import Scoring, teacher_targets, unit_sums
+from pipeline.params.evaluate import Quality
 from tests.pipeline.evaluation.synthetic import synthetic_evaluation
+from tests.pipeline.evaluation.synthetic_evidence import references, scores
 from tests.pipeline.metrics.test_teacher_forced import dataset, model
 
 
@@ -83,3 +87,18 @@ def test_a_point_without_bleu_is_refused_unless_scored_teacher_forced(tmp_path: 
             load_evaluation(path)
     else:
         assert load_evaluation(path)["quality"]["points"][0]["decoded"] is False
+
+
+@pytest.mark.parametrize("decode", ["all", "operating"])
+def test_the_evidence_says_which_models_were_decoded(decode: str):
+    evaluation = {**synthetic_evaluation(), "students": []}
+    refs = references(20)
+    produced = {name: scores("same", refs, seed=0) for name in row_facts(evaluation)}
+    found = gather_evidence(evaluation, produced, refs, quality=Quality(decode=decode), split_units=20)
+    assert found.document["decoding"]["decoded"] == decode
+    said = preamble(found.document)
+    if decode == "all":
+        assert "every model decoded greedily with at most 80 new tokens." in said
+    else:
+        assert "the teacher, every student and each method's operating point decoded greedily" in said
+        assert "the other points are scored teacher-forced alone: they have no BLEU or chrF" in said
