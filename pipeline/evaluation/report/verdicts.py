@@ -56,7 +56,8 @@ def tolerance_text(key: str, tolerances: Mapping[str, float]) -> str:
 
 
 def _signed(value: float, digits: int) -> str:
-    return f"{value:+.{digits}f}".replace("-", "−")
+    """``+0.53`` or ``−0.41``; a value that rounds to zero is ``+0.00``, whatever the sign of its float."""
+    return f"{round(value, digits) + 0.0:+.{digits}f}".replace("-", "−")
 
 
 def value_text(entry: Mapping[str, Any], key: str) -> str:

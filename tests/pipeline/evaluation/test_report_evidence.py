@@ -116,6 +116,9 @@ def test_differences_read_both_ways():
     flipped = reversed_entry(relative, "perplexity")  # b / a − 1 when a / b − 1 = 0.25
     assert flipped["diff"] == pytest.approx(-0.2) and flipped["ci95"] == pytest.approx([-0.5, 0.0])
     assert difference_text(relative, "perplexity") == "+25.0 % [+0.0, +100.0]"
+    # a float a hair below zero (two sums of the same outputs in another order) is written as zero
+    tiny = {"diff": -1e-13, "ci95": [-2e-13, 0.0], "significant": True}
+    assert difference_text(tiny, "bleu") == "+0.00 [+0.00, +0.00]"
     assert reversed_entry({"diff": 1.0, "ci95": [0.5, 2.0], "significant": True}, "bleu")["ci95"] == [
         -2.0,
         -0.5,
