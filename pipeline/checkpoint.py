@@ -56,16 +56,17 @@ def seed_path(folder: str | os.PathLike, seed: int) -> Path:
 def save_checkpoint(
     folder: str | os.PathLike,
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | None,
     manifest: dict[str, Any],
 ) -> None:
-    """Save model + tokenizer + manifest as one atomic folder (safetensors only); non-finite weights (a
-    diverged run) are refused."""
+    """Save model + tokenizer (None: a model folder without one) + manifest as one atomic folder
+    (safetensors only); non-finite weights (a diverged run) are refused."""
     if (name := first_non_finite(model.state_dict())) is not None:
         raise UserError(f"refusing to save {folder}: the weight {name} holds non-finite values")
     with atomic_path(folder, directory=True) as tmp:
         model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         config = model.config
         described = {
             "architecture": type(model).__name__,
@@ -227,6 +228,19 @@ def load_auto_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
     ships."""
     refuse_foreign_code(source)
     return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""A model folder holds a tokenizer when it has one of these (every tokenizer ``save_pretrained`` writes
+tokenizer_config.json)."""
+
+
+def folder_tokenizer(folder: str | os.PathLike) -> PreTrainedTokenizerBase | None:
+    """The tokenizer of a local model folder (:func:`load_auto_tokenizer`), or None when it holds none: a
+    model saved without one is configured and copied without one, not refused."""
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return load_auto_tokenizer(folder)
 
 
 def describe_parent(source: str) -> dict[str, Any]:

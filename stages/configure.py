@@ -6,7 +6,7 @@ from __future__ import annotations
 from pipeline.attention import load_model
 from pipeline.attention.configure import write_configured
 from pipeline.attention.sparsefinder import SPARSEFINDER
-from pipeline.checkpoint import load_auto_tokenizer, loading
+from pipeline.checkpoint import folder_tokenizer, loading
 from pipeline.checks.configure import check_inputs, check_params
 from pipeline.errors import exits_cleanly
 from pipeline.params.configure import Configure
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     predictor, layers = inputs.fitted
     with loading(inputs.teacher, "configure.teacher"):
         model = load_model(inputs.teacher, attn_implementation=SPARSEFINDER)
-        tokenizer = load_auto_tokenizer(inputs.teacher)
+        tokenizer = folder_tokenizer(inputs.teacher)
     write_configured(
         inputs.teacher,
         params.out,

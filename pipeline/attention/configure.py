@@ -24,7 +24,7 @@ from pipeline.attention.recording import attention_layers
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_predictor
 from pipeline.attention_kinds import attention_kind
 from pipeline.checkpoint import (
-    load_auto_tokenizer,
+    folder_tokenizer,
     loading,
     read_manifest,
     resolve_checkpoint,
@@ -92,7 +92,7 @@ def configure_sparsefinder(
         StateFile(state)  # a missing or unreadable state file is reported before the teacher is loaded
     with loading(teacher, "teacher"):
         model = load_model(teacher, attn_implementation=SPARSEFINDER)
-        tokenizer = load_auto_tokenizer(teacher)
+        tokenizer = folder_tokenizer(teacher)  # None: the teacher was saved without one
     predictor, layers = fit_to_teacher(
         teacher, model, predictor, kind, projections=projections, state=state, knobs=knobs
     )
@@ -139,7 +139,7 @@ def write_configured(
     teacher: str,
     out: str | os.PathLike,
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | None,
     predictor: Predictor,
     *,
     kind: str,
@@ -149,7 +149,8 @@ def write_configured(
     certified: bool = False,
 ) -> PreTrainedModel:
     """Attach ``predictor`` (checked by :func:`fit_to_teacher`) to the loaded teacher ``model`` and write
-    it, with ``tokenizer``, as the model folder ``out`` (atomically); the model."""
+    it, with ``tokenizer`` (None: none, like the teacher), as the model folder ``out`` (atomically); the
+    model."""
     attach_predictor(
         model,
         predictor,

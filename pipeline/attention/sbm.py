@@ -41,6 +41,7 @@ configured kinds carries an :class:`SBMHead`. Cross-attention and modules withou
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -134,6 +135,15 @@ class SBMHead(PairCounter):
         clusters = self.clusters.float()
         affinity = clusters @ clusters.transpose(-1, -2)  # (h, k, k)
         return torch.softmax(affinity.flatten(1), dim=-1).view_as(affinity)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SBMHead:
+        """A copy without the pending density: a tensor inside an autograd graph cannot be deep-copied, and
+        the copy has made no training call of its own."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            copied.__dict__[name] = None if name == "density" else copy.deepcopy(value, memo)
+        return copied
 
     def take_density(self) -> Tensor | None:
         """The last training call's density per head (h,), forgotten once taken (None: no call since)."""

@@ -199,3 +199,19 @@ def test_a_knob_written_at_its_default_still_selects_the_state(fitted, tmp_path)
     args = ["configure", str(fitted["teacher"]), str(out), "--projections", str(fitted["projections"])]
     assert main([*args, "--centroids", str(state), "--method", "kmeans", "--knob", "buckets=8"]) == 0
     assert read_manifest(out)[SPARSEFINDER]["knobs"]["buckets"] == 8
+
+
+def test_a_teacher_saved_without_a_tokenizer_is_configured_without_one(fitted, tmp_path):
+    bare = tmp_path / "bare-teacher"
+    save_checkpoint(bare, load_model(fitted["teacher"]), None, {"stage": "teacher"})
+    assert not any((bare / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
+    out, with_tokenizer = tmp_path / "window", tmp_path / "window-with-tokenizer"
+    assert main(["configure", str(bare), str(out), "--method", "window", "--window", "5"]) == 0
+    main(["configure", str(fitted["teacher"]), str(with_tokenizer), "--method", "window", "--window", "5"])
+    assert (
+        not (out / "tokenizer_config.json").exists() and (with_tokenizer / "tokenizer_config.json").exists()
+    )
+    configured = load_model(out, attn_implementation=SPARSEFINDER)
+    assert torch.equal(
+        logits(configured), logits(load_model(with_tokenizer, attn_implementation=SPARSEFINDER))
+    )

@@ -3,6 +3,8 @@ through gradients, the density penalty, memory of the fastRG path, save/reload, 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import MarianMTModel
@@ -268,3 +270,16 @@ def test_missing_settings_and_the_implementation_are_required():
         attach_sbm(marian(), spec)
     with pytest.raises(ValueError, match="attn_implementation='sbm'"):
         attach_sbm(marian(ENTMAX), SPEC)
+
+
+def test_a_model_deep_copies_after_a_training_call_and_the_copy_is_the_same_model():
+    _, student = sbm_model(evaluation="sampled")
+    inputs = labelled(padded_batch(VOCAB))
+    student.train()
+    torch.manual_seed(0)
+    student(**inputs).loss.backward()  # leaves each head's density inside the autograd graph
+    copied = copy.deepcopy(student)
+    assert all(head.density is None for head in sbm_heads(copied))
+    assert all(head.density is not None for head in sbm_heads(student))  # the original keeps its own
+    student.eval(), copied.eval()
+    torch.testing.assert_close(logits(copied, inputs), logits(student, inputs), rtol=0, atol=0)
