@@ -37,7 +37,7 @@ from pipeline.attention.interface import (
     register_attention,
     register_state_attacher,
 )
-from pipeline.attention.recording import attention_layers, layout_kinds, model_layout
+from pipeline.attention.recording import UnsupportedLayoutError, attention_layers, layout_kinds, model_layout
 from pipeline.attention_kinds import KINDS
 from pipeline.errors import UserError
 
@@ -185,7 +185,7 @@ def label_attention_modules(model: PreTrainedModel) -> None:
         module.attention_label = f"the attention module {name}"
     try:
         kinds = {kind: attention_layers(model, KINDS[kind]) for kind in layout_kinds(model_layout(model))}
-    except AttributeError:  # no ``layers`` list where the Marian/BART layout has one
+    except UnsupportedLayoutError:  # no ``layers`` list where the Marian/BART layout has one
         return
     for kind, modules in kinds.items():
         for layer, module in enumerate(modules):

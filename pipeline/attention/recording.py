@@ -64,12 +64,18 @@ def _has_kind(layout: Layout, name: str) -> bool:
     return {kind.query_side, kind.key_side} <= set(LAYOUT_SIDES[layout])
 
 
+class UnsupportedLayoutError(ValueError):
+    """An encoder–decoder whose stacks are not laid out like Marian's or BART's (T5's ``block`` lists, say):
+    its attention modules cannot be told apart by kind and layer."""
+
+
 def attention_layers(model: PreTrainedModel, kind: AttentionKind) -> list[nn.Module]:
     """The attention module of every layer for ``kind``, bottom up.
 
-    Encoder–decoders have the Marian/BART layout (``layers[i].self_attn``, ``layers[i].encoder_attn``); a
-    decoder- or encoder-only model has one kind, whose modules are those dispatching through the attention
-    interface. A kind the model lacks is a ValueError naming the kinds it has.
+    Encoder–decoders must have the Marian/BART layout (``layers[i].self_attn``, ``layers[i].encoder_attn``;
+    else :class:`UnsupportedLayoutError`, one line naming what is supported); a decoder- or encoder-only
+    model has one kind, whose modules are those dispatching through the attention interface. A kind the
+    model lacks is a ValueError naming the kinds it has.
     """
     layout = model_layout(model)
     if not _has_kind(layout, kind.name):
@@ -79,6 +85,14 @@ def attention_layers(model: PreTrainedModel, kind: AttentionKind) -> list[nn.Mod
         )
     if layout != "encoder_decoder":
         return [module for _, module in attention_modules(model)]
+    stacks = (model.get_encoder(), model.get_decoder())
+    if not all(hasattr(stack, "layers") and hasattr(stack.layers[0], "self_attn") for stack in stacks):
+        raise UnsupportedLayoutError(
+            f"{type(model).__name__}: its encoder and decoder are not laid out like Marian's or BART's "
+            "(layers[i].self_attn, layers[i].encoder_attn), so its attention cannot be split by kind and "
+            "layer; allowed: a Marian- or BART-style encoder–decoder, or any decoder-only or encoder-only "
+            "model"
+        )
     if kind.name == "encoder_self":
         return [layer.self_attn for layer in model.get_encoder().layers]
     if kind.name == "decoder_self":
