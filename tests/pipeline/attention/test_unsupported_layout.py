@@ -13,19 +13,14 @@ from pipeline.attention.sbm import SBM, attach_sbm
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_predictor
 from pipeline.attention.ssa import SSA, attach_ssa
 from pipeline.predictors.window import WindowPredictor
+from tests.pipeline.attention.test_samsa import SPEC as SAMSA_SPEC
+from tests.pipeline.attention.test_sbm import SPEC as SBM_SPEC
+from tests.pipeline.attention.test_ssa import LOCAL as SSA_SPEC
 
-SELF = ["encoder_self", "decoder_self"]
-SBM_SPEC = {
-    "clusters": 3,
-    "kinds": SELF,
-    "density_weight": 0.01,
-    "sparse_above": 64,
-    "evaluation": "expected",
-}
 ATTACH = {
-    SSA: lambda model: attach_ssa(model, {"mode": "local", "windows": 3, "sigma": [1.0], "kinds": SELF}),
-    SBM: lambda model: attach_sbm(model, {**SBM_SPEC, "threshold": 0.3, "seed": 0}),
-    SAMSA: lambda model: attach_samsa(model, {"keys": 3, "temperature": 1.0, "kinds": SELF}),
+    SSA: lambda model: attach_ssa(model, SSA_SPEC),
+    SBM: lambda model: attach_sbm(model, SBM_SPEC),
+    SAMSA: lambda model: attach_samsa(model, SAMSA_SPEC),
     SPARSEFINDER: lambda model: attach_predictor(model, WindowPredictor(), kind="decoder_self", window=3),
 }
 
