@@ -136,16 +136,18 @@ def entmax_attention_forward(
     Shapes: query (batch, heads, q_len, d); key and value (batch, kv_heads, k_len, d), repeated to ``heads``
     when the module groups queries (``num_key_value_groups``); attention_mask (batch, 1 | heads, q_len,
     ≥ k_len), see :func:`mask_scores`; position_bias (T5) is an additive (·, heads, q_len, k_len) tensor.
-    Scores and the normalizer are computed in float32 (entmax is unstable in fp16/bf16); the output is cast
-    back to the value dtype. Returns the output (batch, q_len, heads, d) and the float32 probabilities
-    (batch, heads, q_len, k_len), after dropout exactly like eager attention.
+    Scores and the normalizer are computed in float32 (entmax is unstable in fp16/bf16), or in float64 for
+    float64 inputs (a gradcheck at strict tolerances); the output is cast back to the value dtype. Returns
+    the output (batch, q_len, heads, d) and the probabilities in that compute dtype (batch, heads, q_len,
+    k_len), after dropout exactly like eager attention.
     """
     key, value, scaling = attention_inputs("entmax", module, query, key, value, scaling, kwargs)
-    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (b, h, q, k)
+    compute = torch.promote_types(query.dtype, torch.float32)  # float32, or float64 for float64 inputs
+    scores = torch.matmul(query.to(compute), key.to(compute).transpose(-1, -2)) * scaling  # (b, h, q, k)
     if not module.training:  # training has its own guard: a non-finite loss stops it (pipeline.finite)
         require_finite_scores(scores, module)
     if position_bias is not None:
-        scores = scores + position_bias.float()
+        scores = scores + position_bias.to(compute)
     scores = mask_scores(scores, attention_mask)
     probs = entmax_normalize(scores, attention_alpha(module))
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)

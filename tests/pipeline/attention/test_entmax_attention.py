@@ -317,6 +317,18 @@ def test_half_precision_inputs_give_no_nan(dtype):
     torch.testing.assert_close(out.float(), out32, atol=0.3, rtol=2e-2)
 
 
+def test_float64_inputs_are_computed_in_float64_and_pass_a_strict_gradcheck():
+    module = torch.nn.Module().eval()
+    q, k, v, allowed = random_attention_inputs(torch.float64, scale=1.0)
+    out, probs = entmax_attention_forward(module, q, k, v, allowed)
+    assert out.dtype == probs.dtype == torch.float64
+    assert (probs[0] == 0).any()  # sparse: the gradcheck crosses exact zeros, away from support changes
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: entmax_attention_forward(module, q, k, v, allowed)[0], (q, k, v), eps=1e-6, atol=1e-8
+    )
+
+
 def test_dropout_acts_on_probabilities_in_training_only():
     module = torch.nn.Module()
     q, k, v, allowed = random_attention_inputs(torch.float32)
