@@ -178,10 +178,12 @@ def train_stage(
     teacher: PreTrainedModel | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     optimizer: torch.optim.Optimizer | None = None,
+    last: bool = True,
 ) -> tuple[PreTrainedModel, float, str]:
     """Train ``model`` with ``params.train`` in ``params.run_dir``, resuming a run of the same params, data
-    and parent; with a ``teacher``, distilled with ``params.distill``. Returns the trained model, the
-    seconds it took and the data folder's sha256."""
+    and parent; with a ``teacher``, distilled with ``params.distill``; ``last``: whether it is the process's
+    last training (:func:`~pipeline.training.trainer.train_model`). Returns the trained model, the seconds
+    it took and the data folder's sha256."""
     data_sha256 = folder_sha256(params.data)
     fingerprint = value_sha256({"params": params.model_dump(), "data": data_sha256, "parent": parent})
     started = time.perf_counter()
@@ -197,6 +199,7 @@ def train_stage(
         distillation=getattr(params, "distill", None),
         callbacks=callbacks,
         optimizer=optimizer,
+        last=last,
     )
     return model, time.perf_counter() - started, data_sha256
 
@@ -267,7 +270,10 @@ def train_seeds(
                 "out": str(seed_path(params.out, seed)),
             }
         )
-        found = train_stage(own, build(seed), tokenizer, data, parent, teacher=teacher, callbacks=callbacks())
+        last = seed == seeds[-1]  # under torchrun the process group lives until the last seed is trained
+        found = train_stage(
+            own, build(seed), tokenizer, data, parent, teacher=teacher, callbacks=callbacks(), last=last
+        )
         trained.append((seed, own, *found))
     if not is_main_process():
         return

@@ -329,6 +329,7 @@ def train_model(
     distillation: Distillation | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     optimizer: torch.optim.Optimizer | None = None,
+    last: bool = True,
 ) -> PreTrainedModel:
     """Train ``model`` on ``data['train']`` (validated on ``data['valid']``), resuming when possible;
     ``task`` chooses the columns and the collator (:func:`batching`).
@@ -336,7 +337,10 @@ def train_model(
     With a ``teacher`` the loss also distils the teacher's token distributions into ``model``
     (:class:`~pipeline.students.distill.DistillationTrainer`, weighted by ``distillation``). An
     ``optimizer`` replaces the Trainer's AdamW (its parameter groups keep their own learning rates and
-    weight decay; the schedule scales them all).
+    weight decay; the schedule scales them all). Under ``torchrun`` the last training of a process
+    (``last``) ends its process group (:func:`leave_process_group`); a stage that trains again in the same
+    process (one run per seed) passes ``last=False`` until its final one, since a new Trainer cannot bring a
+    destroyed group back and its ranks would wait on each other for ever.
     """
     args = training_arguments(run_dir, settings)
     _ = args.device  # sets up the process group under torchrun, so the run folder check can synchronise
@@ -369,5 +373,6 @@ def train_model(
             raise
         first = one_line(str(err).split(". ")[0], 120)  # torch's message goes on for paragraphs
         raise UserError(f"{resume_from}: cannot be resumed from ({first}); {clear_hint(run_dir)}") from None
-    leave_process_group()
+    if last:
+        leave_process_group()
     return trainer.model
