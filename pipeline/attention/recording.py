@@ -65,8 +65,8 @@ def _has_kind(layout: Layout, name: str) -> bool:
 
 
 class UnsupportedLayoutError(ValueError):
-    """An encoder–decoder whose stacks are not laid out like Marian's or BART's (T5's ``block`` lists, say):
-    its attention modules cannot be told apart by kind and layer."""
+    """An encoder–decoder whose stacks are not laid out like Marian's or BART's (T5's ``block`` lists, or a
+    PAR stack of single sublayers): its attention modules cannot be told apart by kind and layer."""
 
 
 def attention_layers(model: PreTrainedModel, kind: AttentionKind) -> list[nn.Module]:
@@ -86,7 +86,10 @@ def attention_layers(model: PreTrainedModel, kind: AttentionKind) -> list[nn.Mod
     if layout != "encoder_decoder":
         return [module for _, module in attention_modules(model)]
     stacks = (model.get_encoder(), model.get_decoder())
-    if not all(hasattr(stack, "layers") and hasattr(stack.layers[0], "self_attn") for stack in stacks):
+    # T5 keeps ``block`` lists; a PAR stack mixes sublayers that are not whole layers
+    if not all(
+        hasattr(stack, "layers") and all(hasattr(x, "self_attn") for x in stack.layers) for stack in stacks
+    ):
         raise UnsupportedLayoutError(
             f"{type(model).__name__}: its encoder and decoder are not laid out like Marian's or BART's "
             "(layers[i].self_attn, layers[i].encoder_attn), so its attention cannot be split by kind and "
