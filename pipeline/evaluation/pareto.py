@@ -85,8 +85,21 @@ def best_at_least(
     return best
 
 
-def operating_key(sparsity: float, recall: float, recall_target: float) -> tuple[bool, float, float]:
-    """Sort key of a method's operating point (the largest key wins): its sparsest setting with recall ≥
-    ``recall_target``, or, when none reaches the target, its highest-recall one (ties: the sparser)."""
-    reaches = recall >= recall_target
-    return (True, sparsity, recall) if reaches else (False, recall, sparsity)
+def operating_rows(
+    rows: Sequence[Mapping[str, Any]],
+    recall_target: float,
+    *,
+    sparsity: str = "sparsity",
+    recall: str = "recall",
+) -> list[Mapping[str, Any]]:
+    """Each method's operating row, in the order the methods first appear: its sparsest row with
+    ``row[recall]`` ≥ ``recall_target``, or, when none reaches the target, its highest-recall one (ties: the
+    sparser, then the earlier row)."""
+    chosen: dict[str, tuple[tuple[bool, float, float], Mapping[str, Any]]] = {}
+    for row in rows:
+        s, r = row[sparsity], row[recall]
+        key = (True, s, r) if r >= recall_target else (False, r, s)
+        held = chosen.get(row["method"])
+        if held is None or key > held[0]:
+            chosen[row["method"]] = key, row
+    return [row for _, row in chosen.values()]

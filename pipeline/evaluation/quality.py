@@ -22,7 +22,7 @@ from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor
 from pipeline.corpus_card import Task
 from pipeline.evaluation.intervals import RATIOS, TEACHER, SystemScores, ratio_value
-from pipeline.evaluation.pareto import operating_key, pareto_front
+from pipeline.evaluation.pareto import operating_rows, pareto_front
 from pipeline.metrics.language_model import token_loss
 from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
 from pipeline.metrics.translation import corpus_bleu, perplexity, translate, translate_in_order
@@ -72,14 +72,9 @@ def choose_points(
 
 def operating_labels(points: Sequence[tuple[Setting, dict[str, Any]]], recall_target: float) -> set[str]:
     """The labels of each method's operating point among ``points`` (graph rows with ``sparsity`` and
-    ``recall``; :func:`~pipeline.evaluation.pareto.operating_key`): the points the report's headline
+    ``recall``; :func:`~pipeline.evaluation.pareto.operating_rows`): the points the report's headline
     quotes."""
-    chosen: dict[str, tuple[tuple, str]] = {}
-    for _, row in points:
-        key = operating_key(row["sparsity"], row["recall"], recall_target)
-        if row["method"] not in chosen or key > chosen[row["method"]][0]:
-            chosen[row["method"]] = key, row["label"]
-    return {label for _, label in chosen.values()}
+    return {row["label"] for row in operating_rows([row for _, row in points], recall_target)}
 
 
 Measured = tuple[dict[str, Any], SystemScores]

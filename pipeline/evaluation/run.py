@@ -55,7 +55,7 @@ from pipeline.evaluation.student_models import (
 )
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
 from pipeline.metrics.teacher_forced import Scoring, teacher_targets
-from pipeline.params.evaluate import Evaluate
+from pipeline.params.evaluate import Evaluate, Quality
 from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.scoring import Setting
 from pipeline.predictors.window import WindowPredictor
@@ -202,6 +202,13 @@ def task_measures(
     return measure, partial(language_ensemble_quality, **data, task=task, seed=quality.ensemble_seed)
 
 
+def decode_like_every_model(model: PreTrainedModel, quality: Quality) -> None:
+    """Give a translation ``model`` the one decoding every model is scored with (its other generation
+    settings, saved with it, stay)."""
+    model.generation_config.num_beams = quality.beams
+    model.generation_config.max_new_tokens = quality.max_new_tokens
+
+
 def evaluate_students(
     params: Evaluate,
     folders: Mapping[str, Sequence[Path]],
@@ -231,32 +238,25 @@ def evaluate_students(
     measure_untrained = partial(measure, decode=False) if forced else measure
     rows, scores = [], {}
     for name, seeds in folders.items():
-        measured = []
-        for i, folder in enumerate(seeds):
-            student = load_student(folder, f"evaluate.students ({name})")
-            if task == "translation":
-                student.generation_config.num_beams = quality.beams
-                student.generation_config.max_new_tokens = quality.max_new_tokens
-            if i:
-                measured.append(measure(student))
-                continue
-            untrained = untrained_twin(student, params.teacher)
-            if untrained is not None and task == "translation":
-                untrained.generation_config.num_beams = quality.beams
-                untrained.generation_config.max_new_tokens = quality.max_new_tokens
-            row, produced = student_quality(
-                name,
-                student,
-                teacher,
-                batches,
-                measure=measure,
-                ensemble=ensemble,
-                ensemble_samples=quality.ensemble_samples,
-                untrained=untrained,
-                measure_untrained=measure_untrained,
-            )
-            scores |= produced
-        if len(seeds) > 1:
+        first, *others = (load_student(folder, f"evaluate.students ({name})") for folder in seeds)
+        untrained = untrained_twin(first, params.teacher)
+        for model in (first, *others, untrained):
+            if model is not None and task == "translation":
+                decode_like_every_model(model, quality)
+        row, produced = student_quality(
+            name,
+            first,
+            teacher,
+            batches,
+            measure=measure,
+            ensemble=ensemble,
+            ensemble_samples=quality.ensemble_samples,
+            untrained=untrained,
+            measure_untrained=measure_untrained,
+        )
+        scores |= produced
+        if others:
+            measured = [measure(model) for model in others]
             row = seed_means(row, [folder.name for folder in seeds], measured)
             scores[name] = [scores[name], *(produced for _, produced in measured)]
         rows.append(row)
@@ -287,8 +287,7 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> tuple[dict[str, 
     if quality.examples is not None:
         test = test.select(range(min(quality.examples, len(test))))
     if task == "translation":
-        model.generation_config.num_beams = quality.beams
-        model.generation_config.max_new_tokens = quality.max_new_tokens
+        decode_like_every_model(model, quality)
     measure, ensemble = task_measures(params, task, tokenizer, test, model)
     points = choose_points(
         rows,

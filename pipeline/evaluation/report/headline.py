@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.evaluation.pareto import finite_number, operating_key
+from pipeline.evaluation.pareto import finite_number, operating_rows
 from pipeline.evaluation.report.points import (
     field,
     label,
@@ -64,21 +64,19 @@ def headline(evaluation: dict, *, sparsity_levels: Sequence[float], recall_targe
 
 
 def operating_points(evaluation: dict, recall_target: float) -> list[dict]:
-    """Each method's decoded point at its operating point (:func:`~pipeline.evaluation.pareto.operating_key`):
-    the sparsest with graph recall ≥ ``recall_target``, or its highest-recall one when none reaches it; in
-    the evaluation's order, the recall-1 check (a window wider than any sentence, sparsity 0) and the points
-    measured teacher-forced alone (``decoded`` false) left out."""
-    chosen: dict[str, tuple[tuple, dict]] = {}
-    for point in evaluation["quality"]["points"]:
-        recall = finite_number(point.get("graph_recall"))
-        sparsity = finite_number(point.get("graph_sparsity"))
-        if recall is None or not sparsity or not point.get("decoded", True):
-            continue
-        key = operating_key(sparsity, recall, recall_target)
-        held = chosen.get(point["method"])
-        if held is None or key > held[0]:
-            chosen[point["method"]] = key, point
-    return [point for _, point in chosen.values()]
+    """Each method's decoded point at its operating point
+    (:func:`~pipeline.evaluation.pareto.operating_rows`): the sparsest with graph recall ≥
+    ``recall_target``, or its highest-recall one when none reaches it; in the evaluation's order, the
+    recall-1 check (a window wider than any sentence, sparsity 0) and the points measured teacher-forced
+    alone (``decoded`` false) left out."""
+    candidates = [
+        point
+        for point in evaluation["quality"]["points"]
+        if finite_number(point.get("graph_recall")) is not None
+        and finite_number(point.get("graph_sparsity"))
+        and point.get("decoded", True)
+    ]
+    return operating_rows(candidates, recall_target, sparsity="graph_sparsity", recall="graph_recall")
 
 
 def headline_rows(evaluation: dict, recall_target: float) -> dict[str, dict]:
