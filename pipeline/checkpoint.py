@@ -1,9 +1,10 @@
 """Checkpoints: Hugging Face model folders that describe themselves.
 
-A checkpoint folder holds config.json, model.safetensors, generation_config.json, the tokenizer files and
-``manifest.json``: architecture, attention implementation, α, the params that made it, fingerprints of
-its data and parent checkpoint, and the sha256 of every other file. Folders are written under a temporary
-name and renamed, so an interrupted save never leaves a folder that looks whole.
+A checkpoint folder holds config.json (with the attention implementation the model runs, which
+``save_pretrained`` leaves out: :func:`record_attention`), model.safetensors, generation_config.json, the
+tokenizer files and ``manifest.json``: architecture, attention implementation, α, the params that made it,
+fingerprints of its data and parent checkpoint, and the sha256 of every other file. Folders are written
+under a temporary name and renamed, so an interrupted save never leaves a folder that looks whole.
 
 Loading runs no code from a checkpoint: every ``transformers`` load passes ``trust_remote_code=False``, and
 :func:`refuse_foreign_code` refuses beforehand, in one line, files that ask for code of their own (an
@@ -65,6 +66,7 @@ def save_checkpoint(
         raise UserError(f"refusing to save {folder}: the weight {name} holds non-finite values")
     with atomic_path(folder, directory=True) as tmp:
         model.save_pretrained(tmp)
+        record_attention(Path(tmp) / "config.json", model.config._attn_implementation)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         config = model.config
@@ -80,6 +82,18 @@ def save_checkpoint(
             **manifest,
         }
         (Path(tmp) / MANIFEST).write_text(json.dumps(described, indent=2) + "\n")
+
+
+def record_attention(config_file: Path, implementation: str | None) -> None:
+    """Write the attention implementation a model runs into its config.json, which ``save_pretrained``
+    leaves out: ``from_pretrained`` reads ``attn_implementation`` from there, so the folder reloads with
+    the attention it was saved with, or, where that implementation is not registered (the process did not
+    import it), refuses to load, instead of silently computing SDPA softmax."""
+    if implementation is None:
+        return
+    config = json.loads(config_file.read_text())
+    config["attn_implementation"] = implementation
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:

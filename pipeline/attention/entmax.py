@@ -30,6 +30,7 @@ from transformers import PreTrainedModel
 
 from kernels.entmax.dense import entmax_normalize
 from pipeline.attention.interface import (
+    RIGHT_LOAD,
     attach_to_modules,
     attention_modules,
     mask_scores,
@@ -90,8 +91,8 @@ def attention_alpha(module: nn.Module) -> float | Tensor:
         # from_pretrained drops the learned α silently; computing with the fixed α instead would be wrong.
         raise RuntimeError(
             f"{type(module).__name__} has no learned entmax alpha although the config sets "
-            "entmax_learn_alpha; load the model with pipeline.attention.load_model "
-            "or call attach_learned_alpha first"
+            f"entmax_learn_alpha (plain from_pretrained leaves it out); {RIGHT_LOAD}, or call "
+            "attach_learned_alpha first"
         )
     return config_alpha(config)
 

@@ -17,7 +17,14 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from pipeline.attention.entmax import attention_inputs, entmax_attention_forward
-from pipeline.attention.interface import AttentionFunction, StateAttacher, module_head_dim, module_heads
+from pipeline.attention.interface import (
+    AttentionFunction,
+    StateAttacher,
+    mark_stateless,
+    module_head_dim,
+    module_heads,
+    refuse_missing_state,
+)
 from pipeline.attention.recording import attention_layers, layout_kinds, model_layout
 from pipeline.attention_kinds import attention_kind
 from pipeline.errors import UserError
@@ -124,6 +131,7 @@ def attach_heads(
             head = make(checked, kind, layer, module)
             setattr(module, name, head.to(next(module.parameters()).device))
             heads.append(head)
+    mark_stateless(model, name)
     setattr(model.config, name, checked)
     return heads
 
@@ -177,6 +185,7 @@ def head_attention(
             position_bias: Tensor | None = None,
             **kwargs: Any,
         ) -> tuple[Tensor, Tensor | None]:
+            refuse_missing_state(module, name)
             head = getattr(module, name, None)
             if head is None or (active is not None and not active(head, module.training)):
                 return entmax_attention_forward(

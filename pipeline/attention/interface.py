@@ -31,6 +31,11 @@ StateAttacher = Callable[[PreTrainedModel], None]
 LossPenalty = Callable[[nn.Module], Tensor | None]
 CacheMaker = Callable[[PreTrainedModel], Cache | None]
 
+# the module whose import registers every attention implementation of this project
+IMPLEMENTATIONS_MODULE = "pipeline.attention.implementations"
+# the call that rebuilds a saved model with its attention state, for messages
+RIGHT_LOAD = f"import {IMPLEMENTATIONS_MODULE} and load the folder with pipeline.attention.load_model(folder)"
+
 _STATE_ATTACHERS: dict[str, StateAttacher] = {}
 _LOSS_PENALTIES: dict[str, LossPenalty] = {}
 _CACHE_MAKERS: dict[str, CacheMaker] = {}
@@ -70,6 +75,30 @@ def attach_state(model: PreTrainedModel) -> None:
     """Run every registered state attacher on ``model`` (in registration order)."""
     for attacher in _STATE_ATTACHERS.values():
         attacher(model)
+
+
+def mark_stateless(model: nn.Module, name: str) -> None:
+    """Say of every attention module of ``model`` that has no ``module.<name>`` that it is meant to have
+    none (``module.<name> = None``): the attach functions call this once the modules of the configured
+    kinds have theirs, so that :func:`refuse_missing_state` tells those from a model built without them."""
+    for _, module in attention_modules(model):
+        if not hasattr(module, name):
+            setattr(module, name, None)
+
+
+def refuse_missing_state(module: nn.Module, name: str) -> None:
+    """Raise a one-line error when ``module``'s config records ``name`` settings (``config.<name>``) but
+    the module was never told about its state (no ``module.<name>``, not even None).
+
+    That is a model built by plain ``from_pretrained``, which cannot rebuild the state and drops its
+    tensors: computing dense α-entmax in its place would silently be another model.
+    """
+    config = getattr(module, "config", None)
+    if getattr(config, name, None) is not None and not hasattr(module, name):
+        raise RuntimeError(
+            f"{type(module).__name__} has no {name} state although its config records {name} settings "
+            f"(plain from_pretrained leaves it out); {RIGHT_LOAD}"
+        )
 
 
 def register_loss_penalty(name: str, penalty: LossPenalty) -> None:

@@ -11,9 +11,10 @@ import transformers
 from safetensors.torch import load_file
 from torch import Tensor
 from transformers import PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pipeline.attention.entmax import ENTMAX
-from pipeline.attention.interface import attach_state
+from pipeline.attention.interface import IMPLEMENTATIONS_MODULE, attach_state
 from pipeline.checkpoint import WEIGHTS, load_config, refuse_foreign_code, verify_checkpoint
 from pipeline.errors import UserError
 from pipeline.finite import require_finite_tensors
@@ -37,12 +38,14 @@ def load_model(
     folder: str | os.PathLike,
     model_cls: type[PreTrainedModel] | None = None,
     *,
-    attn_implementation: str = ENTMAX,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """Load a ``save_pretrained`` folder strictly, with the attention state ``from_pretrained`` drops.
 
     The model is built from the folder's config (class from ``config.architectures`` unless ``model_cls``
-    is given) with ``attn_implementation`` — it is not stored in config.json — gets the stacks its config
+    is given) with ``attn_implementation``: None is the one the folder was saved with (config.json's
+    ``attn_implementation``; α-entmax for a folder that records none), another name computes that attention
+    instead (e.g. ``"entmax"`` for a student evaluated densely). It gets the stacks its config
     asks for (a PAR pattern, :mod:`pipeline.par.stacks`), then the attention state its config asks for
     (every registered state attacher runs: learned α, predictors), and then loads model.safetensors (or
     its shards). Every stored tensor must find a parameter, and every parameter must be stored except
@@ -71,7 +74,7 @@ def model_skeleton(
     folder: str | os.PathLike,
     model_cls: type[PreTrainedModel] | None = None,
     *,
-    attn_implementation: str = ENTMAX,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """The model :func:`load_model` builds from ``folder``, on the meta device and without its weights:
     its config and modules, for checks that need no weights, at no cost whatever the checkpoint's size."""
@@ -80,7 +83,7 @@ def model_skeleton(
 
 
 def _build(
-    folder: Path, model_cls: type[PreTrainedModel] | None, attn_implementation: str
+    folder: Path, model_cls: type[PreTrainedModel] | None, attn_implementation: str | None
 ) -> PreTrainedModel:
     """The model of ``folder``'s config (class from ``config.architectures`` unless ``model_cls`` is given)
     with its stacks and attention state, weights freshly initialised; no code of the folder's runs."""
@@ -92,7 +95,13 @@ def _build(
     else:
         refuse_foreign_code(folder)
         config = model_cls.config_class.from_pretrained(folder, trust_remote_code=False)
-    model = model_cls._from_config(config, attn_implementation=attn_implementation)
+    implementation = attn_implementation or config._attn_implementation or ENTMAX
+    if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS:
+        raise UserError(
+            f"{folder}: attention {implementation!r} is not registered in this process; allowed: the "
+            f"implementations transformers ships, and this project's after import {IMPLEMENTATIONS_MODULE}"
+        )
+    model = model_cls._from_config(config, attn_implementation=implementation)
     build_configured_stacks(model)
     attach_state(model)
     return model

@@ -51,6 +51,8 @@ from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
 from pipeline.attention.indexer_cache import indexer_cache
 from pipeline.attention.interface import (
+    mark_stateless,
+    refuse_missing_state,
     register_attention,
     register_generation_cache,
     register_state_attacher,
@@ -264,6 +266,7 @@ def sparsefinder_attention_forward(
     Shapes as :func:`~pipeline.attention.entmax.entmax_attention_forward`. Returns the output
     (b, n, h, d) and the probabilities (b, h, n, m), or None for them when a kernel ran.
     """
+    refuse_missing_state(module, SPARSEFINDER)
     head: SparsefinderHead | None = getattr(module, SPARSEFINDER, None)
     dense = (module, query, key, value)
     options = dict(scaling=scaling, dropout=dropout, position_bias=position_bias, **kwargs)
@@ -425,6 +428,7 @@ def attach_sparsefinder(
         device = next(module.parameters()).device
         setattr(module, SPARSEFINDER, head.to(device))
         heads.append(head)
+    mark_stateless(model, SPARSEFINDER)
     model.config.sparsefinder = dict(spec)
     return heads
 
