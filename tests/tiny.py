@@ -1,5 +1,5 @@
-"""Tiny models, tokenizers and corpora the tests build: a Marian teacher, a word-level tokenizer, a dataset in
-WikiText's layout."""
+"""Tiny models, tokenizers and corpora the tests build: a Marian teacher, a Llama with grouped key/value
+heads, a word-level tokenizer, a dataset in WikiText's layout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import datasets
 import numpy as np
 import torch
 from tokenizers import Tokenizer, models
-from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
 from pipeline.attention import ENTMAX
 
@@ -49,6 +49,24 @@ def tiny_marian(
     config.entmax_alpha = alpha
     torch.manual_seed(seed)
     return MarianMTModel._from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def tiny_llama(
+    *, vocab: int, attn_implementation: str = ENTMAX, seed: int = 0, **overrides
+) -> LlamaForCausalLM:
+    """A random Llama in eval mode: hidden size 32, 2 layers, 4 query heads sharing 2 key/value heads, large
+    initial weights (peaked scores: visibly sparse α-entmax); ``overrides`` set other config fields."""
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        **sizes,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.5,
+        **overrides,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation).eval()
 
 
 def standard_marian(*, vocab: int, **overrides) -> MarianMTModel:

@@ -19,6 +19,7 @@ from pipeline.attention.entmax import (
     entmax_attention_forward,
     entmax_normalize,
     register_entmax,
+    set_entmax_alpha,
 )
 from pipeline.attention.interface import (
     attention_modules,
@@ -51,4 +52,5 @@ __all__ = [
     "register_attention",
     "register_entmax",
     "register_state_attacher",
+    "set_entmax_alpha",
 ]

@@ -12,6 +12,9 @@ Llama, ...).
 
 Config attributes read: ``entmax_alpha`` (float ≥ 1, default 1.5) and ``entmax_learn_alpha`` (bool,
 default False; then every attention module carries a :class:`LearnedAlpha`, see :func:`attach_learned_alpha`).
+Each attention module reads them from its own ``module.config``, which is the model's config in most
+families but a copy in T5's stacks: set α in the config before the model is built, or with
+:func:`set_entmax_alpha`, which reaches every copy.
 
 In eval mode, scores that are not finite (NaN or infinite weights: a corrupt or diverged checkpoint) stop
 the forward pass with one :class:`~pipeline.errors.UserError` line naming the layer and kind
@@ -22,6 +25,7 @@ inside the normalizer.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -79,6 +83,19 @@ def config_alpha(config: Any) -> float:
     if not alpha >= 1.0:
         raise ValueError(f"entmax_alpha must be a number >= 1 (1 is softmax), got {alpha}")
     return alpha
+
+
+def set_entmax_alpha(model: nn.Module, alpha: float) -> None:
+    """Make every attention module of ``model`` compute with the fixed α ``alpha`` (≥ 1; 1 is softmax).
+
+    ``model.config.entmax_alpha = alpha`` alone is not enough where a model's parts hold copies of its
+    config (T5's encoder and decoder stacks): this sets it on the model's config and on every config its
+    modules read. A module with a :class:`LearnedAlpha` keeps computing with that.
+    """
+    alpha = config_alpha(SimpleNamespace(entmax_alpha=alpha))  # the check every reader makes
+    for module in model.modules():  # the model itself first
+        if (config := getattr(module, "config", None)) is not None:
+            config.entmax_alpha = alpha
 
 
 def attention_alpha(module: nn.Module) -> float | Tensor:

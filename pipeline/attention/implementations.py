@@ -15,7 +15,7 @@ stages that compute with it; this module is the library's entry point, not their
 
 from __future__ import annotations
 
-from pipeline.attention.entmax import ENTMAX, attach_learned_alpha
+from pipeline.attention.entmax import ENTMAX, attach_learned_alpha, set_entmax_alpha
 from pipeline.attention.loading import load_model
 from pipeline.attention.samsa import SAMSA, attach_samsa
 from pipeline.attention.sbm import SBM, attach_sbm
@@ -36,4 +36,5 @@ __all__ = [
     "attach_ssa",
     "load_model",
     "make_predictor",
+    "set_entmax_alpha",
 ]

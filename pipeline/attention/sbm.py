@@ -27,7 +27,8 @@ P_ij (v_j · ∂L/∂out_i) is defined there; the straight-through backward give
   from the last training call; the registered loss penalty adds density_weight · its mean over heads.
 - Evaluation (module not training) is deterministic: ``expected`` keeps the edges with p_ij ≥ threshold,
   ``sampled`` draws M_ij = [u_ij < 1 − exp(−p_ij)] with u_ij a hash of (seed, kind, layer, head, query
-  position, key position), the same for every batch row. Both evaluate p on every allowed pair (O(n·m)
+  position, key position), positions counted from the row's first real token: the same for every batch
+  row, whatever its padding. Both evaluate p on every allowed pair (O(n·m)
   time; on the sparse path query chunks bound the memory).
 
 A cached decoding step (queries at positions m − n … m − 1 over m keys) is the last rows of a length-m
@@ -200,14 +201,29 @@ def _rates(q_members: Tensor, blocks: Tensor, k_members: Tensor) -> Tensor:
     return (q_members @ blocks) @ k_members.transpose(-1, -2)
 
 
-def _eval_graph(head: SBMHead, rates: Tensor, rows: Tensor, m: int) -> Tensor:
-    """The deterministic evaluation graph (b, h, r, m) of rates (b, h, r, m) for query positions ``rows``."""
+def _left_padding(attention_mask: Tensor | None, b: int, m: int, device: torch.device) -> Tensor:
+    """(b | 1,) int64: how many keys of each batch row come before its first real one (left padding: keys
+    no query may see); zeros without a mask."""
+    if attention_mask is None:
+        return torch.zeros(1, dtype=torch.long, device=device)
+    real_keys = _mask_allows(attention_mask, m).any(dim=-2).any(dim=1)  # (b | 1, m)
+    return real_keys.long().argmax(dim=-1)  # the first True; 0 for a row with none
+
+
+def _eval_graph(head: SBMHead, rates: Tensor, rows: Tensor, m: int, padding: Tensor) -> Tensor:
+    """The deterministic evaluation graph (b, h, r, m) of rates (b, h, r, m) for query positions ``rows``
+    (r,), ``padding`` (b | 1,) each row's left padding (:func:`_left_padding`).
+
+    ``sampled`` hashes each pair's token positions, counted from the row's first real token, so a row's
+    graph is the same whatever the padding on either side (a longer row in the batch shifts nothing)."""
     if head.evaluation == "expected":
         return rates >= head.threshold
     heads = torch.arange(rates.shape[1], device=rates.device)[:, None, None]
     salt = SELF_KINDS.index(head.kind)
-    cols = torch.arange(m, device=rates.device)
-    return bernoulli_graph(rates, head.seed, salt, head.layer, heads, rows[:, None], cols)
+    padding = padding.view(-1, 1, 1, 1)
+    queries = (rows[:, None] - padding).clamp(min=0)  # (b | 1, 1, r, 1)
+    keys = (torch.arange(m, device=rates.device) - padding).clamp(min=0)  # (b | 1, 1, 1, m); pads masked
+    return bernoulli_graph(rates, head.seed, salt, head.layer, heads, queries, keys)
 
 
 def _dense(
@@ -237,7 +253,8 @@ def _dense(
         cols = torch.arange(m, device=query.device)
         graph = bernoulli_graph(rates, draw, graphs, rows[:, None], cols)
     else:
-        graph = _eval_graph(head, rates.detach(), rows, m)
+        padding = _left_padding(attention_mask, b, m, query.device)
+        graph = _eval_graph(head, rates.detach(), rows, m, padding)
     graph = (graph | _own_keys(n, m, query.device)) & allowed
 
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (b, h, n, m)
@@ -251,9 +268,10 @@ def _dense(
 
 
 def _sparse_edges(
-    head: SBMHead, training: bool, q_members: Tensor, k_members: Tensor, m: int
+    head: SBMHead, training: bool, q_members: Tensor, k_members: Tensor, m: int, padding: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The graph as edges (flat batch·head graph, query row, key), before the own keys and the mask."""
+    """The graph as edges (flat batch·head graph, query row, key), before the own keys and the mask;
+    ``padding`` (b | 1,): each row's left padding, for the evaluation graph."""
     b, h, n, _ = q_members.shape
     device = q_members.device
     rows = torch.arange(m - n, m, device=device)
@@ -273,7 +291,8 @@ def _sparse_edges(
     found = []
     for start in range(0, n, chunk):
         rates = _rates(q_members[:, :, start : start + chunk].detach(), blocks, k_members.detach())
-        batch, heads, i, j = _eval_graph(head, rates, rows[start : start + chunk], m).nonzero(as_tuple=True)
+        graph = _eval_graph(head, rates, rows[start : start + chunk], m, padding)
+        batch, heads, i, j = graph.nonzero(as_tuple=True)
         found.append((batch * h + heads, i + start, j))
     return tuple(torch.cat(parts) for parts in zip(*found, strict=True))
 
@@ -308,7 +327,8 @@ def _sparse(
     b, h, n, d = query.shape
     m = key.shape[-2]
     device = query.device
-    g, i, j = _sparse_edges(head, module.training, q_members, k_members, m)
+    padding = _left_padding(attention_mask, b, m, device)
+    g, i, j = _sparse_edges(head, module.training, q_members, k_members, m, padding)
     own = torch.arange(n, device=device)
     g = torch.cat([g, torch.arange(b * h, device=device).repeat_interleave(n)])
     i = torch.cat([i, own.repeat(b * h)])

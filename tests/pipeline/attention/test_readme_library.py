@@ -8,10 +8,11 @@ import re
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from pipeline.attention import ENTMAX, attach_learned_alpha
 from pipeline.checkpoint import save_checkpoint
+from tests.tiny import tiny_llama
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 SECTION = ("## Using the attention in any Hugging Face model", "The kernels on their own")
@@ -24,22 +25,8 @@ def library_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.DOTALL)
 
 
-def tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
-
-
 def test_the_library_section_runs_and_reloads_a_saved_folder(tmp_path):
-    tiny_llama().save_pretrained(tmp_path / "llama")  # the user's own model, no manifest
+    tiny_llama(vocab=50).save_pretrained(tmp_path / "llama")  # the user's own model, no manifest
     model = LlamaForCausalLM.from_pretrained(tmp_path / "llama", attn_implementation=ENTMAX)
     attach_learned_alpha(model)
     with torch.no_grad():

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from transformers import MarianMTModel
+from transformers import LlamaForCausalLM, MarianMTModel
 
 from pipeline.attention import ENTMAX, load_model
 from pipeline.attention.interface import loss_penalty
@@ -15,7 +15,7 @@ from pipeline.attention.sbm import SBM, SBMHead, attach_sbm, density_penalty, sb
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
 from tests.largest import largest_tensor
-from tests.tiny import dropout_free_marian, padded_batch, teacher_and_student, word_tokenizer
+from tests.tiny import dropout_free_marian, padded_batch, teacher_and_student, tiny_llama, word_tokenizer
 
 VOCAB = 40
 BOTH = ["encoder_self", "decoder_self"]
@@ -283,3 +283,43 @@ def test_a_model_deep_copies_after_a_training_call_and_the_copy_is_the_same_mode
     assert all(head.density is not None for head in sbm_heads(student))  # the original keeps its own
     student.eval(), copied.eval()
     torch.testing.assert_close(logits(copied, inputs), logits(student, inputs), rtol=0, atol=0)
+
+
+def sbm_llama(**changes) -> LlamaForCausalLM:
+    """A tiny Llama (grouped key/value heads) with SBM heads in its self-attention, in eval mode."""
+    model = tiny_llama(vocab=VOCAB, attn_implementation=SBM)
+    attach_sbm(model, {**SPEC, "kinds": ["decoder_self"], **changes})
+    return model
+
+
+def padded(rows: list[torch.Tensor], side: str) -> dict[str, torch.Tensor]:
+    """``rows`` padded to one length on ``side``, with the mask and the positions of their real tokens."""
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        span = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
+        ids[r, span], mask[r, span] = row, 1
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("evaluation", ["expected", "sampled"])
+def test_evaluation_graphs_do_not_depend_on_padding(evaluation, path):
+    """A row's evaluation graph, hence its logits, is the same padded on the right, on the left, or
+    alone: a longer row in the batch shifts no sample."""
+    model = sbm_llama(evaluation=evaluation, sparse_above=PATHS[path], threshold=0.1)
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randint(2, VOCAB, (length,), generator=g) for length in (11, 6)]
+    with torch.no_grad():
+        alone = [model(**padded([row], "right")).logits[0] for row in rows]
+        for side in ("right", "left"):
+            batch = padded(rows, side)
+            out = model(**batch).logits
+            for r in range(len(rows)):  # tolerance: a batch of another size rounds differently
+                real = batch["attention_mask"][r].bool()
+                torch.testing.assert_close(out[r][real], alone[r], rtol=1e-4, atol=1e-4)
+    if evaluation == "sampled":  # the graph is a draw: another seed changes it
+        reseeded = sbm_llama(evaluation=evaluation, sparse_above=PATHS[path], seed=7)
+        with torch.no_grad():
+            assert not torch.allclose(reseeded(**padded([rows[0]], "right")).logits[0], alone[0], atol=1e-3)
