@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attended import attended_mask
-from kernels.entmax.dense import entmax_normalize
+from kernels.entmax.dense import compute_dtype, entmax_normalize
 
 
 def dense_bucketed_attention(
@@ -38,7 +38,7 @@ def dense_bucketed_attention(
     reads key/value head h // (heads / kv_heads)); bucket ids (batch, heads, n|m, T). Differentiable."""
     b, h, n, d = q.shape
     kv_heads, m = k.shape[1], k.shape[2]
-    compute = torch.promote_types(q.dtype, torch.float32)
+    compute = compute_dtype(q.dtype)
     scale = d**-0.5 if scale is None else scale
     mask = attended_mask(q_buckets, k_buckets, causal=causal, window=window, global_tokens=global_tokens)
     # a key/value head's query heads are consecutive: their rows stacked face its keys in one product

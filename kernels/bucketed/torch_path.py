@@ -68,6 +68,7 @@ from kernels.bucketed.exact_entmax import exact_entmax
 from kernels.bucketed.huge_pages import empty_large
 from kernels.bucketed.planning import BlockClass, BlockMask, BlockPlan, distinct_ids, plan_blocks, take
 from kernels.bucketed.reference import dense_bucketed_attention
+from kernels.entmax.dense import compute_dtype
 from kernels.entmax.gradient import entmax_gradient_weight, support_power
 from kernels.entmax.support_sums import support_sums
 from kernels.entmax.threshold import MAX_NEWTON_STEPS, newton_threshold
@@ -721,7 +722,7 @@ def torch_bucketed_attention(
         window = 2 * radius + 1 if radius >= 0 else 0
         pattern = dict(causal=causal, window=window, global_tokens=global_tokens, scale=scale)
         return dense_bucketed_attention(q, k, v, q_buckets, k_buckets, alpha=alpha, **pattern)
-    compute = torch.promote_types(q.dtype, torch.float32)  # the normaliser never runs in half precision
+    compute = compute_dtype(q.dtype)  # the normaliser never runs in half precision
     # whole rows of softmax with no entry cut off but padding: blocks of SDPA, unless the wide block
     # products run (see the module docstring)
     by_sdpa = (

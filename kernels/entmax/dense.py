@@ -21,6 +21,13 @@ PARTIAL_SORT = 64
 PARTIAL_SORT_ABOVE = 128
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention scores and their normaliser are computed in for inputs of ``dtype``: float32 for
+    half and single precision (entmax is unstable in fp16/bf16), float64 for float64 (a gradcheck at strict
+    tolerances)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def entmax_normalize(scores: Tensor, alpha: float | Tensor) -> Tensor:
     """α-entmax over the last dimension of float32 ``scores`` in which −inf marks excluded keys.
 

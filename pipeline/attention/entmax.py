@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from kernels.entmax.dense import entmax_normalize
+from kernels.entmax.dense import compute_dtype, entmax_normalize
 from pipeline.attention.interface import (
     RIGHT_LOAD,
     attach_to_modules,
@@ -71,7 +71,8 @@ class LearnedAlpha(nn.Module):
         self.theta = nn.Parameter(torch.full((num_heads,), theta, dtype=torch.float32))
 
     def forward(self) -> Tensor:
-        return (1.0 + nn.functional.softplus(self.theta.float())).view(1, -1, 1, 1)
+        theta = self.theta.to(compute_dtype(self.theta.dtype))  # a bf16 model's α still in float32
+        return (1.0 + nn.functional.softplus(theta)).view(1, -1, 1, 1)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.theta.numel()}"
@@ -154,13 +155,13 @@ def entmax_attention_forward(
     Shapes: query (batch, heads, q_len, d); key and value (batch, kv_heads, k_len, d), repeated to ``heads``
     when the module groups queries (``num_key_value_groups``); attention_mask (batch, 1 | heads, q_len,
     ≥ k_len), see :func:`mask_scores`; position_bias (T5) is an additive (·, heads, q_len, k_len) tensor.
-    Scores and the normalizer are computed in float32 (entmax is unstable in fp16/bf16), or in float64 for
-    float64 inputs (a gradcheck at strict tolerances); the output is cast back to the value dtype. Returns
-    the output (batch, q_len, heads, d) and the probabilities in that compute dtype (batch, heads, q_len,
-    k_len), after dropout exactly like eager attention.
+    Scores and the normalizer are computed in :func:`~kernels.entmax.dense.compute_dtype` (float32, or
+    float64 for float64 inputs); the output is cast back to the value dtype. Returns the output (batch,
+    q_len, heads, d) and the probabilities in that compute dtype (batch, heads, q_len, k_len), after dropout
+    exactly like eager attention.
     """
     key, value, scaling = attention_inputs("entmax", module, query, key, value, scaling, kwargs)
-    compute = torch.promote_types(query.dtype, torch.float32)  # float32, or float64 for float64 inputs
+    compute = compute_dtype(query.dtype)
     scores = torch.matmul(query.to(compute), key.to(compute).transpose(-1, -2)) * scaling  # (b, h, q, k)
     if not module.training:  # training has its own guard: a non-finite loss stops it (pipeline.finite)
         require_finite_scores(scores, module)

@@ -53,7 +53,7 @@ from transformers import PreTrainedModel
 
 from kernels.entmax.dense import entmax_normalize
 from pipeline.attention.counting import PairCounter
-from pipeline.attention.entmax import attention_alpha
+from pipeline.attention.entmax import attention_alpha, compute_dtype
 from pipeline.attention.heads import (
     attach_heads,
     check_integer,
@@ -122,13 +122,19 @@ class SAMSAHead(PairCounter):
         )
 
     def importance(self, keys: Tensor) -> Tensor:
-        """Importance scores w·(k + RMSNorm(MLP(k))) + b (b, h, m) of keys (b, h, m, d), float32."""
-        x = keys.float()
-        hidden = torch.einsum("bhmd,hde->bhme", x, self.hidden_weight.float()) + self.hidden_bias[:, None]
+        """Importance scores w·(k + RMSNorm(MLP(k))) + b (b, h, m) of keys (b, h, m, d), computed in
+        :func:`~pipeline.attention.entmax.compute_dtype` of the keys (float32, or float64 for float64)."""
+        compute = compute_dtype(keys.dtype)
+        hidden_weight, hidden_bias = self.hidden_weight.to(compute), self.hidden_bias.to(compute)
+        output_weight, output_bias = self.output_weight.to(compute), self.output_bias.to(compute)
+        norm_weight = self.norm_weight.to(compute)
+        score_weight, score_bias = self.score_weight.to(compute), self.score_bias.to(compute)
+        x = keys.to(compute)
+        hidden = torch.einsum("bhmd,hde->bhme", x, hidden_weight) + hidden_bias[:, None]
         hidden = nn.functional.gelu(hidden)
-        out = torch.einsum("bhmd,hde->bhme", hidden, self.output_weight.float()) + self.output_bias[:, None]
-        normed = nn.functional.rms_norm(out, out.shape[-1:], eps=NORM_EPS) * self.norm_weight[:, None]
-        return torch.einsum("bhmd,hd->bhm", x + normed, self.score_weight.float()) + self.score_bias[:, None]
+        out = torch.einsum("bhmd,hde->bhme", hidden, output_weight) + output_bias[:, None]
+        normed = nn.functional.rms_norm(out, out.shape[-1:], eps=NORM_EPS) * norm_weight[:, None]
+        return torch.einsum("bhmd,hd->bhm", x + normed, score_weight) + score_bias[:, None]
 
 
 def _allows(mask: Tensor) -> Tensor:
@@ -175,18 +181,18 @@ def _attend(
     scaling: float,
     dropout: float,
 ) -> tuple[Tensor, Tensor]:
-    """Queries q (b, h, R, d), float32, the ``rows`` of the call's queries, attend their picked keys and
-    values (b, h, R | 1, k, d).
+    """Queries q (b, h, R, d), the ``rows`` of the call's queries, attend their picked keys and values
+    (b, h, R | 1, k, d), all in the compute dtype (:func:`~pipeline.attention.entmax.compute_dtype`).
 
     ``picks`` (b, h, R | 1, k) holds pool indices (≥ m: a support; −1: nothing to attend). Returns the
-    output (b, h, R, d), float32, and the token pairs of real queries attended per head (h,).
+    output (b, h, R, d) in that dtype, and the token pairs of real queries attended per head (h,).
     """
     scores = torch.matmul(q[..., None, :], keys.transpose(-1, -2))[..., 0, :] * scaling  # (b, h, R, k)
     support, absent = picks >= m, picks < 0
     cols = picks.clamp(0, m - 1)
     attended = ~support & ~absent
     if position_bias is not None:
-        scores = scores + _at_picks(position_bias, rows, cols, m).float().masked_fill(support, 0.0)
+        scores = scores + _at_picks(position_bias, rows, cols, m).to(q.dtype).masked_fill(support, 0.0)
     if attention_mask is not None:
         mask = _at_picks(attention_mask, rows, cols, m)
         attended = attended & _allows(mask)
@@ -264,12 +270,14 @@ def samsa_attention_forward(
         k_valid = allows.any(dim=-2).any(dim=1).expand(b, m)  # a key no query may see is padding
     q_valid = k_valid[:, m - n :]
 
+    compute = compute_dtype(query.dtype)
     z = head.importance(key).masked_fill(~k_valid[:, None], float("-inf"))  # (b, h, m)
-    pool_z = torch.cat([z, head.support_scores.float().expand(b, h, -1)], dim=-1)  # (b, h, P), P = m + s
+    pool_z = torch.cat([z, head.support_scores.to(compute).expand(b, h, -1)], dim=-1)  # (b, h, P), P = m + s
     if module.training:  # Gumbel(0, 1) noise = −log(Exp(1))
         pool_z = pool_z - torch.empty_like(pool_z).exponential_().log()
-    pool_k = torch.cat([key.float(), head.support_keys.float().expand(b, -1, -1, -1)], dim=-2)  # (b, h, P, d)
-    pool_v = torch.cat([value.float(), head.support_values.float().expand(b, -1, -1, -1)], dim=-2)
+    support_keys, support_values = head.support_keys.to(compute), head.support_values.to(compute)
+    pool_k = torch.cat([key.to(compute), support_keys.expand(b, -1, -1, -1)], dim=-2)  # (b, h, P, d)
+    pool_v = torch.cat([value.to(compute), support_values.expand(b, -1, -1, -1)], dim=-2)
     context = (attention_mask, position_bias, q_valid)
     options = dict(m=m, scaling=scaling, dropout=dropout)
 
@@ -279,7 +287,7 @@ def samsa_attention_forward(
     else:  # the keys before query 0 (cached ones) enter as their top 2k
         first = m - n
         earlier = pool_z[..., :first].topk(min(2 * head.keys, first), dim=-1).indices  # (b, h, R)
-    for start, q in zip(range(0, n, CHUNK), query.float().split(CHUNK, dim=2), strict=True):
+    for start, q in zip(range(0, n, CHUNK), query.to(compute).split(CHUNK, dim=2), strict=True):
         rows = slice(start, start + q.shape[2])
         if head.causal:
             own = torch.arange(first + rows.start, first + rows.stop, device=device)  # (C,)

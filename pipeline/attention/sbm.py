@@ -52,7 +52,7 @@ from transformers import PreTrainedModel
 
 from kernels.entmax.dense import entmax_normalize
 from pipeline.attention.counting import PairCounter
-from pipeline.attention.entmax import attention_alpha
+from pipeline.attention.entmax import attention_alpha, compute_dtype
 from pipeline.attention.heads import (
     SELF_KINDS,
     attach_heads,
@@ -124,16 +124,20 @@ class SBMHead(PairCounter):
         )
 
     def members(self, x: Tensor) -> Tensor:
-        """Cluster memberships σ(MLP(x) Cᵀ) (b, h, n, k) of queries or keys x (b, h, n, d), float32."""
-        x = x.float()
-        hidden = torch.einsum("bhnd,hde->bhne", x, self.hidden_weight.float()) + self.hidden_bias[:, None]
+        """Cluster memberships σ(MLP(x) Cᵀ) (b, h, n, k) of queries or keys x (b, h, n, d), computed in
+        :func:`~pipeline.attention.entmax.compute_dtype` of x (float32, or float64 for float64 x)."""
+        compute = compute_dtype(x.dtype)
+        hidden_weight, hidden_bias = self.hidden_weight.to(compute), self.hidden_bias.to(compute)
+        output_weight, output_bias = self.output_weight.to(compute), self.output_bias.to(compute)
+        hidden = torch.einsum("bhnd,hde->bhne", x.to(compute), hidden_weight) + hidden_bias[:, None]
         hidden = torch.relu(hidden)
-        out = torch.einsum("bhnd,hde->bhne", hidden, self.output_weight.float()) + self.output_bias[:, None]
-        return torch.sigmoid(torch.einsum("bhnd,hkd->bhnk", out, self.clusters.float()))
+        out = torch.einsum("bhnd,hde->bhne", hidden, output_weight) + output_bias[:, None]
+        return torch.sigmoid(torch.einsum("bhnd,hkd->bhnk", out, self.clusters.to(compute)))
 
-    def blocks(self) -> Tensor:
-        """The block matrices Ŝ (h, k, k): a softmax over all k² entries of C Cᵀ."""
-        clusters = self.clusters.float()
+    def blocks(self, dtype: torch.dtype | None = None) -> Tensor:
+        """The block matrices Ŝ (h, k, k): a softmax over all k² entries of C Cᵀ, in ``dtype`` (that of the
+        memberships they meet; by default float32, or float64 for a float64 head)."""
+        clusters = self.clusters.to(compute_dtype(self.clusters.dtype) if dtype is None else dtype)
         affinity = clusters @ clusters.transpose(-1, -2)  # (h, k, k)
         return torch.softmax(affinity.flatten(1), dim=-1).view_as(affinity)
 
@@ -245,7 +249,7 @@ def _dense(
     (b, 1 | h, n, m) the pairs the mask allows (:func:`_allowed`)."""
     b, h, n, _ = query.shape
     m = key.shape[-2]
-    rates = _rates(q_members, head.blocks(), k_members)  # (b, h, n, m)
+    rates = _rates(q_members, head.blocks(q_members.dtype), k_members)  # (b, h, n, m)
     rows = torch.arange(m - n, m, device=query.device)
     if module.training:
         draw = int(torch.randint(1 << 31, ()))
@@ -257,9 +261,10 @@ def _dense(
         graph = _eval_graph(head, rates.detach(), rows, m, padding)
     graph = (graph | _own_keys(n, m, query.device)) & allowed
 
-    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (b, h, n, m)
+    compute = compute_dtype(query.dtype)
+    scores = torch.matmul(query.to(compute), key.to(compute).transpose(-1, -2)) * scaling  # (b, h, n, m)
     if position_bias is not None:
-        scores = scores + position_bias.float()
+        scores = scores + position_bias.to(compute)
     scores = mask_scores(scores, attention_mask).masked_fill(~graph, float("-inf"))
     probs = entmax_normalize(scores, attention_alpha(module))
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
@@ -275,7 +280,7 @@ def _sparse_edges(
     b, h, n, _ = q_members.shape
     device = q_members.device
     rows = torch.arange(m - n, m, device=device)
-    blocks = head.blocks().detach()
+    blocks = head.blocks(q_members.dtype).detach()
     if training:
         limits = rows + 1 if head.causal else torch.full_like(rows, m)
         return fastrg_edges(
@@ -354,16 +359,18 @@ def _sparse(
     flat = cols.view(b, h, n * width, 1)
     k_edges = torch.gather(key, 2, flat.expand(-1, -1, -1, d)).view(b, h, n, width, d)
     v_edges = torch.gather(value, 2, flat.expand(-1, -1, -1, value.shape[-1])).view(b, h, n, width, -1)
-    scores = torch.matmul(query.float()[..., None, :], k_edges.float().transpose(-1, -2))[..., 0, :] * scaling
+    compute = compute_dtype(query.dtype)
+    scores = torch.matmul(query.to(compute)[..., None, :], k_edges.to(compute).transpose(-1, -2))
+    scores = scores[..., 0, :] * scaling  # (b, h, n, D)
     if position_bias is not None:
-        scores = scores + _gather_pairs(position_bias, cols).float()
+        scores = scores + _gather_pairs(position_bias, cols).to(compute)
     if attention_mask is not None:
         scores = mask_scores(scores, _gather_pairs(attention_mask, cols))
     scores = scores.masked_fill(~graph, float("-inf"))  # (b, h, n, D)
     probs = entmax_normalize(scores, attention_alpha(module))
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
 
-    weights = q_members @ head.blocks()  # (b, h, n, k): Q̂ Ŝ
+    weights = q_members @ head.blocks(q_members.dtype)  # (b, h, n, k): Q̂ Ŝ
     k_edge_members = torch.gather(k_members, 2, flat.expand(-1, -1, -1, k_members.shape[-1]))
     rates = torch.matmul(weights[..., None, :], k_edge_members.view(b, h, n, width, -1).transpose(-1, -2))
     probs, edges = straight_through(probs, rates[..., 0, :], graph)  # (b, h, n, D), (h,)

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from kernels.entmax.dense import entmax_normalize
-from pipeline.attention.entmax import attention_alpha
+from pipeline.attention.entmax import attention_alpha, compute_dtype
 from pipeline.attention.heads import (
     attach_heads,
     check_integer,
@@ -163,7 +163,8 @@ def _attend(
 
     ``positions`` (G, R) and ``sources`` (G, C) as :meth:`SSAHead.draw` returns them, on the CPU (reading
     the layout then costs no device sync). The model's mask and bias (·, ·, n, m) are read only at the
-    (G, R, C) drawn pairs, so no n × m score tensor is ever formed.
+    (G, R, C) drawn pairs, so no n × m score tensor is ever formed. Scores and the normalizer are computed
+    in :func:`~pipeline.attention.entmax.compute_dtype` (float32, or float64 for float64 inputs).
     """
     n, m = query.shape[-2], key.shape[-2]
     first = (m - n) - int(positions[0, 0])  # slot of query 0 in the flattened (G·R) layout
@@ -178,11 +179,12 @@ def _attend(
     if causal:
         allowed &= pair_cols <= positions[:, :, None]
 
-    q = query[:, :, rows].float()  # (b, h, G, R, d)
+    compute = compute_dtype(query.dtype)
+    q = query[:, :, rows].to(compute)  # (b, h, G, R, d)
     k_drawn, v_drawn = key[:, :, cols], value[:, :, cols]  # (b, h, G, C, d)
-    scores = torch.matmul(q, k_drawn.float().transpose(-1, -2)) * scaling  # (b, h, G, R, C)
+    scores = torch.matmul(q, k_drawn.to(compute).transpose(-1, -2)) * scaling  # (b, h, G, R, C)
     if position_bias is not None:
-        scores = scores + position_bias[..., pair_rows, pair_cols].float()
+        scores = scores + position_bias[..., pair_rows, pair_cols].to(compute)
     if attention_mask is not None:
         scores = mask_scores(scores, attention_mask[..., pair_rows, pair_cols])
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -190,9 +192,9 @@ def _attend(
     if causal:  # every target keeps its own key: one more column wherever the draw missed it
         own = positions.clamp(max=m - 1)  # (G, R)
         v_own = value[:, :, own]  # (b, h, G, R, d)
-        own_scores = (q * key[:, :, own].float()).sum(-1, keepdim=True) * scaling  # (b, h, G, R, 1)
+        own_scores = (q * key[:, :, own].to(compute)).sum(-1, keepdim=True) * scaling  # (b, h, G, R, 1)
         if position_bias is not None:
-            own_scores = own_scores + position_bias[..., rows, own, None].float()
+            own_scores = own_scores + position_bias[..., rows, own, None].to(compute)
         if attention_mask is not None:
             own_scores = mask_scores(own_scores, attention_mask[..., rows, own, None])
         drawn = ((pair_cols == positions[:, :, None]) & col_ok[:, None, :]).any(-1)  # (G, R)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from pipeline.params.base import Section
-from pipeline.params.training import Evaluation, ModelShape, Training
+from pipeline.params.training import Evaluation, ModelShape, Training, UnigramMargin
 
 
 class Pretrain(Section):
@@ -13,6 +13,9 @@ class Pretrain(Section):
     model: ModelShape = ModelShape()
     train: Training = Training()
     eval: Evaluation = Evaluation()
+    # the validation loss must lie this fraction below the unigram entropy of the training labels (null:
+    # not checked)
+    unigram_margin: UnigramMargin | None = 0.1
     data: str = "artifacts/data"
     out: str = "artifacts/models/pretrain"
     run_dir: str = "artifacts/runs/pretrain"

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from pipeline.params.base import Section
-from pipeline.params.training import Evaluation, Training
+from pipeline.params.training import Evaluation, Training, UnigramMargin
 
 
 class Teacher(Section):
@@ -16,6 +16,9 @@ class Teacher(Section):
     learn_alpha: bool = False
     train: Training = Training(max_steps=300, lr=2e-4, warmup_steps=50)
     eval: Evaluation = Evaluation()
+    # the validation loss must lie this fraction below the unigram entropy of the training labels (null:
+    # not checked)
+    unigram_margin: UnigramMargin | None = 0.1
     data: str = "artifacts/data"
     out: str = "artifacts/models/teacher"
     run_dir: str = "artifacts/runs/teacher"

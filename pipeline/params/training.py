@@ -26,6 +26,9 @@ from pipeline.params.base import (
     Tokens,
 )
 
+# the fraction of the unigram entropy a trained model's validation loss must lie below (0: merely below it)
+UnigramMargin = Annotated[float, Field(ge=0.0, lt=1.0)]
+
 
 class ModelShape(Section):
     """Marian encoder–decoder built from scratch (ignored when ``init`` names a checkpoint)."""

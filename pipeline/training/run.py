@@ -34,6 +34,7 @@ from pipeline.models.marian import set_generation
 from pipeline.params.training import Evaluation, Training
 from pipeline.timings import metrics_files, write_metrics
 from pipeline.training.batches import padded_batches
+from pipeline.training.plateau import require_learning, unigram_entropy
 from pipeline.training.trainer import is_main_process, train_model
 
 TOKENIZER_FOLDER = "tokenizer"
@@ -54,6 +55,13 @@ class TrainedSection(Protocol):
     def model_dump(self) -> dict[str, Any]: ...
 
     def model_copy(self, *, update: dict[str, Any]) -> Any: ...
+
+
+class GuardedSection(TrainedSection, Protocol):
+    """A section whose model must learn beyond token frequencies (pretrain, teacher):
+    :func:`~pipeline.training.plateau.require_learning` with ``unigram_margin`` (None: not checked)."""
+
+    unigram_margin: float | None
 
 
 class InitializedSection(TrainedSection, Protocol):
@@ -206,7 +214,7 @@ def train_stage(
 
 def train_and_evaluate(
     stage: str,
-    params: TrainedSection,
+    params: GuardedSection,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     data: DatasetDict,
@@ -216,7 +224,8 @@ def train_and_evaluate(
     callbacks: Sequence[TrainerCallback] = (),
 ) -> None:
     """Train ``model`` (:func:`train_stage`), save it to ``params.out`` and write ``params.metrics``, the two
-    swapped in together.
+    swapped in together; a model whose validation loss is not clearly below the unigram entropy of its
+    training labels is refused instead (:mod:`pipeline.training.plateau`), and nothing is written.
 
     A student passes its ``teacher`` (distilled with ``params.distill``) and its own training callbacks.
     """
@@ -236,6 +245,12 @@ def train_and_evaluate(
             "parent": parent,
         }
         measured = save_and_measure(params.out, params, model, tokenizer, data, manifest, task=task)
+        # a model that learned nothing beyond token frequencies is refused before anyone extracts from it
+        labels = data["train"]["labels" if task == "translation" else "input_ids"]
+        entropy = unigram_entropy(labels, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id)
+        measured["unigram_entropy"] = round(entropy, 4)
+        if params.unigram_margin is not None:
+            require_learning(stage, measured["valid"]["loss"], entropy, params.unigram_margin)
         with writing(f"the metrics {params.metrics}"):
             write_metrics(params.metrics, {"train_seconds": round(train_seconds, 1), **measured})
     shutil.rmtree(params.run_dir, ignore_errors=True)
