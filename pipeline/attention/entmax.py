@@ -39,6 +39,7 @@ from pipeline.attention.interface import (
     attention_modules,
     mask_scores,
     module_heads,
+    refuse_unbuilt,
     register_attention,
     register_state_attacher,
 )
@@ -160,6 +161,7 @@ def entmax_attention_forward(
     q_len, heads, d) and the probabilities in that compute dtype (batch, heads, q_len, k_len), after dropout
     exactly like eager attention.
     """
+    refuse_unbuilt(module)
     key, value, scaling = attention_inputs("entmax", module, query, key, value, scaling, kwargs)
     compute = compute_dtype(query.dtype)
     scores = torch.matmul(query.to(compute), key.to(compute).transpose(-1, -2)) * scaling  # (b, h, q, k)

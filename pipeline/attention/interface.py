@@ -37,6 +37,7 @@ IMPLEMENTATIONS_MODULE = "pipeline.attention.implementations"
 RIGHT_LOAD = f"import {IMPLEMENTATIONS_MODULE} and load the folder with pipeline.attention.load_model(folder)"
 
 _STATE_ATTACHERS: dict[str, StateAttacher] = {}
+_STRUCTURES: list[str] = []
 _LOSS_PENALTIES: dict[str, LossPenalty] = {}
 _CACHE_MAKERS: dict[str, CacheMaker] = {}
 
@@ -99,6 +100,20 @@ def refuse_missing_state(module: nn.Module, name: str) -> None:
             f"{type(module).__name__} has no {name} state although its config records {name} settings "
             f"(plain from_pretrained leaves it out); {RIGHT_LOAD}"
         )
+
+
+def register_structure(name: str) -> None:
+    """Say that ``config.<name>`` records a structure the model is rebuilt into before its weights load
+    (PAR's stacks), which the builder marks on every attention module (:func:`mark_stateless`), so that
+    :func:`refuse_unbuilt` stops a model built without it (plain ``from_pretrained``) at its first forward."""
+    if name not in _STRUCTURES:
+        _STRUCTURES.append(name)
+
+
+def refuse_unbuilt(module: nn.Module) -> None:
+    """:func:`refuse_missing_state` for every registered structure; every attention function runs it."""
+    for name in _STRUCTURES:
+        refuse_missing_state(module, name)
 
 
 def register_loss_penalty(name: str, penalty: LossPenalty) -> None:

@@ -35,10 +35,12 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 from transformers.models.marian.modeling_marian import MarianAttention
 
+from pipeline.attention.interface import mark_stateless, register_structure
 from pipeline.errors import UserError
 from pipeline.par.pattern import CROSS, FEED_FORWARD, SELF, Stack
 
 PAR = "par"  # the config attribute holding the patterns
+register_structure(PAR)  # a model built without its stacks (plain from_pretrained) refuses to run
 # the model types PAR rebuilds, and whether their decoder reads an encoder
 READS_ENCODER = {"marian": True, "llama": False}
 
@@ -284,6 +286,7 @@ def replace_layers(model: PreTrainedModel, built: Mapping[Stack, list[nn.Module]
         module.layers = nn.ModuleList(built[stack]).train(module.training)
     if not reads_encoder(model):  # a Llama's loop runs the first num_hidden_layers layers
         model.config.num_hidden_layers = len(built["decoder"])
+    mark_stateless(model, PAR)  # these attention modules sit in the stacks config.par records
 
 
 def build_stacks(model: PreTrainedModel, patterns: Mapping[Stack, str]) -> None:

@@ -20,6 +20,7 @@ from pipeline.attention.sbm import SBM, attach_sbm
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder
 from pipeline.attention.ssa import SSA, attach_ssa
 from pipeline.checkpoint import save_checkpoint
+from pipeline.par.from_teacher import rebuild_from_teacher
 from pipeline.projection.model import HeadProjections
 from tests.pipeline.attention.test_sbm import SPEC as SBM_SPEC
 from tests.tiny import padded_batch, teacher_and_student, word_tokenizer
@@ -27,6 +28,7 @@ from tests.tiny import padded_batch, teacher_and_student, word_tokenizer
 VOCAB, HEADS, HEAD_DIM, RANK, BUCKETS = 40, 4, 4, 3, 3
 BOTH = ["encoder_self", "decoder_self"]
 ROOT = Path(__file__).resolve().parents[3]
+PAR_PATTERNS = {"encoder": "sfff", "decoder": "scffssfcf"}  # more sublayers than the model has layers
 
 
 def _sparsefinder(model: MarianMTModel) -> None:
@@ -72,6 +74,8 @@ KINDS = {
     "ssa": (SSA, lambda model: attach_ssa(model, {"mode": "unbiased", "keys": 3, "kinds": BOTH})),
     "sbm": (SBM, lambda model: attach_sbm(model, SBM_SPEC)),
     "samsa": (SAMSA, _samsa),
+    # PAR: the stacks rebuilt sublayer by sublayer
+    "par": (ENTMAX, lambda model: rebuild_from_teacher(model, PAR_PATTERNS, seed=0)),
 }
 STATEFUL = [kind for kind, (_, attach) in KINDS.items() if attach is not None]
 
