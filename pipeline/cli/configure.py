@@ -9,8 +9,7 @@ the working folder has a params.yaml, in an output of one of its stages (configu
 OUT is replaced only when it is a folder configure wrote, or with --force.
 
 OUT is the teacher's checkpoint with the predictor in the projections' attention kind; load it with
-``pipeline.attention.load_model(OUT, attn_implementation="sparsefinder")`` (after
-``import pipeline.attention.sparsefinder``).
+``pipeline.attention.load_model(OUT)`` (after ``import pipeline.attention.implementations``).
 """
 
 from __future__ import annotations
