@@ -1,5 +1,5 @@
 """Stage ``pretrain``: a softmax model trained from scratch — a Marian for translation, a Llama decoder
-(lm) or a RoBERTa encoder (mlm) for the block corpora — or fine-tuned from a named checkpoint."""
+(lm) or a ModernBERT encoder (mlm) for the block corpora — or fine-tuned from a named checkpoint."""
 
 from __future__ import annotations
 

@@ -207,6 +207,14 @@ def module_head_dim(module: nn.Module) -> int:
     raise ValueError(f"cannot tell the head size of {type(module).__name__}")
 
 
+def module_scaling(module: nn.Module) -> float:
+    """The factor an attention module's scores q·kᵀ are multiplied by: its ``scaling`` (Llama, Marian, BERT-
+    likes), else d^−½ of its head size, which is what a module that hands its scaling over at call time
+    passes (ModernBERT)."""
+    scaling = getattr(module, "scaling", None)
+    return float(module_head_dim(module) ** -0.5 if scaling is None else scaling)
+
+
 def attach_to_modules(
     model: PreTrainedModel, attribute: str, make: Callable[[str, nn.Module], nn.Module]
 ) -> list[str]:

@@ -33,7 +33,7 @@ from transformers.models.marian.modeling_marian import shift_tokens_right
 
 from pipeline.atomic import current_path
 from pipeline.attention.entmax import label_attention_modules
-from pipeline.attention.interface import module_head_dim, module_heads
+from pipeline.attention.interface import module_head_dim, module_heads, module_scaling
 from pipeline.attention.recording import Captured, Layout, attention_layers, capture_attention, model_layout
 from pipeline.attention_kinds import AttentionKind, attention_kind
 from pipeline.errors import UserError
@@ -69,7 +69,7 @@ def kind_shapes(
     for kind in kinds:
         modules = attention_layers(model, kind)
         first = modules[0]
-        shapes[kind.name] = (len(modules), module_heads(first), module_head_dim(first), float(first.scaling))
+        shapes[kind.name] = (len(modules), module_heads(first), module_head_dim(first), module_scaling(first))
     return shapes
 
 

@@ -1,15 +1,30 @@
 """Language models of the block tasks, built from scratch: a Llama decoder (``lm``: causal, rotary
-positions, grouped keys off) or a RoBERTa encoder (``mlm``: bidirectional, learned positions, masked
-tokens).
+positions, grouped keys off) or a ModernBERT encoder (``mlm``: bidirectional, rotary positions, pre-LayerNorm,
+masked tokens).
 
 Both take their sizes from the pretrain section's model shape: the decoder-only LM has
 ``decoder_layers`` layers, the encoder-only MLM ``encoder_layers``; ``max_positions`` must cover the
 corpus's ``context``. Input and output embeddings are tied, as in the translation models.
+
+Why ModernBERT and not RoBERTa for the MLM: a RoBERTa of the mlm profile's size (d 128, 4 layers, 512-token
+blocks, batch 8) stays on the unigram plateau on a CPU budget: after 300 steps its validation loss is the
+entropy of the token frequencies (6.65 against 6.62) at learning rates 5e-4 and 2e-3, and after 600 steps
+with 30 % of the tokens masked it is still at 6.35, where a ModernBERT of the same size is at 4.8 and, after
+1,000 steps, at 3.93 with 31 % of the masked tokens right. RoBERTa's positions are a table learned from
+scratch, and a masked token can only be predicted from its neighbours once that table says who they are;
+rotary positions give every layer relative positions from the first step, and the pre-LayerNorm residual
+stream trains stably at a high learning rate.
 """
 
 from __future__ import annotations
 
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, RobertaConfig, RobertaForMaskedLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    PreTrainedModel,
+)
 
 from pipeline.models.seeding import built_with_seed
 from pipeline.params.training import ModelShape
@@ -36,23 +51,26 @@ def build_language_model(
         )
         return built_with_seed(seed, lambda: LlamaForCausalLM(config))
     if task == "mlm":
-        config = RobertaConfig(
+        config = ModernBertConfig(
             vocab_size=vocab_size,
             hidden_size=shape.d_model,
             intermediate_size=shape.ffn_dim,
             num_hidden_layers=shape.encoder_layers,
             num_attention_heads=shape.heads,
-            hidden_dropout_prob=shape.dropout,
-            attention_probs_dropout_prob=0.0,
-            # RoBERTa numbers positions from pad_id + 1
-            max_position_embeddings=shape.max_positions + pad_id + 1,
-            type_vocab_size=1,
+            # every layer attends to the whole block (ModernBERT's default alternates with local windows):
+            # the graphs extracted are of full attention
+            layer_types=["full_attention"] * shape.encoder_layers,
+            max_position_embeddings=shape.max_positions,
+            mlp_dropout=shape.dropout,
+            attention_dropout=0.0,
             pad_token_id=pad_id,
             bos_token_id=eos_id,
             eos_token_id=eos_id,
+            cls_token_id=eos_id,
+            sep_token_id=eos_id,
             tie_word_embeddings=True,
         )
-        return built_with_seed(seed, lambda: RobertaForMaskedLM(config))
+        return built_with_seed(seed, lambda: ModernBertForMaskedLM(config))
     raise ValueError(f"task {task!r} has no language model; allowed: lm, mlm")
 
 

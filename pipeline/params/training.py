@@ -62,6 +62,8 @@ class Training(Section):
     save_steps: Steps = 250
     logging_steps: Steps = 50
     seed: Seed = 0
+    # mlm only: the share of a block's tokens masked for prediction in training (evaluation predicts 15 %)
+    mask_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.15
 
 
 class Evaluation(Section):

@@ -53,7 +53,8 @@ from pipeline.students.distill import DistillationTrainer
 RUN_FINGERPRINT = "run_fingerprint.json"
 # in each checkpoint folder, written last: the sha256 of every other file in it
 CHECKPOINT_FILES = "checkpoint_files.json"
-# the share of an mlm block's tokens chosen for prediction (BERT's and RoBERTa's)
+# the share of an mlm block's tokens an evaluation predicts (BERT's and RoBERTa's); training chooses
+# ``train.mask_fraction`` of them
 MASKED_FRACTION = 0.15
 
 _WORKER_SETTLE_SECONDS = 0.2
@@ -300,19 +301,24 @@ class FiniteLoss(TrainerCallback):
                 require_finite(float(logs[key]), f"training ({key})", state.global_step)
 
 
-def batching(task: Task, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> tuple[list[str], Any]:
+def batching(
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
+    model: PreTrainedModel,
+    mask_fraction: float = MASKED_FRACTION,
+) -> tuple[list[str], Any]:
     """The dataset columns a task trains on and the collator that batches them.
 
     translation: source ids and labels, padded (labels by −100). lm: blocks, labels = inputs (the model
-    shifts them). mlm: blocks with 15 % of the tokens chosen (80 % of those become ``<mask>``, 10 % a
-    random token, 10 % stay), labels there only.
+    shifts them). mlm: blocks with ``mask_fraction`` of the tokens chosen (80 % of those become ``<mask>``,
+    10 % a random token, 10 % stay), labels there only.
     """
     if task == "translation":
         return ["input_ids", "labels"], DataCollatorForSeq2Seq(
             tokenizer, model=model, label_pad_token_id=-100
         )
     return ["input_ids"], DataCollatorForLanguageModeling(
-        tokenizer, mlm=task == "mlm", mlm_probability=MASKED_FRACTION
+        tokenizer, mlm=task == "mlm", mlm_probability=mask_fraction
     )
 
 
@@ -348,7 +354,7 @@ def train_model(
     resume_from = prepare_run_folder(run_dir, fingerprint, is_main=is_main_process())
     if resume_from is not None and is_main_process():
         print(f"resuming from {resume_from}", file=sys.stderr)
-    columns, collator = batching(task, tokenizer, model)
+    columns, collator = batching(task, tokenizer, model, settings.mask_fraction)
     started = FirstStep()
     options = dict(
         model=model,

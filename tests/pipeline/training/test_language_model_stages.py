@@ -1,6 +1,6 @@
 """The block tasks through the stages: prepare (a WikiText-format dataset) → pretrain (softmax, from scratch)
 → teacher (α-entmax) → extract → project → cluster → configure → students → evaluate → report, for a causal
-LM (Llama) and a masked LM (RoBERTa)."""
+LM (Llama) and a masked LM (ModernBERT)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,7 @@ def block_params(task: str, corpus: Path) -> dict:
     params["teacher"]["train"].update(max_steps=10)
     params["extract"]["kinds"] = [KINDS[task]]
     params["project"]["kind"] = KINDS[task]
-    # rotary positions take any length; RoBERTa's learned ones stop at the context
-    contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
+    contexts = [CONTEXT, 2 * CONTEXT]  # rotary positions (Llama, ModernBERT) take any length
     params["evaluate"]["speed"] = {"contexts": contexts, "methods": ["kmeans", "indexer"], "repeats": 1}
     if task == "lm":  # the lm picks its speed settings by perplexity, the mlm by recall
         params["evaluate"]["speed"]["perplexity_gap"] = PERPLEXITY_GAP
@@ -118,7 +117,7 @@ def test_perplexity_and_sparsity(trained) -> None:
 def test_teacher_checkpoint_describes_itself(trained) -> None:
     task, folder = trained
     model = load_model(folder / "artifacts" / "models" / "teacher")
-    assert type(model).__name__ == {"lm": "LlamaForCausalLM", "mlm": "RobertaForMaskedLM"}[task]
+    assert type(model).__name__ == {"lm": "LlamaForCausalLM", "mlm": "ModernBertForMaskedLM"}[task]
     assert model.config._attn_implementation == "entmax" and model.config.entmax_alpha == 1.5
 
 
@@ -198,7 +197,7 @@ def test_speed_table_runs_the_models_side_by_side(trained) -> None:
     evaluation = json.loads((folder / "artifacts" / "evaluation" / "evaluate.json").read_text())
     timings = json.loads((folder / "artifacts" / "evaluation" / "evaluate.timings.json").read_text())
     rows = evaluation["speed"]
-    contexts = [CONTEXT, 2 * CONTEXT] if task == "lm" else [CONTEXT]
+    contexts = [CONTEXT, 2 * CONTEXT]
     assert [row["context"] for row in rows] == [n for n in contexts for _ in range(5)]
     names = [row["model"] for row in rows[:5]]
     assert names[:2] == ["softmax (sdpa)", "entmax (dense)"]
@@ -304,7 +303,7 @@ def test_a_speed_method_that_is_not_evaluated_stops_evaluate_before_any_work(tra
 
 def test_par_searches_and_distills_a_decoder_only_lm(trained) -> None:
     task, folder = trained
-    if task == "mlm":  # PAR rebuilds decoder-only LMs and encoder–decoders, not a RoBERTa encoder
+    if task == "mlm":  # PAR rebuilds decoder-only LMs and encoder–decoders, not an encoder-only model
         assert not (folder / "artifacts" / "par").exists()
         report_text = (folder / "artifacts" / "report.md").read_text()
         assert "| student | decoder | attention kept |" not in report_text
