@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from pipeline.atomic import current_path, staged_outputs
-from pipeline.attention import load_model
+from pipeline.attention import ENTMAX, load_model
 from pipeline.checkpoint import loading
 from pipeline.checks.extract import check_inputs
 from pipeline.errors import exits_cleanly
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     inputs = check_inputs(params)
     teacher, data, tokenizer = inputs.teacher, inputs.data, inputs.skeleton[1]
     with loading(teacher, "extract.teacher"):
-        model = load_model(teacher)
+        model = load_model(teacher, attn_implementation=ENTMAX)  # the α-entmax graphs, whatever it ran
     fingerprint = teacher_fingerprint(model, teacher)
     summaries = {}
     # the stores and their metrics are swapped in together: a failure on the last store (a full disk)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 
 from pipeline.atomic import staged_outputs, write_json
-from pipeline.attention import load_model
+from pipeline.attention import ENTMAX, load_model
 from pipeline.checkpoint import loading, save_checkpoint
 from pipeline.checks.par_search import check_inputs
 from pipeline.errors import exits_cleanly
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     teacher_folder, tokenizer, teachers = inputs.teacher, inputs.tokenizer, inputs.layers
     corpus = inputs.corpus
     with loading(teacher_folder, "par_search.teacher"):
-        teacher = load_model(teacher_folder)
+        teacher = load_model(teacher_folder, attn_implementation=ENTMAX)
     searched = search_architecture(params, teacher, teacher_folder, tokenizer, corpus)
     if searched is None:  # not the main process, which alone writes
         return

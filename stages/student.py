@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel
 
-from pipeline.attention import load_model
+from pipeline.attention import ENTMAX, load_model
 from pipeline.checkpoint import describe_parent, loading
 from pipeline.checks.student import check_inputs
 from pipeline.errors import exits_cleanly
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     checked = inputs.init(name)
     model, tokenizer = build_student(params.spec, inputs.key(name), seed=params.seeds[0], checked=checked)
     with loading(teacher_folder, "student.teacher"):
-        teacher = load_model(teacher_folder)
+        teacher = load_model(teacher_folder, attn_implementation=ENTMAX)
     key = f"student.instances.{name}.init = {params.spec.init!r}"
     data = data_for_model(data, corpus_tokenizer, tokenizer, model, task=task, key=key)
     built = {params.seeds[0]: model}

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.attention import model_skeleton
+from pipeline.attention import ENTMAX, model_skeleton
 from pipeline.checkpoint import loading, resolve_checkpoint, seed_path
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import read_corpus_card
@@ -131,7 +131,7 @@ class EvaluateInputs(StageInputs):
         """A speed table within the teacher's learned positions (its skeleton: no weight is read)."""
         contexts = self.params.speed.contexts
         with loading(self.teacher, "evaluate.teacher"):
-            limit = max_context(model_skeleton(self.teacher))
+            limit = max_context(model_skeleton(self.teacher, attn_implementation=ENTMAX))
         if limit is not None and max(contexts) > limit:
             raise UserError(
                 f"evaluate.speed.contexts = {contexts}: the teacher has learned positions for {limit} "

@@ -10,7 +10,7 @@ from typing import Any
 from datasets import DatasetDict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.attention import model_skeleton
+from pipeline.attention import ENTMAX, model_skeleton
 from pipeline.attention.recording import Layout, model_layout
 from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
@@ -74,7 +74,7 @@ class ExtractInputs(StageInputs):
     def skeleton(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """(the teacher without its weights, its tokenizer)."""
         with loading(self.teacher, "extract.teacher"):
-            return model_skeleton(self.teacher), load_auto_tokenizer(self.teacher)
+            return model_skeleton(self.teacher, attn_implementation=ENTMAX), load_auto_tokenizer(self.teacher)
 
     @cached_property
     def data(self) -> DatasetDict:

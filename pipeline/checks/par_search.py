@@ -9,7 +9,7 @@ from functools import cached_property
 from datasets import DatasetDict
 from transformers import PreTrainedTokenizerBase
 
-from pipeline.attention import model_skeleton
+from pipeline.attention import ENTMAX, model_skeleton
 from pipeline.checkpoint import load_auto_tokenizer, loading, resolve_checkpoint
 from pipeline.checks import InputCheck, StageInputs
 from pipeline.corpus_card import TASKS, Task
@@ -47,7 +47,7 @@ class ParSearchInputs(StageInputs):
     def layers(self) -> dict[Stack, int]:
         """The teacher's layers per stack, the positions the search mixes."""
         with loading(self.teacher, "par_search.teacher"):
-            skeleton = model_skeleton(self.teacher)
+            skeleton = model_skeleton(self.teacher, attn_implementation=ENTMAX)
         try:
             return teacher_layers(skeleton)
         except UserError as err:

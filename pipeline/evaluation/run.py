@@ -28,7 +28,7 @@ from typing import Any
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.attention import load_model
+from pipeline.attention import ENTMAX, load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import load_auto_tokenizer, loading
 from pipeline.checks.evaluate import EvaluateInputs
@@ -230,7 +230,7 @@ def evaluate_students(
         return [], {}
     quality = params.quality
     with loading(params.teacher, "evaluate.teacher"):
-        teacher = load_model(params.teacher)
+        teacher = load_model(params.teacher, attn_implementation=ENTMAX)
     pad_id = teacher.config.pad_token_id
     batches = timing_batches(train, quality.batch_size, quality.timing_batches, pad_id, task)
     # the untrained twins are no headline row: decoded only when every model is
