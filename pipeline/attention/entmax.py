@@ -25,7 +25,6 @@ inside the normalizer.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -79,12 +78,17 @@ class LearnedAlpha(nn.Module):
         return f"num_heads={self.theta.numel()}"
 
 
-def config_alpha(config: Any) -> float:
-    """The fixed α a config asks for: ``config.entmax_alpha``, 1.5 when absent; α < 1 is rejected."""
-    alpha = float(getattr(config, "entmax_alpha", DEFAULT_ALPHA))
+def checked_alpha(alpha: float) -> float:
+    """``alpha`` as a float once it is ≥ 1 (1 is softmax); a ValueError otherwise."""
+    alpha = float(alpha)
     if not alpha >= 1.0:
         raise ValueError(f"entmax_alpha must be a number >= 1 (1 is softmax), got {alpha}")
     return alpha
+
+
+def config_alpha(config: Any) -> float:
+    """The fixed α a config asks for: ``config.entmax_alpha``, 1.5 when absent; α < 1 is rejected."""
+    return checked_alpha(getattr(config, "entmax_alpha", DEFAULT_ALPHA))
 
 
 def set_entmax_alpha(model: nn.Module, alpha: float) -> None:
@@ -94,7 +98,7 @@ def set_entmax_alpha(model: nn.Module, alpha: float) -> None:
     config (T5's encoder and decoder stacks): this sets it on the model's config and on every config its
     modules read. A module with a :class:`LearnedAlpha` keeps computing with that.
     """
-    alpha = config_alpha(SimpleNamespace(entmax_alpha=alpha))  # the check every reader makes
+    alpha = checked_alpha(alpha)
     for module in model.modules():  # the model itself first
         if (config := getattr(module, "config", None)) is not None:
             config.entmax_alpha = alpha

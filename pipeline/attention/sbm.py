@@ -205,16 +205,20 @@ def _rates(q_members: Tensor, blocks: Tensor, k_members: Tensor) -> Tensor:
     return (q_members @ blocks) @ k_members.transpose(-1, -2)
 
 
-def _left_padding(attention_mask: Tensor | None, b: int, m: int, device: torch.device) -> Tensor:
+def _left_padding(
+    head: SBMHead, training: bool, attention_mask: Tensor | None, m: int, device: torch.device
+) -> Tensor | None:
     """(b | 1,) int64: how many keys of each batch row come before its first real one (left padding: keys
-    no query may see); zeros without a mask."""
+    no query may see), zeros without a mask; None where no graph hashes positions (training, ``expected``)."""
+    if training or head.evaluation != "sampled":
+        return None
     if attention_mask is None:
         return torch.zeros(1, dtype=torch.long, device=device)
     real_keys = _mask_allows(attention_mask, m).any(dim=-2).any(dim=1)  # (b | 1, m)
     return real_keys.long().argmax(dim=-1)  # the first True; 0 for a row with none
 
 
-def _eval_graph(head: SBMHead, rates: Tensor, rows: Tensor, m: int, padding: Tensor) -> Tensor:
+def _eval_graph(head: SBMHead, rates: Tensor, rows: Tensor, m: int, padding: Tensor | None) -> Tensor:
     """The deterministic evaluation graph (b, h, r, m) of rates (b, h, r, m) for query positions ``rows``
     (r,), ``padding`` (b | 1,) each row's left padding (:func:`_left_padding`).
 
@@ -224,6 +228,7 @@ def _eval_graph(head: SBMHead, rates: Tensor, rows: Tensor, m: int, padding: Ten
         return rates >= head.threshold
     heads = torch.arange(rates.shape[1], device=rates.device)[:, None, None]
     salt = SELF_KINDS.index(head.kind)
+    assert padding is not None  # _left_padding gives it for every sampled evaluation
     padding = padding.view(-1, 1, 1, 1)
     queries = (rows[:, None] - padding).clamp(min=0)  # (b | 1, 1, r, 1)
     keys = (torch.arange(m, device=rates.device) - padding).clamp(min=0)  # (b | 1, 1, 1, m); pads masked
@@ -257,7 +262,7 @@ def _dense(
         cols = torch.arange(m, device=query.device)
         graph = bernoulli_graph(rates, draw, graphs, rows[:, None], cols)
     else:
-        padding = _left_padding(attention_mask, b, m, query.device)
+        padding = _left_padding(head, module.training, attention_mask, m, query.device)
         graph = _eval_graph(head, rates.detach(), rows, m, padding)
     graph = (graph | _own_keys(n, m, query.device)) & allowed
 
@@ -332,7 +337,7 @@ def _sparse(
     b, h, n, d = query.shape
     m = key.shape[-2]
     device = query.device
-    padding = _left_padding(attention_mask, b, m, device)
+    padding = _left_padding(head, module.training, attention_mask, m, device)
     g, i, j = _sparse_edges(head, module.training, q_members, k_members, m, padding)
     own = torch.arange(n, device=device)
     g = torch.cat([g, torch.arange(b * h, device=device).repeat_interleave(n)])
