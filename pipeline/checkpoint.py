@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,11 @@ def save_checkpoint(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None,
     manifest: dict[str, Any],
+    extra_files: Mapping[str, str] | None = None,
 ) -> None:
     """Save model + tokenizer (None: a model folder without one) + manifest as one atomic folder
-    (safetensors only); non-finite weights (a diverged run) are refused."""
+    (safetensors only), with ``extra_files`` (name → text: a task's card) beside them, listed in the
+    manifest like the rest; non-finite weights (a diverged run) are refused."""
     if (name := first_non_finite(model.state_dict())) is not None:
         raise UserError(f"refusing to save {folder}: the weight {name} holds non-finite values")
     with atomic_path(folder, directory=True) as tmp:
@@ -69,6 +71,8 @@ def save_checkpoint(
         record_attention(Path(tmp) / "config.json", model.config._attn_implementation)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (Path(tmp) / name).write_text(text)
         config = model.config
         described = {
             "architecture": type(model).__name__,

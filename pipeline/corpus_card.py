@@ -1,9 +1,11 @@
 """``corpus.json``: what a prepared corpus folder holds, read by every stage that loads one.
 
-    {"task": "translation" | "lm" | "mlm", "context": null | tokens per block}
+    {"task": "translation" | "lm" | "mlm" | "mqar", "context": null | tokens per block}
 
 A translation corpus holds sentence pairs (``input_ids`` source, ``labels`` target); an lm/mlm corpus
-holds blocks of exactly ``context`` tokens (``input_ids``).
+holds blocks of exactly ``context`` tokens (``input_ids``); an mqar corpus holds examples of exactly
+``context`` tokens (``input_ids``) with the answers to predict (``labels``, causal-LM convention, −100
+elsewhere: :mod:`pipeline.data.mqar_corpus`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from pipeline.atomic import write_json
 from pipeline.errors import UserError
 
 CARD = "corpus.json"
-TASKS = ("translation", "lm", "mlm")
-Task = Literal["translation", "lm", "mlm"]
+TASKS = ("translation", "lm", "mlm", "mqar")
+Task = Literal["translation", "lm", "mlm", "mqar"]
+# the tasks a decoder-only model reads left to right, logit t scored against labels[t + 1]
+CAUSAL_TASKS = ("lm", "mqar")
+# the tasks scored by top-1 accuracy too: a masked token, an associative-recall answer
+ACCURACY_TASKS = ("mlm", "mqar")
 
 
 @dataclass(frozen=True)

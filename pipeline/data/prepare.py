@@ -1,6 +1,7 @@
 """The ``prepare`` stage's corpus from its params section: aligned sentence pairs (translation) or
 fixed-length blocks of long documents (lm, mlm), built by :func:`~pipeline.data.corpus.build_corpus` or
-:func:`~pipeline.data.lm_corpus.build_lm_corpus` from the source the section names."""
+:func:`~pipeline.data.lm_corpus.build_lm_corpus` from the source the section names, or generated recall
+examples (mqar, :func:`~pipeline.data.mqar_corpus.build_mqar_corpus`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from pipeline.data.corpus import build_corpus
 from pipeline.data.lm_corpus import build_lm_corpus
+from pipeline.data.mqar import MqarSpec
+from pipeline.data.mqar_corpus import build_mqar_corpus
 from pipeline.params.prepare import Prepare
 
 
@@ -34,6 +37,16 @@ def source_options(params: Prepare) -> dict:
 
 def prepare_corpus(params: Prepare) -> dict[str, Any]:
     """Build the corpus of ``params.task`` into ``params.out``; returns its statistics."""
+    if params.task == "mqar":
+        mqar = params.mqar
+        spec = MqarSpec(
+            vocab_size=mqar.vocab_size,
+            input_seq_len=mqar.input_seq_len,
+            num_kv_pairs=mqar.num_kv_pairs,
+            power_a=mqar.power_a,
+            random_non_queries=mqar.random_non_queries,
+        )
+        return build_mqar_corpus(params.out, spec=spec, counts=mqar.counts(), seed=params.split_seed)
     shared = {
         "source": params.source,
         "source_options": source_options(params),

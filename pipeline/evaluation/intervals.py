@@ -20,7 +20,8 @@ resamples, equal to summing x over the drawn indices.
   float64 (the integer sums exact), and a resample's score agrees with sacreBLEU's to about 1e-8.
 * Teacher-forced measures are ratios of sums, value = f(Σ_s num_s / Σ_s den_s):
   perplexity = exp(Σ nll / Σ tokens), KL = Σ kl / Σ tokens, agreement = Σ agree / Σ tokens,
-  (mlm) accuracy = Σ correct / Σ tokens.
+  (mlm, mqar) accuracy = Σ correct / Σ tokens; (mqar) accuracy near and far = the same over the answers
+  whose key lies at most, or more than, the split's median distance back.
 
 Intervals are percentile intervals: [q_2.5, q_97.5] of the B resampled values (numpy's default linear
 interpolation between order statistics). A row's entry is ``{"value": v, "ci95": [lo, hi]}`` with v the
@@ -56,6 +57,8 @@ HIGHER_IS_BETTER = {
     "kl": False,
     "agreement": True,
     "accuracy": True,
+    "accuracy_near": True,
+    "accuracy_far": True,
 }
 """Per measure, whether a larger value is better (for :func:`verdict`)."""
 
@@ -85,6 +88,8 @@ RATIOS = {
     "kl": Ratio("kl", "tokens"),
     "agreement": Ratio("agree", "tokens"),
     "accuracy": Ratio("correct", "tokens"),
+    "accuracy_near": Ratio("correct_near", "tokens_near"),
+    "accuracy_far": Ratio("correct_far", "tokens_far"),
 }
 """The teacher-forced measures, each from the per-sentence sums it needs."""
 
@@ -95,7 +100,8 @@ class SystemScores:
 
     ``hypotheses`` are its detokenized outputs (for BLEU/chrF). The arrays are per-sentence sums, each (S,):
     ``nll`` (Σ_t −log q_t(y_t)), ``tokens`` (target tokens scored), ``kl`` (Σ_t KL(p_t ‖ q_t) against the
-    teacher), ``agree`` (Σ_t [argmax q_t = argmax p_t]) and ``correct`` (mlm: masked tokens predicted right).
+    teacher), ``agree`` (Σ_t [argmax q_t = argmax p_t]) and ``correct`` (mlm: masked tokens predicted right;
+    mqar: answers), and for mqar the same two counts over the near and the far answers alone.
     """
 
     hypotheses: Sequence[str] | None = None
@@ -104,6 +110,10 @@ class SystemScores:
     kl: np.ndarray | None = None
     agree: np.ndarray | None = None
     correct: np.ndarray | None = None
+    tokens_near: np.ndarray | None = None
+    correct_near: np.ndarray | None = None
+    tokens_far: np.ndarray | None = None
+    correct_far: np.ndarray | None = None
 
     def sentences(self) -> int:
         """The number of sentences, checked to agree across everything present."""

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import MODEL_SCOPES, attach_predictor
-from pipeline.corpus_card import Task
+from pipeline.corpus_card import ACCURACY_TASKS, Task
 from pipeline.evaluation.intervals import RATIOS, TEACHER, SystemScores, ratio_value
 from pipeline.evaluation.pareto import operating_rows, pareto_front
 from pipeline.metrics.language_model import token_loss
@@ -84,8 +84,8 @@ the intervals of :mod:`pipeline.evaluation.intervals`)."""
 
 def scores_of(sums: dict[str, np.ndarray], task: Task, hypotheses: list[str] | None = None) -> SystemScores:
     """The per-unit sums of :func:`~pipeline.metrics.teacher_forced.unit_sums` (and the hypotheses) as the
-    intervals take them; top-1 accuracy is the mlm task's own measure and is kept for mlm alone."""
-    kept = {name: value for name, value in sums.items() if name != "correct" or task == "mlm"}
+    intervals take them; top-1 accuracy is kept for the tasks it measures (mlm, mqar) alone."""
+    kept = {name: value for name, value in sums.items() if name != "correct" or task in ACCURACY_TASKS}
     return SystemScores(hypotheses=hypotheses, **kept)
 
 

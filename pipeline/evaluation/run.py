@@ -54,7 +54,7 @@ from pipeline.evaluation.student_models import (
     untrained_twin,
 )
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
-from pipeline.metrics.teacher_forced import Scoring, teacher_targets
+from pipeline.metrics.teacher_forced import Scoring, median_gap, teacher_targets
 from pipeline.params.evaluate import Evaluate, Quality
 from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.scoring import Setting
@@ -185,12 +185,14 @@ def task_measures(
     tokenizer: PreTrainedTokenizerBase,
     test: Dataset,
     teacher: PreTrainedModel,
+    far_gap: int | None = None,
 ) -> tuple[Callable, Callable]:
     """(``measure(model)``, ``ensemble(model, samples)``) on ``test`` for ``task``: BLEU by decoding (the
     model's generation config) and the teacher-forced measures against ``teacher``'s targets, computed
-    here once; the teacher, every predictor point and every student are measured by the same one."""
+    here once; the teacher, every predictor point and every student are measured by the same one. mqar's
+    answers whose key lies more than ``far_gap`` back are also counted apart (the far half)."""
     quality = params.quality
-    scoring = Scoring(task, quality.batch_size, mask_id=tokenizer.mask_token_id)
+    scoring = Scoring(task, quality.batch_size, mask_id=tokenizer.mask_token_id, far_gap=far_gap)
     targets = teacher_targets(teacher, test, scoring)
     data = {"test": test, "scoring": scoring, "teacher": targets}
     if task == "translation":
@@ -288,7 +290,9 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> tuple[dict[str, 
         test = test.select(range(min(quality.examples, len(test))))
     if task == "translation":
         decode_like_every_model(model, quality)
-    measure, ensemble = task_measures(params, task, tokenizer, test, model)
+    # mqar: answers whose key is farther back than the test examples' median distance are the far half
+    far_gap = median_gap(test) if task == "mqar" else None
+    measure, ensemble = task_measures(params, task, tokenizer, test, model, far_gap)
     points = choose_points(
         rows,
         kind,
@@ -317,6 +321,7 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> tuple[dict[str, 
         "gold_sparsity_per_layer_head": gold["per_layer_head"],
         "graphs": [row for _, row in [*rows, full]],
         "task": task,
+        **({"far_gap": far_gap} if far_gap is not None else {}),
         "quality": {"teacher": teacher_quality, "points": point_rows, "sentences": len(test)},
         "students": students,
         "speed": speed,

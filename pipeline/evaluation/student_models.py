@@ -33,11 +33,11 @@ from pipeline.attention.loading import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER, SparsefinderHead, attach_sparsefinder
 from pipeline.attention.ssa import ssa_heads
 from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkpoint
-from pipeline.corpus_card import Task
+from pipeline.corpus_card import CAUSAL_TASKS, Task
 from pipeline.errors import UserError
 from pipeline.evaluation.intervals import SystemScores
 from pipeline.evaluation.quality import Measured, point_values, scores_of
-from pipeline.metrics.language_model import block_batches
+from pipeline.metrics.language_model import block_batches, labelled_batches
 from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
 from pipeline.metrics.translation import corpus_bleu, translate_in_order
 from pipeline.par.pattern import attention_share, compact_pattern
@@ -129,8 +129,13 @@ def timing_batches(
     train: Dataset, batch_size: int, count: int, pad_id: int, task: Task
 ) -> list[dict[str, torch.Tensor]]:
     """``count`` training batches of ``batch_size`` from the start of ``train``: padded sentence pairs
-    (length-sorted), or blocks with labels = inputs (every position scored)."""
+    (length-sorted), or blocks with their labels (lm: the inputs, every position scored; mqar: the
+    answers)."""
     rows = train.select(range(min(len(train), batch_size * count)))
+    if task in CAUSAL_TASKS:
+        return [{"input_ids": ids, "labels": labels} for ids, labels in labelled_batches(rows, batch_size)][
+            :count
+        ]
     if task != "translation":
         return [{"input_ids": ids, "labels": ids} for ids in block_batches(rows, batch_size)][:count]
     return [batch for batch, _ in padded_batches(rows, batch_size, pad_id)][:count]

@@ -2,6 +2,8 @@
 
     lm:   loss = mean over blocks and positions t ≥ 1 of −log p(x_t | x_<t)
     mlm:  loss = mean over the chosen positions of −log p(x_t | the block with those positions masked)
+    mqar: loss = mean over the answers (labels y_t ≠ −100) of −log p(y_t | x_<t), accuracy the share of
+          answers whose most likely token is the value
 
 The mlm positions are 15 % of each block's tokens, drawn from a generator seeded with ``seed`` alone and
 all replaced by ``<mask>``, so every model evaluated with one seed is scored on the same positions.
@@ -22,14 +24,26 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from pipeline.attention.recording import attention_layers, capture_attention, layout_kinds, model_layout
 from pipeline.attention.sparsity import attention_sparsity
 from pipeline.attention_kinds import attention_kind
-from pipeline.corpus_card import Task
+from pipeline.corpus_card import ACCURACY_TASKS, Task
 from pipeline.training.trainer import MASKED_FRACTION
 
 
-def block_batches(dataset: Dataset, batch_size: int) -> Iterator[torch.Tensor]:
-    """(B, n) int64 token ids of consecutive blocks (all of one length: no padding)."""
+def block_batches(dataset: Dataset, batch_size: int, column: str = "input_ids") -> Iterator[torch.Tensor]:
+    """(B, n) int64 token ids (or, with ``column`` "labels", an mqar corpus's labels) of consecutive blocks
+    (all of one length: no padding)."""
     for start in range(0, len(dataset), batch_size):
-        yield torch.tensor(dataset[start : start + batch_size]["input_ids"], dtype=torch.long)
+        yield torch.tensor(dataset[start : start + batch_size][column], dtype=torch.long)
+
+
+def labelled_batches(dataset: Dataset, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """((B, n) inputs, (B, n) labels in the causal-LM convention) of consecutive blocks: an mqar corpus's
+    own labels, else the inputs themselves (lm)."""
+    if "labels" not in dataset.column_names:
+        yield from ((ids, ids) for ids in block_batches(dataset, batch_size))
+        return
+    yield from zip(
+        block_batches(dataset, batch_size), block_batches(dataset, batch_size, "labels"), strict=True
+    )
 
 
 def masked_positions(ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -50,18 +64,22 @@ def token_loss(
     seed: int = 0,
 ) -> dict[str, float]:
     """Mean per-token loss, perplexity and tokens scored over ``dataset`` (+ ``accuracy`` for mlm, whose
-    chosen positions read ``mask_id``)."""
+    chosen positions read ``mask_id``, and for mqar)."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     total_nll, total_tokens, correct = 0.0, 0, 0
-    batches = block_batches(dataset, batch_size)
-    for ids in tqdm(batches, total=-(-len(dataset) // batch_size), desc="perplexity", leave=False):
+    batches = labelled_batches(dataset, batch_size)
+    for ids, labels in tqdm(batches, total=-(-len(dataset) // batch_size), desc="perplexity", leave=False):
         if task == "lm":
             logits = model(input_ids=ids.to(device)).logits[
                 :, :-1
             ]  # (B, n − 1, V): position t predicts t + 1
             targets = ids[:, 1:]
+        elif task == "mqar":
+            logits = model(input_ids=ids.to(device)).logits[:, :-1]  # (B, n − 1, V)
+            answered = labels[:, 1:] != -100  # (B, n − 1): the answers, P per example
+            logits, targets = logits[answered.to(device)], labels[:, 1:][answered]
         else:
             chosen = masked_positions(ids, generator)
             logits = model(input_ids=ids.masked_fill(chosen, mask_id).to(device)).logits
@@ -73,7 +91,7 @@ def token_loss(
         correct += int((logits.argmax(-1) == targets).sum())
     loss = total_nll / max(total_tokens, 1)
     measures = {"loss": round(loss, 4), "perplexity": round(math.exp(loss), 4), "tokens": total_tokens}
-    if task == "mlm":
+    if task in ACCURACY_TASKS:
         measures["accuracy"] = round(correct / max(total_tokens, 1), 4)
     return measures
 

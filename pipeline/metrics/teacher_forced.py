@@ -10,7 +10,8 @@ and the teacher's p_t, both given the same inputs:
     correct_s  = Σ_t [argmax_v q_t(v) = y_t]
 
 What is scored per task: translation, every target token given the reference prefix and the source; lm,
-every position t ≥ 1 of a block given x_<t; mlm, the block's chosen positions (15 %, drawn from a generator
+every position t ≥ 1 of a block given x_<t; mqar, the answers alone (each value given the example up
+to its query); mlm, the block's chosen positions (15 %, drawn from a generator
 seeded with ``seed`` in block order, as :func:`pipeline.metrics.language_model.token_loss` draws them), all
 replaced by ``<mask>``, so every model is scored on the same positions.
 
@@ -36,23 +37,28 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from pipeline.corpus_card import Task
-from pipeline.metrics.language_model import block_batches, masked_positions
+from pipeline.corpus_card import CAUSAL_TASKS, Task
+from pipeline.data.mqar import IGNORE, query_gaps
+from pipeline.metrics.language_model import labelled_batches, masked_positions
 from pipeline.metrics.translation import ROW
 from pipeline.training.batches import padded_batches
 
 SUMS = ("nll", "tokens", "correct")
 """The per-unit sums every model gets; with the teacher's targets also ``kl`` and ``agree``."""
+GAP_SUMS = ("tokens_near", "correct_near", "tokens_far", "correct_far")
+"""mqar's answers and right answers counted apart by how far back their key is (``Scoring.far_gap``)."""
 
 
 @dataclass(frozen=True)
 class Scoring:
-    """How a split is scored: its task, the batch size, and for mlm the mask id and the positions' seed."""
+    """How a split is scored: its task, the batch size, for mlm the mask id and the positions' seed, and for
+    mqar the distance ``far_gap`` beyond which an answer's key counts as far (None: no near/far split)."""
 
     task: Task
     batch_size: int
     mask_id: int | None = None
     seed: int = 0
+    far_gap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,11 +94,11 @@ def scored_batches(dataset: Dataset, scoring: Scoring, pad_id: int | None) -> It
         return
     generator = torch.Generator().manual_seed(scoring.seed)
     start = 0
-    for ids in block_batches(dataset, scoring.batch_size):  # (B, n)
+    for ids, labels in labelled_batches(dataset, scoring.batch_size):  # (B, n) each
         rows = np.arange(start, start + len(ids))
         start += len(ids)
-        if scoring.task == "lm":
-            yield Batch({"input_ids": ids}, ids, True, rows)
+        if scoring.task in CAUSAL_TASKS:  # lm: every next token; mqar: the answers alone
+            yield Batch({"input_ids": ids}, labels, True, rows)
         else:
             chosen = masked_positions(ids, generator)  # (B, n) bool
             targets = ids.masked_fill(~chosen, -100)
@@ -113,6 +119,27 @@ def _scored(model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.T
 def _targets(batch: Batch) -> torch.Tensor:
     """(B, L') the targets aligned with :func:`_scored`'s logits (lm: from the second token on)."""
     return batch.targets[:, 1:] if batch.shifted else batch.targets
+
+
+def generator_labels(causal: np.ndarray) -> np.ndarray:
+    """(B, n) mqar labels at the query positions themselves, from the corpus's causal-LM ones (moved one
+    place left; the inverse of :func:`~pipeline.data.mqar_corpus.causal_labels`)."""
+    labels = np.full_like(causal, IGNORE)
+    labels[:, :-1] = causal[:, 1:]
+    return labels
+
+
+def answer_gaps(batch: Batch) -> np.ndarray:
+    """(B, P) for each answer of an mqar batch, in position order (the order :func:`_scored` scores them),
+    how far back the first occurrence of its key is."""
+    return query_gaps(batch.inputs["input_ids"].numpy(), generator_labels(batch.targets.numpy()))
+
+
+def median_gap(dataset: Dataset) -> int:
+    """The median distance back to the key over every answer of an mqar split: answers farther than it are
+    the far half."""
+    inputs = np.asarray(dataset["input_ids"], dtype=np.int64)
+    return int(np.median(query_gaps(inputs, generator_labels(np.asarray(dataset["labels"], dtype=np.int64)))))
 
 
 def _batch_count(units: int, scoring: Scoring) -> int:
@@ -142,7 +169,8 @@ def unit_sums(
         raise ValueError(f"the teacher's targets were scored as {teacher.scoring}, not {scoring}")
     model.eval()
     size = len(dataset)
-    sums = {name: np.zeros(size) for name in (*SUMS, *(("kl", "agree") if teacher else ()))}
+    names = (*SUMS, *(("kl", "agree") if teacher else ()), *(GAP_SUMS if scoring.far_gap is not None else ()))
+    sums = {name: np.zeros(size) for name in names}
     batches = scored_batches(dataset, scoring, model.config.pad_token_id)
     for at, batch in enumerate(tqdm(batches, total=_batch_count(size, scoring), desc="scored", leave=False)):
         log_q, scored = _scored(model, batch)  # (N, V), (B, L)
@@ -152,6 +180,10 @@ def unit_sums(
         values = {"nll": -log_q.gather(-1, target[:, None]).squeeze(-1)}  # each (N,)
         predicted = log_q.argmax(-1)
         values |= {"tokens": torch.ones_like(target), "correct": predicted == target}
+        if scoring.far_gap is not None:
+            far = torch.from_numpy(answer_gaps(batch).reshape(-1) > scoring.far_gap)  # (N,)
+            values |= {"tokens_far": far, "correct_far": far & values["correct"]}
+            values |= {"tokens_near": ~far, "correct_near": ~far & values["correct"]}
         if teacher is not None:
             log_p = teacher.log_probs[at]  # (N, V)
             if log_p.shape != log_q.shape:

@@ -1,6 +1,6 @@
-"""Language models of the block tasks, built from scratch: a Llama decoder (``lm``: causal, rotary
-positions, grouped keys off) or a ModernBERT encoder (``mlm``: bidirectional, rotary positions, pre-LayerNorm,
-masked tokens).
+"""Language models of the block tasks, built from scratch: a Llama decoder (``lm`` and ``mqar``: causal,
+rotary positions, grouped keys off) or a ModernBERT encoder (``mlm``: bidirectional, rotary positions,
+pre-LayerNorm, masked tokens).
 
 Both take their sizes from the pretrain section's model shape: the decoder-only LM has
 ``decoder_layers`` layers, the encoder-only MLM ``encoder_layers``; ``max_positions`` must cover the
@@ -26,6 +26,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from pipeline.corpus_card import CAUSAL_TASKS
 from pipeline.models.seeding import built_with_seed
 from pipeline.params.training import ModelShape
 
@@ -33,8 +34,9 @@ from pipeline.params.training import ModelShape
 def build_language_model(
     task: str, shape: ModelShape, vocab_size: int, *, pad_id: int, eos_id: int, seed: int
 ) -> PreTrainedModel:
-    """A fresh model of ``task`` ("lm" or "mlm"), its weights drawn from ``seed``."""
-    if task == "lm":
+    """A fresh model of ``task`` ("lm" or "mqar": a decoder; "mlm": an encoder), its weights drawn from
+    ``seed``."""
+    if task in CAUSAL_TASKS:
         config = LlamaConfig(
             vocab_size=vocab_size,
             hidden_size=shape.d_model,
@@ -71,7 +73,7 @@ def build_language_model(
             tie_word_embeddings=True,
         )
         return built_with_seed(seed, lambda: ModernBertForMaskedLM(config))
-    raise ValueError(f"task {task!r} has no language model; allowed: lm, mlm")
+    raise ValueError(f"task {task!r} has no language model; allowed: lm, mlm, mqar")
 
 
 def max_context(model: PreTrainedModel) -> int | None:

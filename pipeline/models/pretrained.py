@@ -12,7 +12,12 @@ from transformers import (
 from pipeline.checkpoint import load_config
 from pipeline.corpus_card import Task
 
-AUTO_CLASSES = {"translation": AutoModelForSeq2SeqLM, "lm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM}
+AUTO_CLASSES = {
+    "translation": AutoModelForSeq2SeqLM,
+    "lm": AutoModelForCausalLM,
+    "mlm": AutoModelForMaskedLM,
+    "mqar": AutoModelForCausalLM,
+}
 
 
 def load_pretrained(

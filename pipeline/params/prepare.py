@@ -49,15 +49,38 @@ class HubSource(Section):
         return self
 
 
+class MqarSource(Section):
+    """Multi-query associative recall (:mod:`pipeline.data.mqar`): Zoology's ``multiquery_ar`` arguments and
+    the examples per split. ``vocab_size`` must exceed ``input_seq_len`` (as Zoology asserts); 8192 as
+    published. The spec's own checks (:class:`~pipeline.data.mqar.MqarSpec`) run before any example is
+    generated."""
+
+    vocab_size: Vocabulary = 8192
+    input_seq_len: Context = 512
+    num_kv_pairs: Annotated[int, Field(ge=1)] = 32
+    power_a: Annotated[float, Field(gt=0.0)] = 0.01
+    random_non_queries: bool = True
+    train_examples: Examples = 20000
+    valid_examples: Examples = 256
+    test_examples: Examples = 256
+
+    def counts(self) -> dict[str, int]:
+        """Examples per split."""
+        return {"train": self.train_examples, "valid": self.valid_examples, "test": self.test_examples}
+
+
 class Prepare(Section):
     """A translation corpus of sentence pairs, or (``task`` lm / mlm) a corpus of ``context``-token blocks
-    cut from long documents: chapters of ``sword.modules``, or the articles of ``hf.text_column``."""
+    cut from long documents: chapters of ``sword.modules``, or the articles of ``hf.text_column``, or
+    (``task`` mqar) generated recall examples, their length, vocabulary and seeds from ``mqar`` and
+    ``split_seed`` (``source``, ``vocab_size`` and ``context`` are not read)."""
 
-    task: Literal["translation", "lm", "mlm"] = "translation"
+    task: Literal["translation", "lm", "mlm", "mqar"] = "translation"
     source: Literal["sword", "text", "hf"] = "sword"
     sword: SwordSource = SwordSource()
     text: TextSource | None = None
     hf: HubSource | None = None
+    mqar: MqarSource = MqarSource()
     src_lang: str = "en"
     tgt_lang: str = "es"
     valid_fraction: Fraction = 0.02
@@ -84,6 +107,8 @@ class Prepare(Section):
             raise ValueError(f"min_length {self.min_length} exceeds max_length {self.max_length}")
         if self.valid_fraction + self.test_fraction >= 1.0:
             raise ValueError("valid_fraction + test_fraction must leave room for training data")
+        if self.task == "mqar":
+            return self
         if self.task != "translation" and self.source == "text":
             raise ValueError(f"source 'text' reads sentence pairs; allowed for task {self.task!r}: sword, hf")
         if self.task != "translation" and self.source == "hf" and self.hf.text_column is None:

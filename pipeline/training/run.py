@@ -26,6 +26,7 @@ from pipeline.atomic import atomic_path, staged_outputs
 from pipeline.attention.sparsity import collect_marian_sparsity
 from pipeline.checkpoint import load_auto_tokenizer, save_checkpoint, seed_path
 from pipeline.corpus_card import CorpusCard, Task, read_corpus_card
+from pipeline.data.mqar_card import MQAR_CARD, mqar_card_text
 from pipeline.errors import UserError, writing
 from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.language_model import evaluate_language_model
@@ -246,7 +247,7 @@ def train_and_evaluate(
         }
         measured = save_and_measure(params.out, params, model, tokenizer, data, manifest, task=task)
         # a model that learned nothing beyond token frequencies is refused before anyone extracts from it
-        labels = data["train"]["labels" if task == "translation" else "input_ids"]
+        labels = data["train"]["labels" if task in ("translation", "mqar") else "input_ids"]
         entropy = unigram_entropy(labels, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id)
         measured["unigram_entropy"] = round(entropy, 4)
         if params.unigram_margin is not None:
@@ -322,7 +323,8 @@ def save_and_measure(
     if task == "translation":
         set_generation(model, params.eval)
     with writing(f"the checkpoint {params.out}"):
-        save_checkpoint(folder, model, tokenizer, manifest)
+        extra = {MQAR_CARD: mqar_card_text(params.data)} if task == "mqar" else None
+        save_checkpoint(folder, model, tokenizer, manifest, extra)
     if task == "translation":
         return evaluate_translation(model, tokenizer, data, params.eval)
     settings = params.eval

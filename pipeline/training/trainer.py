@@ -38,6 +38,7 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
+    default_data_collator,
 )
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -311,12 +312,15 @@ def batching(
 
     translation: source ids and labels, padded (labels by −100). lm: blocks, labels = inputs (the model
     shifts them). mlm: blocks with ``mask_fraction`` of the tokens chosen (80 % of those become ``<mask>``,
-    10 % a random token, 10 % stay), labels there only.
+    10 % a random token, 10 % stay), labels there only. mqar: examples and their own labels (already in
+    the convention the model shifts), all of one length, stacked as they are.
     """
     if task == "translation":
         return ["input_ids", "labels"], DataCollatorForSeq2Seq(
             tokenizer, model=model, label_pad_token_id=-100
         )
+    if task == "mqar":
+        return ["input_ids", "labels"], default_data_collator
     return ["input_ids"], DataCollatorForLanguageModeling(
         tokenizer, mlm=task == "mlm", mlm_probability=mask_fraction
     )

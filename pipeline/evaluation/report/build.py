@@ -13,6 +13,7 @@ from pipeline.evaluation.report.indexer import indexer_table
 from pipeline.evaluation.report.methods import method_table
 from pipeline.evaluation.report.points import student_rows
 from pipeline.evaluation.report.quality import quality_table
+from pipeline.evaluation.report.recall import recall_section
 from pipeline.evaluation.report.speed import speed_table
 from pipeline.evaluation.report.students import students_section
 from pipeline.params.report import Tolerances
@@ -45,6 +46,9 @@ def build_report(
             "## Evidence",
             evidence_section(evaluation["evidence"], tolerances),
         ]
+    recall = recall_section(evaluation, tolerances)
+    if recall:
+        sections += ["## Associative recall by query distance", recall]
     sections += [
         "## Sparsity and recall per method",
         method_table(evaluation, sparsity_levels, recall_target),

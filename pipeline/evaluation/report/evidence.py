@@ -22,6 +22,12 @@ KINDS = {"teacher": "teacher", "point": "predicted graph", "student": "student"}
 KINDS |= {"untrained": "student before fine-tuning", "ensemble": "self-ensemble"}
 
 
+def row_head(row: Mapping) -> list[str]:
+    """An evidence row's first cells: its name, its kind, the sparsity and the graph recall it ran at."""
+    kind = KINDS.get(row["kind"], row["kind"])
+    return [cell(row["name"]), kind, num(row.get("sparsity"), 3), num(row.get("recall"), 3)]
+
+
 def measures_of(evidence: dict) -> list[str]:
     """The measures the evidence holds, in :data:`MEASURES` order (those of its first row, the teacher)."""
     first = evidence["rows"][0]
@@ -112,10 +118,7 @@ def evidence_section(evidence: dict, tolerances: Mapping[str, float]) -> str:
         lines.append(
             table_row(
                 [
-                    cell(row["name"]),
-                    KINDS.get(row["kind"], row["kind"]),
-                    num(row.get("sparsity"), 3),
-                    num(row.get("recall"), 3),
+                    *row_head(row),
                     *(value_text(row[key], key) if key in row else DASH for key in keys),
                     *(difference_text(versus[key], key) if key in versus else DASH for key in compared),
                     verdicts(versus, judged, tolerances),

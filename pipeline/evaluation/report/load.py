@@ -31,6 +31,8 @@ def load_evaluation(path: str | os.PathLike, timings: str | os.PathLike | None =
     if task not in TASK_SCORES:
         raise UserError(f"{path}: task = {task!r} is not one of {', '.join(TASK_SCORES)}")
     scored = tuple(score.key for score in TASK_SCORES[task])
+    if task == "mqar" and not (isinstance(evaluation.get("far_gap"), int) and evaluation["far_gap"] >= 1):
+        raise UserError(f"{path}: an mqar evaluation needs 'far_gap' (an int >= 1); run evaluate again")
     graphs = evaluation["graphs"]
     if not isinstance(graphs, list) or not graphs:
         raise UserError(f"{path}: 'graphs' must be a non-empty list of graph settings")

@@ -1,5 +1,6 @@
-"""The task's quality measures (BLEU and perplexity for translation; perplexity, and accuracy for mlm, for
-the block tasks) and the words for how a model is run to measure them."""
+"""The task's quality measures (BLEU and perplexity for translation; perplexity for lm; perplexity and
+accuracy for mlm; accuracy, then perplexity, at the answers of mqar) and the words for how a model is run
+to measure them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ BLEU = Score("bleu", "BLEU", "BLEU", 2, True)
 PERPLEXITY = Score("perplexity", "perplexity", "ppl", 2, False)
 ACCURACY = Score("accuracy", "accuracy", "acc", 3, True)
 # per task, its measures, the one that ranks first (an evaluation without a task is a translation one)
-TASK_SCORES = {"translation": (BLEU, PERPLEXITY), "lm": (PERPLEXITY,), "mlm": (PERPLEXITY, ACCURACY)}
+TASK_SCORES = {
+    "translation": (BLEU, PERPLEXITY),
+    "lm": (PERPLEXITY,),
+    "mlm": (PERPLEXITY, ACCURACY),
+    "mqar": (ACCURACY, PERPLEXITY),
+}
 
 
 def task_scores(evaluation: dict) -> tuple[Score, ...]:
