@@ -20,6 +20,9 @@ from pipeline.atomic import write_json
 from pipeline.errors import UserError
 
 CARD = "corpus.json"
+# an mqar corpus's task card (:mod:`pipeline.data.mqar_card`), carried by every model trained on it or
+# configured from one
+MQAR_CARD = "mqar.json"
 TASKS = ("translation", "lm", "mlm", "mqar")
 Task = Literal["translation", "lm", "mlm", "mqar"]
 # the tasks a decoder-only model reads left to right, logit t scored against labels[t + 1]

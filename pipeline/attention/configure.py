@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -30,6 +31,7 @@ from pipeline.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from pipeline.corpus_card import MQAR_CARD
 from pipeline.errors import UserError
 from pipeline.origin import Origin
 from pipeline.predictors.base import Predictor, make_predictor
@@ -162,10 +164,13 @@ def write_configured(
     )
     spec = model.config.sparsefinder
     parent = read_manifest(teacher)
+    # the task card of an mqar teacher goes with it, so the configured model can be scored the same way
+    card = Path(teacher) / MQAR_CARD
     save_checkpoint(
         out,
         model,
         tokenizer,
         {"stage": "configure", "teacher": teacher, "teacher_manifest": parent, SPARSEFINDER: spec},
+        {MQAR_CARD: card.read_text()} if card.is_file() else None,
     )
     return model

@@ -3,6 +3,7 @@
 sparsefinder params [--params FILE]        validate a params file as every stage will, before any work
 sparsefinder inspect FOLDER [...]          summarise, verify or draw a graph store
 sparsefinder configure TEACHER OUT [...]   write a model that attends over a predictor's graph
+sparsefinder score MODEL [...]             a saved mqar model's accuracy on fresh examples
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from types import ModuleType
 
 from pipeline.cli.configure import add_configure_parser
 from pipeline.cli.inspect import add_inspect_parser
+from pipeline.cli.score import add_score_parser
 from pipeline.errors import exits_cleanly
 from pipeline.params.sections import load_all
 
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_inspect_parser(commands)
     add_configure_parser(commands)
+    add_score_parser(commands)
 
     args = parser.parse_args(argv)
     return args.run(args)

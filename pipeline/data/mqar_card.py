@@ -15,22 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.corpus_card import MQAR_CARD
 from pipeline.data.mqar import SPLITS, MqarSpec, split_seeds
 from pipeline.errors import UserError
 
-MQAR_CARD = "mqar.json"
 
-
-def mqar_card(spec: MqarSpec, seed: int, counts: dict[str, int]) -> dict[str, Any]:
+def mqar_card(
+    spec: MqarSpec, seed: int, counts: dict[str, int], mixture: list[dict[str, int]] | None = None
+) -> dict[str, Any]:
     """``mqar.json``: the spec (Zoology's argument names), the id shift (none), and each split's seed and
-    size, so anyone can generate more examples of the task, or the same ones again."""
+    size (and a training mixture's parts), so anyone can generate more examples of the task, or the same
+    ones again."""
     seeds = split_seeds(seed)
-    return {
-        **spec.to_json(),
-        "token_offset": 0,
-        "seed": seed,
-        "splits": {name: {"seed": seeds[name], "examples": counts[name]} for name in SPLITS},
+    splits: dict[str, dict[str, Any]] = {
+        name: {"seed": seeds[name], "examples": counts[name]} for name in SPLITS
     }
+    if mixture:
+        splits["train"]["mixture"] = mixture
+    return {**spec.to_json(), "token_offset": 0, "seed": seed, "splits": splits}
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class MqarCard:
     spec: MqarSpec
     token_offset: int
     seed: int
-    splits: dict[str, dict[str, int]]
+    splits: dict[str, dict[str, Any]]
 
 
 def read_mqar_card(folder: str | os.PathLike, key: str) -> MqarCard:

@@ -66,40 +66,71 @@ def mqar_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def _fingerprint(corpus: datasets.DatasetDict) -> str:
-    """sha256 over every split's inputs and labels: equal corpora, equal fingerprints."""
+    """sha256 over every split's inputs and labels, row by row: equal corpora, equal fingerprints."""
     digest = hashlib.sha256()
     for name in SPLITS:
         digest.update(name.encode())
-        digest.update(np.asarray(corpus[name]["input_ids"], dtype=np.int64).tobytes())
-        digest.update(np.asarray(corpus[name]["labels"], dtype=np.int64).tobytes())
+        for ids, labels in zip(corpus[name]["input_ids"], corpus[name]["labels"], strict=True):
+            digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+            digest.update(np.asarray(labels, dtype=np.int64).tobytes())
     return digest.hexdigest()
 
 
+def part_seeds(seed: int, count: int) -> list[int]:
+    """Seeds of the ``count`` parts of a training mixture drawn from the train split's ``seed``: the first
+    64-bit word of each of the first ``count`` children of ``np.random.SeedSequence(seed)``."""
+    return [int(c.generate_state(1, np.uint64)[0]) for c in np.random.SeedSequence(seed).spawn(count)]
+
+
+def _examples(name: str, parts: list[tuple[MqarSpec, int, int]]) -> datasets.Dataset:
+    """The rows of ``parts`` ((spec, count, seed) each), part after part, ids ``name-index``."""
+    inputs, labels = [], []
+    for spec, count, seed in parts:
+        part_inputs, part_labels = generate(spec, count, seed)  # (n, T) each
+        inputs += part_inputs.tolist()
+        labels += causal_labels(part_labels).tolist()
+    rows = {"id": [f"{name}-{index}" for index in range(len(inputs))], "input_ids": inputs, "labels": labels}
+    return datasets.Dataset.from_dict(rows, features=MQAR_FEATURES)
+
+
 def build_mqar_corpus(
-    out_dir: str | os.PathLike, *, spec: MqarSpec, counts: dict[str, int], seed: int
+    out_dir: str | os.PathLike,
+    *,
+    spec: MqarSpec,
+    counts: dict[str, int],
+    seed: int,
+    mixture: list[tuple[int, int, int]] | None = None,
 ) -> dict[str, Any]:
     """Generate ``counts[split]`` examples of ``spec`` per split (seeds from :func:`split_seeds` of
-    ``seed``) into ``out_dir``; returns the corpus statistics (JSON-ready)."""
+    ``seed``) into ``out_dir``; returns the corpus statistics (JSON-ready).
+
+    ``mixture`` ((input_seq_len, num_kv_pairs, examples) per part) makes the train split a mixture of such
+    examples instead (``counts["train"]`` unread), the task otherwise ``spec``'s, each part from its own seed (:func:`part_seeds`)."""
     seeds = split_seeds(seed)
+    plans = {name: [(spec, counts[name], seeds[name])] for name in SPLITS}
+    parts = None
+    if mixture:
+        shape = {"power_a": spec.power_a, "random_non_queries": spec.random_non_queries}
+        part_specs = [MqarSpec(spec.vocab_size, length, pairs, **shape) for length, pairs, _ in mixture]
+        counted = [examples for _, _, examples in mixture]
+        counts = {**counts, "train": sum(counted)}
+        plans["train"] = list(zip(part_specs, counted, part_seeds(seeds["train"], len(mixture)), strict=True))
+        parts = [
+            {"input_seq_len": s.input_seq_len, "num_kv_pairs": s.num_kv_pairs, "examples": n, "seed": p}
+            for s, n, p in plans["train"]
+        ]
     encoded, stats = {}, {}
     for name in SPLITS:
-        inputs, labels = generate(spec, counts[name], seeds[name])  # (n, T) each
-        encoded[name] = datasets.Dataset.from_dict(
-            {
-                "id": [f"{name}-{index}" for index in range(len(inputs))],
-                "input_ids": inputs.tolist(),
-                "labels": causal_labels(labels).tolist(),
-            },
-            features=MQAR_FEATURES,
-        )
-        stats[name] = {"examples": len(inputs), "answers": int((labels != IGNORE).sum())}
+        encoded[name] = _examples(name, plans[name])
+        answers = sum(sum(label != IGNORE for label in row) for row in encoded[name]["labels"])
+        stats[name] = {"examples": len(encoded[name]), "answers": int(answers)}
     corpus = datasets.DatasetDict(encoded)
     tokenizer = mqar_tokenizer(spec.vocab_size)
     with atomic_path(out_dir, directory=True) as tmp:
         corpus.save_to_disk(os.fspath(tmp))
         tokenizer.save_pretrained(os.fspath(tmp / TOKENIZER_DIR))
         write_corpus_card(tmp, task="mqar", context=spec.input_seq_len)
-        write_json(tmp / MQAR_CARD, mqar_card(spec, seed, counts))
+        write_json(tmp / MQAR_CARD, mqar_card(spec, seed, counts, parts))
     return {
         "task": "mqar",
         **spec.to_json(),

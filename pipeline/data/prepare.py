@@ -46,7 +46,10 @@ def prepare_corpus(params: Prepare) -> dict[str, Any]:
             power_a=mqar.power_a,
             random_non_queries=mqar.random_non_queries,
         )
-        return build_mqar_corpus(params.out, spec=spec, counts=mqar.counts(), seed=params.split_seed)
+        mixture = [(p.input_seq_len, p.num_kv_pairs, p.examples) for p in mqar.train_mixture or ()]
+        return build_mqar_corpus(
+            params.out, spec=spec, counts=mqar.counts(), seed=params.split_seed, mixture=mixture or None
+        )
     shared = {
         "source": params.source,
         "source_options": source_options(params),

@@ -131,7 +131,12 @@ def timing_batches(
     """``count`` training batches of ``batch_size`` from the start of ``train``: padded sentence pairs
     (length-sorted), or blocks with their labels (lm: the inputs, every position scored; mqar: the
     answers)."""
-    rows = train.select(range(min(len(train), batch_size * count)))
+    chosen = range(min(len(train), batch_size * count))
+    if task == "mqar":  # a training mixture's rows differ in length: time the longest, the test examples'
+        lengths = [len(ids) for ids in train["input_ids"]]
+        longest = max(lengths)
+        chosen = [row for row, length in enumerate(lengths) if length == longest][: batch_size * count]
+    rows = train.select(chosen)
     if task in CAUSAL_TASKS:
         return [{"input_ids": ids, "labels": labels} for ids, labels in labelled_batches(rows, batch_size)][
             :count

@@ -49,6 +49,15 @@ class HubSource(Section):
         return self
 
 
+class MqarPart(Section):
+    """One part of a training mixture: examples of another length and pair count, the task otherwise the
+    same (vocabulary, power law, filler)."""
+
+    input_seq_len: Context
+    num_kv_pairs: Annotated[int, Field(ge=1)]
+    examples: Examples
+
+
 class MqarSource(Section):
     """Multi-query associative recall (:mod:`pipeline.data.mqar`): Zoology's ``multiquery_ar`` arguments and
     the examples per split. ``vocab_size`` must exceed ``input_seq_len`` (as Zoology asserts); 8192 as
@@ -61,12 +70,30 @@ class MqarSource(Section):
     power_a: Annotated[float, Field(gt=0.0)] = 0.01
     random_non_queries: bool = True
     train_examples: Examples = 20000
+    # Zoology trains on a mixture of shorter, easier examples and tests on long ones; each part at most
+    # input_seq_len long (null: train_examples of the spec itself)
+    train_mixture: Annotated[list[MqarPart], Field(min_length=1)] | None = None
     valid_examples: Examples = 256
     test_examples: Examples = 256
 
+    @model_validator(mode="after")
+    def _one_training_set(self) -> MqarSource:
+        if self.train_mixture is not None and "train_examples" in self.model_fields_set:
+            raise ValueError("set train_examples or train_mixture, not both")
+        for part in self.train_mixture or ():
+            if part.input_seq_len > self.input_seq_len:
+                raise ValueError(
+                    f"train_mixture part of input_seq_len {part.input_seq_len} is longer than the "
+                    f"test examples' {self.input_seq_len}; allowed: at most {self.input_seq_len}"
+                )
+        return self
+
     def counts(self) -> dict[str, int]:
         """Examples per split."""
-        return {"train": self.train_examples, "valid": self.valid_examples, "test": self.test_examples}
+        train = (
+            sum(part.examples for part in self.train_mixture) if self.train_mixture else self.train_examples
+        )
+        return {"train": train, "valid": self.valid_examples, "test": self.test_examples}
 
 
 class Prepare(Section):

@@ -25,8 +25,8 @@ import pipeline.attention  # noqa: F401  (registers the attention implementation
 from pipeline.atomic import atomic_path, staged_outputs
 from pipeline.attention.sparsity import collect_marian_sparsity
 from pipeline.checkpoint import load_auto_tokenizer, save_checkpoint, seed_path
-from pipeline.corpus_card import CorpusCard, Task, read_corpus_card
-from pipeline.data.mqar_card import MQAR_CARD, mqar_card_text
+from pipeline.corpus_card import MQAR_CARD, CorpusCard, Task, read_corpus_card
+from pipeline.data.mqar_card import mqar_card_text
 from pipeline.errors import UserError, writing
 from pipeline.fingerprint import folder_sha256, value_sha256
 from pipeline.metrics.language_model import evaluate_language_model

@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from pickle import UnpicklingError  # torch.load(weights_only=True) refuses a pickle with it
 from typing import Any
@@ -38,7 +39,6 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
-    default_data_collator,
 )
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -302,6 +302,20 @@ class FiniteLoss(TrainerCallback):
                 require_finite(float(logs[key]), f"training ({key})", state.global_step)
 
 
+def right_padded(features: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """(B, n) ``input_ids`` and ``labels`` of examples of up to n tokens, padded after their end with
+    ``pad_id`` and −100. No attention mask: under causal attention no real position sees the padding after
+    it, and padding is never scored."""
+    width = max(len(feature["input_ids"]) for feature in features)
+    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(features), width), -100, dtype=torch.long)
+    for row, feature in enumerate(features):
+        length = len(feature["input_ids"])
+        ids[row, :length] = torch.as_tensor(feature["input_ids"])
+        labels[row, :length] = torch.as_tensor(feature["labels"])
+    return {"input_ids": ids, "labels": labels}
+
+
 def batching(
     task: Task,
     tokenizer: PreTrainedTokenizerBase,
@@ -313,14 +327,14 @@ def batching(
     translation: source ids and labels, padded (labels by −100). lm: blocks, labels = inputs (the model
     shifts them). mlm: blocks with ``mask_fraction`` of the tokens chosen (80 % of those become ``<mask>``,
     10 % a random token, 10 % stay), labels there only. mqar: examples and their own labels (already in
-    the convention the model shifts), all of one length, stacked as they are.
+    the convention the model shifts), right-padded to the batch's longest (:func:`right_padded`).
     """
     if task == "translation":
         return ["input_ids", "labels"], DataCollatorForSeq2Seq(
             tokenizer, model=model, label_pad_token_id=-100
         )
     if task == "mqar":
-        return ["input_ids", "labels"], default_data_collator
+        return ["input_ids", "labels"], partial(right_padded, pad_id=tokenizer.pad_token_id)
     return ["input_ids"], DataCollatorForLanguageModeling(
         tokenizer, mlm=task == "mlm", mlm_probability=mask_fraction
     )

@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.corpus_card import read_corpus_card
+from pipeline.corpus_card import MQAR_CARD, read_corpus_card
 from pipeline.data.mqar import IGNORE, MqarSpec, generate, query_gaps, split_seeds
-from pipeline.data.mqar_card import MQAR_CARD, mqar_card_text, read_mqar_card
+from pipeline.data.mqar_card import mqar_card_text, read_mqar_card
 from pipeline.data.mqar_corpus import build_mqar_corpus, causal_labels, mqar_tokenizer
 from pipeline.errors import UserError
 from pipeline.metrics.language_model import token_loss
 from pipeline.metrics.teacher_forced import Scoring, median_gap, unit_sums
 from pipeline.params.sections import validate_section
 from pipeline.training.run import load_corpus
+from pipeline.training.trainer import right_padded
 
 SPEC = MqarSpec(vocab_size=64, input_seq_len=32, num_kv_pairs=4)
 COUNTS = {"train": 20, "valid": 6, "test": 5}
@@ -169,3 +170,45 @@ def test_params_name_the_mqar_task_and_refuse_a_bad_size() -> None:
     assert section.mqar.counts() == {"train": 20000, "valid": 256, "test": 256}
     with pytest.raises(UserError, match="num_kv_pairs"):
         validate_section("prepare", {"task": "mqar", "mqar": {"num_kv_pairs": 0}})
+
+
+def test_a_training_mixture_holds_each_part_from_its_own_seed(tmp_path) -> None:
+    mixture = [(16, 2, 6), (32, 4, 3)]
+    build_mqar_corpus(tmp_path / "mix", spec=SPEC, counts=COUNTS, seed=3, mixture=mixture)
+    data, _ = load_corpus(str(tmp_path / "mix"), tasks=("mqar",))
+    card = read_mqar_card(tmp_path / "mix", "data")
+    parts = card.splits["train"]["mixture"]
+    assert [(p["input_seq_len"], p["num_kv_pairs"], p["examples"]) for p in parts] == mixture
+    assert card.splits["train"]["examples"] == 9 and len({p["seed"] for p in parts}) == 2
+    assert [len(ids) for ids in data["train"]["input_ids"]] == [16] * 6 + [32] * 3
+    short = MqarSpec(vocab_size=64, input_seq_len=16, num_kv_pairs=2)
+    inputs, labels = generate(short, 6, parts[0]["seed"])
+    assert np.array_equal(np.asarray(data["train"]["input_ids"][:6]), inputs)
+    assert np.array_equal(np.asarray(data["train"]["labels"][:6]), causal_labels(labels))
+    # valid and test keep the spec's own length
+    assert {len(ids) for ids in data["test"]["input_ids"]} == {SPEC.input_seq_len}
+
+
+def test_a_mixture_part_longer_than_the_test_examples_is_refused() -> None:
+    mqar = {
+        "input_seq_len": 64,
+        "num_kv_pairs": 4,
+        "train_mixture": [{"input_seq_len": 128, "num_kv_pairs": 4, "examples": 8}],
+    }
+    with pytest.raises(UserError, match="at most 64"):
+        validate_section("prepare", {"task": "mqar", "mqar": mqar})
+    both = {
+        **mqar,
+        "train_mixture": [{"input_seq_len": 32, "num_kv_pairs": 4, "examples": 8}],
+        "train_examples": 5,
+    }
+    with pytest.raises(UserError, match="not both"):
+        validate_section("prepare", {"task": "mqar", "mqar": both})
+
+
+def test_batches_of_mixed_lengths_are_padded_after_their_end_and_never_scored() -> None:
+    features = [{"input_ids": [5, 6, 7], "labels": [-100, 9, -100]}, {"input_ids": [8], "labels": [-100]}]
+    batch = right_padded(features, pad_id=99)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 99, 99]]
+    assert batch["labels"].tolist() == [[-100, 9, -100], [-100, -100, -100]]
+    assert set(batch) == {"input_ids", "labels"}
