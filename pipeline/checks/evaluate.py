@@ -124,7 +124,7 @@ class EvaluateInputs(StageInputs):
         if task == "translation" and params.speed.contexts:
             raise UserError(
                 f"evaluate.speed.contexts = {params.speed.contexts}: {params.data} holds sentence pairs, "
-                "not long sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
+                "not long sequences; allowed: [] (or a corpus of prepare.task lm, mlm or mqar)"
             )
 
     def check_positions(self) -> None:

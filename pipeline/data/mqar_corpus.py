@@ -105,7 +105,8 @@ def build_mqar_corpus(
     ``seed``) into ``out_dir``; returns the corpus statistics (JSON-ready).
 
     ``mixture`` ((input_seq_len, num_kv_pairs, examples) per part) makes the train split a mixture of such
-    examples instead (``counts["train"]`` unread), the task otherwise ``spec``'s, each part from its own seed (:func:`part_seeds`)."""
+    examples instead (``counts["train"]`` unread), the task otherwise ``spec``'s, each part from its own
+    seed (:func:`part_seeds`)."""
     seeds = split_seeds(seed)
     plans = {name: [(spec, counts[name], seeds[name])] for name in SPLITS}
     parts = None

@@ -102,6 +102,8 @@ def row_facts(evaluation: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "sparsity": point["graph_sparsity"] if sparsity is None else sparsity,
             "recall": point["graph_recall"],
         }
+        if "answer_recall" in point:  # mqar
+            facts[point["label"]]["answer_recall"] = point["answer_recall"]
     for row in evaluation["students"]:
         name = row["student"]
         facts[name] = {"kind": "student", "sparsity": row["sparsity"], "recall": None}

@@ -230,6 +230,8 @@ def quality_sweep(
                 **identity,
                 "graph_sparsity": graph_row["sparsity"],
                 "graph_recall": graph_row["recall"],
+                # mqar: the recall over the answer rows alone
+                **({"answer_recall": graph_row["answer_recall"]} if "answer_recall" in graph_row else {}),
                 **quality,
             }
         )

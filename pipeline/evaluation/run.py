@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -33,6 +34,8 @@ from pipeline.attention.sparsefinder import SPARSEFINDER
 from pipeline.checkpoint import load_auto_tokenizer, loading
 from pipeline.checks.evaluate import EvaluateInputs
 from pipeline.corpus_card import TASKS, Task
+from pipeline.data.mqar import IGNORE
+from pipeline.errors import UserError
 from pipeline.evaluation.evidence import Evidence, gather_evidence
 from pipeline.evaluation.intervals import SystemScores
 from pipeline.evaluation.quality import (
@@ -54,6 +57,7 @@ from pipeline.evaluation.student_models import (
     untrained_twin,
 )
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
+from pipeline.graphs.store import GraphStore
 from pipeline.metrics.teacher_forced import Scoring, median_gap, teacher_targets
 from pipeline.params.evaluate import Evaluate, Quality
 from pipeline.predictors.indexer import IndexerPredictor
@@ -62,11 +66,32 @@ from pipeline.predictors.window import WindowPredictor
 from pipeline.training.run import data_for_model, prepared_corpus
 
 
+def answer_rows(store: GraphStore, split: Dataset) -> dict[int, np.ndarray]:
+    """mqar: each stored sentence's answer positions (by store index), (n,) bool: the query rows whose next
+    label is an answer, read from the ``split`` row the sentence came from."""
+    rows = {}
+    for index, row in enumerate(store.sentence_ids().tolist()):
+        if not 0 <= row < len(split):
+            raise UserError(
+                f"evaluate.graphs: stored sentence {index} came from row {row}, beyond the {len(split)} "
+                f"rows of the {store.split} split; extract the store from this corpus again"
+            )
+        labels = np.asarray(split[row]["labels"])  # causal: label t + 1 is what position t answers
+        rows[index] = np.append(labels[1:] != IGNORE, False)
+    return rows
+
+
 def graph_rows(
-    params: Evaluate, inputs: EvaluateInputs, indices: range, full_window: int
+    params: Evaluate,
+    inputs: EvaluateInputs,
+    indices: range,
+    full_window: int,
+    answers: dict[int, np.ndarray] | None = None,
 ) -> tuple[list, tuple]:
     """(scored rows of the grid, the recall-1 row) on the held-out store; ``full_window`` is a band wider
-    than any sentence, which attends every valid pair (the sparse-consistency check)."""
+    than any sentence, which attends every valid pair (the sparse-consistency check). With ``answers``
+    (mqar: :func:`answer_rows`) each row also has ``answer_recall``, the recall over the answer rows
+    alone: whether the key an answer needs is kept."""
     kind, projections = inputs.projections
     settings = [
         *(
@@ -86,6 +111,18 @@ def graph_rows(
     *rows, full = sweep_graphs(
         inputs.store, kind, settings, projections, indices, batch_size=params.batch_size
     )
+    if answers is not None:
+        at_answers = sweep_graphs(
+            inputs.store,
+            kind,
+            settings,
+            projections,
+            indices,
+            batch_size=params.batch_size,
+            query_rows=answers,
+        )
+        for (_, row), (_, answered) in zip([*rows, full], at_answers, strict=True):
+            row["answer_recall"] = answered["recall"]
     return rows, full
 
 
@@ -279,7 +316,8 @@ def run_evaluation(params: Evaluate, inputs: EvaluateInputs) -> tuple[dict[str, 
         tokenizer = load_auto_tokenizer(teacher)
     positions = model.config.max_position_embeddings
     indices = range(min(len(store), params.max_sentences or len(store)))
-    rows, full = graph_rows(params, inputs, indices, 2 * positions + 1)
+    answers = answer_rows(store, data[store.split]) if task == "mqar" else None
+    rows, full = graph_rows(params, inputs, indices, 2 * positions + 1, answers)
     gold = gold_sparsity(full[1])
 
     quality = params.quality

@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from kernels.attended import window_radius
@@ -129,12 +130,22 @@ def sweep_graphs(
     indices: Sequence[int],
     *,
     batch_size: int = 64,
+    query_rows: Mapping[int, np.ndarray] | None = None,
 ) -> list[tuple[Setting, dict[str, Any]]]:
-    """Every setting with its scores on ``indices``, in one pass over the store: JSON-ready rows."""
+    """Every setting with its scores on ``indices``, in one pass over the store: JSON-ready rows (on the
+    ``query_rows`` of each sentence alone, given those: :func:`~pipeline.predictors.scoring.score_settings`).
+    """
     per_layer: list[list[GraphScoreSums]] = [[] for _ in settings]
     for layer in tqdm(range(store.layers), desc=f"score {len(settings)} settings", unit="layer"):
         sums = score_settings(
-            store, kind, layer, settings, indices, projections=projections.get(layer), batch_size=batch_size
+            store,
+            kind,
+            layer,
+            settings,
+            indices,
+            projections=projections.get(layer),
+            batch_size=batch_size,
+            query_rows=query_rows,
         )
         for collected, layer_sums in zip(per_layer, sums, strict=True):
             collected.append(layer_sums)

@@ -9,9 +9,10 @@ from the gold graph alone is computed once per batch (:class:`~pipeline.predicto
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pipeline.graphs.batches import iter_batches
@@ -75,6 +76,15 @@ def layer_inputs(
         yield inputs, batch["gold"]
 
 
+def _rows_mask(query_rows: Mapping[int, np.ndarray], sentences: Sequence[int], width: int) -> torch.Tensor:
+    """(b, width) bool: each sentence's chosen query rows, False past its end."""
+    mask = np.zeros((len(sentences), width), bool)
+    for b, sentence in enumerate(sentences):
+        rows = np.asarray(query_rows[sentence], bool)
+        mask[b, : len(rows)] = rows
+    return torch.from_numpy(mask)
+
+
 @torch.no_grad()
 def score_settings(
     store: GraphStore,
@@ -85,16 +95,26 @@ def score_settings(
     *,
     projections: HeadProjections | None = None,
     batch_size: int = 64,
+    query_rows: Mapping[int, np.ndarray] | None = None,
 ) -> list[GraphScoreSums]:
-    """Per-head score sums of every setting on the sentences ``indices`` of ``layer``, in order."""
+    """Per-head score sums of every setting on the sentences ``indices`` of ``layer``, in order.
+
+    ``query_rows`` (stored sentence index → (n,) bool) scores those query rows of each sentence alone (an
+    mqar example's answers): the predictors still see every query, the scores count only those rows."""
     sums = [GraphScoreSums.zeros(store.heads) for _ in settings]
+    done = 0  # the sentences of ``indices`` in the batches so far: iter_batches keeps their order
     by_predictor: dict[int, list[int]] = {}
     for position, setting in enumerate(settings):
         by_predictor.setdefault(id(setting.predictor), []).append(position)
     for inputs, gold in layer_inputs(
         store, kind, layer, indices, projections=projections, batch_size=batch_size
     ):
-        target = GoldGraph.of(gold, inputs.q_valid, inputs.k_valid, causal=inputs.causal)
+        scored = inputs.q_valid  # (b, n)
+        if query_rows is not None:
+            chunk = [int(i) for i in indices[done : done + len(scored)]]
+            scored = scored & _rows_mask(query_rows, chunk, scored.shape[1])
+        done += len(scored)
+        target = GoldGraph.of(gold, scored, inputs.k_valid, causal=inputs.causal)
         for positions in by_predictor.values():
             learned = learned_pairs(settings[positions[0]].predictor.predict(layer, inputs))
             for position in positions:

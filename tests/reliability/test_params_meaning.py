@@ -636,7 +636,7 @@ def test_a_check_runs_once_its_own_inputs_exist(tmp_path: Path, projected: dict[
     line = one_line(sparsefinder_params(params_file(tmp_path, changes)))
     assert line == (
         f"error: evaluate.speed.contexts = [64]: {projected['corpus']} holds sentence pairs, not long "
-        "sequences; allowed: [] (or a corpus of prepare.task lm or mlm)"
+        "sequences; allowed: [] (or a corpus of prepare.task lm, mlm or mqar)"
     )
 
 

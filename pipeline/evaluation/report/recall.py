@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pipeline.evaluation.report.cells import DASH, table_row
+from pipeline.evaluation.report.cells import DASH, num, table_row
 from pipeline.evaluation.report.evidence import row_head
 from pipeline.evaluation.report.verdicts import difference_text, judge, value_text
 
@@ -29,6 +29,7 @@ def recall_section(evaluation: Mapping, tolerances: Mapping[str, float]) -> str 
         "kind",
         "sparsity",
         "graph recall",
+        "at answers",
         "accuracy [95 % CI]",
         f"near (key ≤ {gap} back)",
         f"far (key > {gap} back)",
@@ -43,6 +44,7 @@ def recall_section(evaluation: Mapping, tolerances: Mapping[str, float]) -> str 
             table_row(
                 [
                     *row_head(row),
+                    num(row.get("answer_recall", 1.0 if row["kind"] == "teacher" else None), 3),
                     *(value_text(row[key], "accuracy") if key in row else DASH for key in SPLITS),
                     *(
                         difference_text(versus[key], "accuracy") if key in versus else DASH
@@ -59,6 +61,7 @@ def recall_section(evaluation: Mapping, tolerances: Mapping[str, float]) -> str 
         f"is right, over {count} test examples; intervals and differences are the Evidence section's paired "
         f"bootstrap over examples. An answer is near when its key occurs at most {gap} positions before the "
         f"query (the median over the test answers), far otherwise. The verdict is on Δ accuracy, with the "
-        f"tolerance ±{tolerances['accuracy']:g}.",
+        f"tolerance ±{tolerances['accuracy']:g}. Graph recall is over every query of the test store's "
+        "examples; at answers, over the queries that answer alone: whether the key an answer needs is kept.",
     ]
     return "\n".join(lines)
