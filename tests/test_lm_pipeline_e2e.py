@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_pipeline_e2e import ROOT, dvc, load, project_copy
+from tests.test_pipeline_e2e import MICRO_PREDICTORS, dvc, load, project_copy, shrunk_profile
 
 pytestmark = [
     pytest.mark.slow,
@@ -43,14 +43,7 @@ MICRO = [
         {"max_steps": 10, "lr": 0.001, "warmup_steps": 1, "eval_steps": 10, "save_steps": 10},
     ),
     (("teacher", "eval"), {"test_examples": 4, "sparsity_examples": 2}),
-    (("extract", "stores", "train"), {"max_sentences": 12}),
-    (("extract", "stores", "test"), {"max_sentences": 4}),
-    (("project",), {"hidden": 8, "epochs": 1}),
-    (("cluster",), {"bucket_counts": [2, 4], "routing_clusters": [2], "reformer_buckets": [2]}),
-    (("cluster", "indexer"), {"ranks": [2], "epochs": 1}),
-    (("configure", "knobs"), {"buckets": 4}),
-    (("evaluate",), {"windows": [0, 7], "global_tokens": [0]}),
-    (("evaluate", "methods"), {"distance": {"threshold": [1.0]}, "quantization": {"bins": [2]}}),
+    *MICRO_PREDICTORS,
     (("evaluate", "quality"), {"examples": 2}),
     (("evaluate", "speed"), {"contexts": [CONTEXT, 2 * CONTEXT], "repeats": 1}),
     (("par_search", "train"), {"max_steps": 4, "eval_steps": 4, "save_steps": 4, "logging_steps": 2}),
@@ -64,13 +57,7 @@ STUDENTS = ("sparsefinder", "ssa", "dense", "par", "par-sfff")
 
 
 def micro_lm_params() -> dict:
-    params = yaml.safe_load((ROOT / "configs" / "lm.yaml").read_text())
-    for path, values in MICRO:
-        section = params
-        for key in path:
-            section = section[key]
-        section.update(values)
-    return params
+    return shrunk_profile("lm.yaml", MICRO)
 
 
 @pytest.fixture(scope="module")

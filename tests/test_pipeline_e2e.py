@@ -41,6 +41,30 @@ def project_files() -> list[str]:
     return [name for name in listed.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
 
 
+# the block profiles' graph stores, predictors and grid at micro sizes, as (section path, values)
+MICRO_PREDICTORS = [
+    (("extract", "stores", "train"), {"max_sentences": 12}),
+    (("extract", "stores", "test"), {"max_sentences": 4}),
+    (("project",), {"hidden": 8, "epochs": 1}),
+    (("cluster",), {"bucket_counts": [2, 4], "routing_clusters": [2], "reformer_buckets": [2]}),
+    (("cluster", "indexer"), {"ranks": [2], "epochs": 1}),
+    (("configure", "knobs"), {"buckets": 4}),
+    (("evaluate",), {"windows": [0, 7], "global_tokens": [0]}),
+    (("evaluate", "methods"), {"distance": {"threshold": [1.0]}, "quantization": {"bins": [2]}}),
+]
+
+
+def shrunk_profile(profile: str, changes: list[tuple[tuple[str, ...], dict]]) -> dict:
+    """``configs/<profile>`` with ``changes`` applied: each (section path, values) updates that section."""
+    params = yaml.safe_load((ROOT / "configs" / profile).read_text())
+    for path, values in changes:
+        section = params
+        for key in path:
+            section = section[key]
+        section.update(values)
+    return params
+
+
 def project_copy(folder: Path, params: str) -> Path:
     """A git + DVC copy of the project in ``folder`` whose params.yaml holds ``params``."""
     for name in project_files():
