@@ -13,7 +13,9 @@ with 30 % of the tokens masked it is still at 6.35, where a ModernBERT of the sa
 1,000 steps, at 3.93 with 31 % of the masked tokens right. RoBERTa's positions are a table learned from
 scratch, and a masked token can only be predicted from its neighbours once that table says who they are;
 rotary positions give every layer relative positions from the first step, and the pre-LayerNorm residual
-stream trains stably at a high learning rate.
+stream trains stably at a high learning rate. Through the pipeline (configs/mlm.yaml: 2,000 steps without
+dropout, then 200 α-entmax steps) the teacher predicts 0.333 [0.320, 0.348] of the validation split's masked
+tokens (6,079 tokens in 80 blocks, 95 % bootstrap over blocks).
 """
 
 from __future__ import annotations
