@@ -93,6 +93,8 @@ def test_dvc_repro_of_the_mqar_profile_runs_through_the_report(mqar_project: Pat
     report = (mqar_project / "artifacts" / "report.md").read_text()
     assert "## Associative recall by query distance" in report
     assert f"near (key ≤ {evaluation['far_gap']} back)" in report
+    assert (mqar_project / "artifacts" / "plots" / "report" / "sparsity_accuracy.png").is_file()
+    assert "(plots/report/sparsity_accuracy.png)" in report
     assert "up to date" in dvc(mqar_project, "status", "report").stdout
 
     scored = mqar_project / "score.json"

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from pipeline.atomic import atomic_path, write_text
 from pipeline.evaluation.pareto import finite_number, pareto_front
 from pipeline.evaluation.report import (
+    ACCURACY,
     BLEU,
     METHOD_ORDER,
     finite_points,
@@ -52,11 +53,16 @@ MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h", "<", ">")
 # palette apart from the methods' tab10, and their name written beside the point
 STUDENT_MARKER = "d"
 STUDENT_COLORS = matplotlib.colormaps["Dark2"].colors
-QUALITY_METRICS = {"bleu": ("BLEU", True), "perplexity": ("perplexity (lower is better)", False)}
+QUALITY_METRICS = {
+    "bleu": ("BLEU", True),
+    "perplexity": ("perplexity (lower is better)", False),
+    "accuracy": ("accuracy at the answers", True),
+}
 FILES = {
     "sparsity_recall": "sparsity_recall.png",
     "sparsity_bleu": "sparsity_bleu.png",
     "sparsity_perplexity": "sparsity_perplexity.png",
+    "sparsity_accuracy": "sparsity_accuracy.png",
     "recall_heatmap": "recall_heatmap.png",
     "speed_bleu": "speed_bleu.png",
     "pareto_recall": "pareto_recall.csv",
@@ -66,6 +72,7 @@ CAPTIONS = {
     "sparsity_recall": "Sparsity–recall Pareto fronts",
     "sparsity_bleu": "Sparsity–BLEU with predicted graphs and students",
     "sparsity_perplexity": "Sparsity–perplexity with predicted graphs and students",
+    "sparsity_accuracy": "Sparsity–accuracy at the answers with predicted graphs and students",
     "recall_heatmap": "Recall per layer and head at the operating point",
     "speed_bleu": "Decoding time–BLEU of the students (PAR: the share of attention sublayers kept)",
 }
@@ -82,13 +89,18 @@ def write_report_plots(
     """
     out_dir = Path(out_dir)
     translation = BLEU in task_scores(evaluation)  # the BLEU figures need decoded translations
-    written = [name for name in FILES if translation or "bleu" not in name]
+    recall = task_scores(evaluation)[0] == ACCURACY  # mqar: accuracy at the answers is the measure
+    written = [
+        name for name in FILES if (translation or "bleu" not in name) and (recall or "accuracy" not in name)
+    ]
     with atomic_path(out_dir, directory=True) as tmp:
         plot_sparsity_recall(evaluation, tmp / FILES["sparsity_recall"])
         if translation:
             plot_quality(evaluation, "bleu", tmp / FILES["sparsity_bleu"])
             plot_speed_quality(evaluation, tmp / FILES["speed_bleu"])
         plot_quality(evaluation, "perplexity", tmp / FILES["sparsity_perplexity"])
+        if recall:
+            plot_quality(evaluation, "accuracy", tmp / FILES["sparsity_accuracy"])
         plot_recall_heatmap(
             evaluation, operating_point(evaluation, recall_target), tmp / FILES["recall_heatmap"]
         )
@@ -210,10 +222,14 @@ def plot_sparsity_recall(evaluation: dict, path: str | os.PathLike) -> None:
     save_png(figure, path)
 
 
-def plot_quality(evaluation: dict, metric: Literal["bleu", "perplexity"], path: str | os.PathLike) -> None:
-    """Decoding sparsity against BLEU or perplexity with predicted graphs and students, beside the teacher's.
+def plot_quality(
+    evaluation: dict, metric: Literal["bleu", "perplexity", "accuracy"], path: str | os.PathLike
+) -> None:
+    """Decoding sparsity against BLEU, perplexity or (mqar) accuracy with predicted graphs and students,
+    beside the teacher's.
 
-    Each method's points and Pareto front (BLEU maximised, perplexity minimised; sparsity maximised), each
+    Each method's points and Pareto front (BLEU and accuracy maximised, perplexity minimised; sparsity
+    maximised), each
     student as a labelled diamond, the teacher as a star and the gold sparsity as a dashed line; with the
     evaluation's evidence, each of them with its 95 % interval as an error bar. Without quality points or
     students the PNG says so.

@@ -27,14 +27,30 @@ def assert_picture(path: Path, min_height: int = 150, min_width: int = 300) -> n
 
 def test_every_file_is_written(tmp_path: Path):
     files = write_report_plots(synthetic_evaluation(), tmp_path / "report", recall_target=0.95)
-    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == sorted(FILES.values())
-    assert set(files) == set(FILES)
+    translation = {name: file for name, file in FILES.items() if name != "sparsity_accuracy"}
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == sorted(translation.values())
+    assert set(files) == set(translation)
     for path in files.values():
         assert path.is_file() and path.parent == tmp_path / "report"
         if path.suffix == ".png":
             assert_picture(path)
     # nothing temporary is left beside the folder
     assert [p.name for p in tmp_path.iterdir()] == ["report"]
+
+
+def test_an_mqar_evaluation_gets_accuracy_against_sparsity_and_no_bleu(tmp_path: Path):
+    evaluation = synthetic_evaluation()
+    evaluation["task"] = "mqar"
+    for rank, point in enumerate(evaluation["quality"]["points"]):
+        point["accuracy"] = 0.9 - 0.05 * rank
+    evaluation["quality"]["teacher"]["accuracy"] = 0.95
+    files = write_report_plots(evaluation, tmp_path / "report", recall_target=0.95)
+    assert "sparsity_accuracy" in files and not any("bleu" in name for name in files)
+    drawn = assert_picture(files["sparsity_accuracy"], min_height=100, min_width=200)
+    empty = tmp_path / "empty.png"
+    evaluation["quality"]["points"] = []
+    plot_quality(evaluation, "accuracy", empty)
+    assert drawn.shape[0] * drawn.shape[1] > imread(empty).shape[0] * imread(empty).shape[1]
 
 
 def test_rewriting_replaces_the_folder(tmp_path: Path):
