@@ -241,7 +241,7 @@ def verdict(entry: Mapping[str, Any], tolerance: float, higher_is_better: bool) 
     return "not distinguishable"
 
 
-def _estimates(
+def measure_estimates(
     scores: SystemScores,
     references: Sequence[str] | None,
     metrics: Mapping[str, Metric],
@@ -276,7 +276,7 @@ def _seed_estimates(
     seeds' full-sample values, (B,) mean of their values on each shared resample), and each seed's value.
 
     The interval of the mean is over test sentences, the seeds held fixed; their spread is beside it."""
-    each = [_estimates(scores, references, metrics, weights) for scores in seeds]
+    each = [measure_estimates(scores, references, metrics, weights) for scores in seeds]
     shared = [name for name in each[0] if all(name in own for own in each)]
     estimates = {
         name: (
@@ -338,7 +338,7 @@ def quality_rows(
     estimates, spreads = {}, {}
     for name, found in systems.items():
         if isinstance(found, SystemScores):
-            estimates[name] = _estimates(found, references, corpus_metrics, weights)
+            estimates[name] = measure_estimates(found, references, corpus_metrics, weights)
         else:
             estimates[name], spreads[name] = _seed_estimates(found, references, corpus_metrics, weights)
     rows = []

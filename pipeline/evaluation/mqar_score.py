@@ -21,9 +21,8 @@ from pipeline.data.mqar_corpus import causal_labels
 from pipeline.errors import UserError
 from pipeline.evaluation.intervals import (
     DEFAULT_RESAMPLES,
-    RATIOS,
-    ratio_resampled,
-    ratio_value,
+    SystemScores,
+    measure_estimates,
     resample_weights,
     resamples,
     row_entry,
@@ -37,10 +36,9 @@ def fresh_examples(folder: str | os.PathLike, count: int, seed: int) -> datasets
     """``count`` examples of the task in ``folder``'s ``mqar.json`` from ``seed`` (columns ``input_ids`` and
     ``labels``, as a prepared corpus holds them); :class:`UserError` for a seed of one of its splits."""
     card = read_mqar_card(folder, "model")
-    taken = {name: split["seed"] for name, split in card.splits.items()}
-    if seed in taken.values():
-        name = next(name for name, value in taken.items() if value == seed)
-        raise UserError(f"--seed {seed} is the seed of the {name} split; allowed: any other seed")
+    for name, split in card.splits.items():
+        if split["seed"] == seed:
+            raise UserError(f"--seed {seed} is the seed of the {name} split; allowed: any other seed")
     if count < 1:
         raise UserError(f"--examples {count}: allowed: at least 1")
     inputs, labels = generate(card.spec, count, seed)  # (n, T) each
@@ -59,16 +57,10 @@ def score_examples(
     weights = resample_weights(
         resamples(len(examples), DEFAULT_RESAMPLES, seed=bootstrap_seed), len(examples)
     )
+    measured = measure_estimates(SystemScores(**sums), None, {}, weights)
     found: dict[str, Any] = {
         "examples": len(examples),
         "answers": int(sums["tokens"].sum()),
         "far_gap": far_gap,
     }
-    for name in MEASURES:
-        ratio = RATIOS[name]
-        numerator, denominator = sums[ratio.numerator], sums[ratio.denominator]
-        found[name] = row_entry(
-            float(ratio_value(ratio, numerator, denominator)),
-            ratio_resampled(ratio, numerator, denominator, weights),
-        )
-    return found
+    return found | {name: row_entry(*measured[name]) for name in MEASURES}

@@ -58,7 +58,7 @@ from pipeline.evaluation.student_models import (
 )
 from pipeline.evaluation.sweep import gold_sparsity, method_settings, sweep_graphs
 from pipeline.graphs.store import GraphStore
-from pipeline.metrics.teacher_forced import Scoring, median_gap, teacher_targets
+from pipeline.metrics.teacher_forced import Scoring, generator_labels, median_gap, teacher_targets
 from pipeline.params.evaluate import Evaluate, Quality
 from pipeline.predictors.indexer import IndexerPredictor
 from pipeline.predictors.scoring import Setting
@@ -76,8 +76,8 @@ def answer_rows(store: GraphStore, split: Dataset) -> dict[int, np.ndarray]:
                 f"evaluate.graphs: stored sentence {index} came from row {row}, beyond the {len(split)} "
                 f"rows of the {store.split} split; extract the store from this corpus again"
             )
-        labels = np.asarray(split[row]["labels"])  # causal: label t + 1 is what position t answers
-        rows[index] = np.append(labels[1:] != IGNORE, False)
+        labels = generator_labels(np.asarray(split[row]["labels"])[None])[0]  # (n,): at the query itself
+        rows[index] = labels != IGNORE
     return rows
 
 

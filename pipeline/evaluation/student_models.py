@@ -33,11 +33,11 @@ from pipeline.attention.loading import load_model
 from pipeline.attention.sparsefinder import SPARSEFINDER, SparsefinderHead, attach_sparsefinder
 from pipeline.attention.ssa import ssa_heads
 from pipeline.checkpoint import MANIFEST, loading, read_manifest, resolve_checkpoint
-from pipeline.corpus_card import CAUSAL_TASKS, Task
+from pipeline.corpus_card import Task
 from pipeline.errors import UserError
 from pipeline.evaluation.intervals import SystemScores
 from pipeline.evaluation.quality import Measured, point_values, scores_of
-from pipeline.metrics.language_model import block_batches, labelled_batches
+from pipeline.metrics.language_model import labelled_batches
 from pipeline.metrics.teacher_forced import Scoring, TeacherTargets, unit_sums
 from pipeline.metrics.translation import corpus_bleu, translate_in_order
 from pipeline.par.pattern import attention_share, compact_pattern
@@ -137,12 +137,10 @@ def timing_batches(
         longest = max(lengths)
         chosen = [row for row, length in enumerate(lengths) if length == longest][: batch_size * count]
     rows = train.select(chosen)
-    if task in CAUSAL_TASKS:
+    if task != "translation":  # an mqar corpus's own labels, else labels = inputs
         return [{"input_ids": ids, "labels": labels} for ids, labels in labelled_batches(rows, batch_size)][
             :count
         ]
-    if task != "translation":
-        return [{"input_ids": ids, "labels": ids} for ids in block_batches(rows, batch_size)][:count]
     return [batch for batch, _ in padded_batches(rows, batch_size, pad_id)][:count]
 
 
