@@ -1,5 +1,6 @@
 """Benchmark of bucketed attention: ``python -m benchmarks.attention [--device auto|cpu|cuda] [--suite
-auto|cpu|gpu] [--out DIR] [--quick] [--only indexed|bucketed] [--sizes 4096,16384] [--buckets 16]``
+auto|cpu|gpu] [--out DIR] [--quick] [--only indexed|bucketed] [--sizes 4096,16384] [--buckets 16]
+[--index-inputs local,scattered]``
 
 Workload. Balanced buckets: each of ``top`` independent assignments ranks the tokens by a random permutation
 and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 uses two assignments in the same
@@ -53,9 +54,20 @@ counts; in 0.2 that is AdaSplash-2 with one τ refinement for causal α = 1.5, a
 version with ten otherwise). Speedup = SDPA time / our time; efficiency = speedup × density:
 1 means ours turns sparsity into speed as well as flash attention uses dense FLOPs; our entmax rows also
 carry their time over our softmax time. Our rows carry the predictor's overhead as on the CPU suite (its
-``B`` centroids; the planning timed is the Triton path's, which its forward includes). ``--suite gpu
---device cpu`` runs the same comparison on CPU tensors (float32, tiny sizes, wall clock, no memory figures)
-as a smoke test of the suite.
+``B`` centroids; the planning timed is the Triton path's, which its forward includes).
+Indexed attention on the GPU suite: ``kernels.indexed.indexed_attention`` (α = 1.5, rank ``INDEX_RANK``,
+block ``INDEX_BLOCK``, position order) in both modes on the inputs ``--index-inputs`` names (``local`` by
+default; ``scattered`` spreads the supports over the sequence, so the position order skips almost nothing
+and the PyTorch path's time grows with n²), same n, heads and dtype, timed as the other rows and after all of
+them (so that a fault of the newest kernel spoils no other row): the certified forward is the Triton kernel
+of :mod:`kernels.indexed.triton_kernel` (forward-only), the approximate forward and both modes'
+forward+backward are the PyTorch path. Each row also carries the share of key blocks skipped, the mean
+predicted set, the phase times of one more forward, its speedup over flash SDPA and over dense α-entmax
+(whose time does not depend on the values), and the forward output's largest deviation from dense α-entmax
+on the same inputs (fp32 from the same rounded inputs, one head at a time).
+``--suite gpu --device cpu`` runs the same comparison on CPU tensors (float32, tiny sizes, wall clock, no
+memory figures) as a smoke test of the suite. ``benchmarks/gpu_day_one.sh`` runs it at n = 16384 beside the
+CUDA kernel tests and the tile tuning (:mod:`benchmarks.gpu_day_one`).
 
 Every process of the benchmark keeps freed memory for reuse (:mod:`pipeline.allocator`), so large
 temporaries cost no page faults at each call, for every method alike; ``bench.json`` says whether that took
@@ -119,6 +131,7 @@ GPU_FULL = {
     "dim": 64,
     "warmup": 3,
     "reps": 10,
+    "index_inputs": ["local"],
 }
 GPU_QUICK = {
     "sizes": [1024, 2048],
@@ -128,6 +141,7 @@ GPU_QUICK = {
     "dim": 64,
     "warmup": 1,
     "reps": 2,
+    "index_inputs": ["local"],
 }
 # the GPU comparison run on CPU tensors (float32, wall-clock times, no memory figures): a smoke test of the
 # suite itself; "ours" is then the PyTorch path and FlexAttention has no CPU backward
@@ -139,6 +153,7 @@ GPU_ON_CPU = {
     "dim": 32,
     "warmup": 1,
     "reps": 1,
+    "index_inputs": ["local"],
 }
 
 
@@ -953,6 +968,94 @@ def _add_gpu_overhead(
         _add_overhead(row, overhead)
 
 
+INDEX_MODES = ("certified", "approximate")  # the indexed comparison's modes, each a row per configuration
+
+
+def _dense_entmax_by_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Dense α-entmax attention in fp32 from q, k, v as given (bf16 inputs rounded already), one head at a
+    time, so that one head's n × n scores are held at once (1 GiB at n = 16384)."""
+    from kernels.indexed.attention import dense_indexed_reference
+
+    with torch.no_grad():
+        heads = [
+            dense_indexed_reference(*(x[:, h : h + 1].float() for x in (q, k, v)), alpha=ALPHA, causal=causal)
+            for h in range(q.shape[1])
+        ]
+    return torch.cat(heads, 1)
+
+
+def gpu_indexed_rows(
+    kind: str,
+    n: int,
+    causal: bool,
+    cfg: dict[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
+    sdpa_row: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The indexed rows of the GPU suite for one (inputs, n, causal), one per mode of ``INDEX_MODES``
+    (module docstring): ``indexed_attention`` on ``INPUTS[kind]`` timed by :func:`measure_gpu` (its forward
+    under no grad: the Triton kernel for certified mode on CUDA), then one more forward with its statistics
+    (share of key blocks skipped, mean predicted set, phase ms) and its largest absolute deviation from
+    :func:`_dense_entmax_by_head` on the same inputs; speedups over ``sdpa_row`` (flash SDPA, same n and
+    causality)."""
+    from kernels.indexed.attention import indexed_attention
+
+    heads, dim = cfg["heads"], cfg["dim"]
+    base = {"n": n, "causal": causal, "buckets": None, "top": None, "inputs": kind}
+    try:
+        q, k, v, qi, ki = (x.to(device, dtype) for x in INPUTS[kind](1, heads, n, dim, INDEX_RANK, seed=n))
+    except Exception as err:  # a device an earlier fault left unusable: the rows say so
+        return [{**base, "method": f"indexed_{mode}", "status": failure_status(err)} for mode in INDEX_MODES]
+    reference, reference_status = None, None
+    try:
+        reference = _dense_entmax_by_head(q, k, v, causal)
+    except Exception as err:  # the reference's n × n scores may not fit: the rows keep their times
+        reference_status = "oom" if _is_oom(err) else failure_status(err)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    leaves = tuple(x.requires_grad_() for x in (q, k, v))
+    rows = []
+    for mode in INDEX_MODES:
+        fn = functools.partial(
+            indexed_attention,
+            q_index=qi,
+            k_index=ki,
+            alpha=ALPHA,
+            causal=causal,
+            mode=mode,
+            block=INDEX_BLOCK,
+        )
+        row = {**base, "method": f"indexed_{mode}", **measure_gpu(fn, leaves, cfg)}
+        if row["status"] == "ok":
+            try:
+                with torch.no_grad():
+                    out, stats = fn(*(x.detach() for x in leaves), return_stats=True)
+                row.update({key: stats[key] for key in ("blocks_skipped", "predicted_mean")})
+                row.update(
+                    {f"{key[:-2]}_ms": stats[key] * 1e3 for key in ("indexer_s", "bounds_s", "sparse_s")}
+                )
+                if reference is not None:
+                    row["max_abs_error"] = float((out.float() - reference).abs().max())
+                else:
+                    row["reference_status"] = reference_status
+            except Exception as err:  # a forward that ran timed but fails with statistics is a failure too
+                row["status"] = failure_status(err, "forward")
+        for phase in ("forward", "forward_backward"):
+            if f"{phase}_ms" in row and f"{phase}_ms" in sdpa_row:
+                row[f"speedup_{phase}"] = sdpa_row[f"{phase}_ms"] / row[f"{phase}_ms"]
+        rows.append(row)
+    return rows
+
+
+def _speedups_over(rows: list[dict[str, Any]], base: dict[str, Any]) -> None:
+    """Each row's forward and forward+backward speedup over ``base`` (``speedup_{phase}_vs_{method}``)."""
+    for row in rows:
+        for phase in ("forward", "forward_backward"):
+            if f"{phase}_ms" in row and f"{phase}_ms" in base:
+                row[f"speedup_{phase}_vs_{base['method']}"] = base[f"{phase}_ms"] / row[f"{phase}_ms"]
+
+
 def run_gpu(
     cfg: dict[str, Any], device: torch.device, save: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
@@ -1002,12 +1105,25 @@ def run_gpu(
             "which the forward includes",
             "overhead_linear": "the same through a linear map to rank "
             f"{PREDICTOR_RANK} for queries and one for keys (the paper's projector)",
+            "indexed": {
+                "inputs": cfg["index_inputs"],
+                "modes": list(INDEX_MODES),
+                "rank": INDEX_RANK,
+                "block": INDEX_BLOCK,
+                "order": "position",
+                "forward": "certified: the Triton kernel on CUDA (the PyTorch path on CPU tensors); "
+                "approximate: the PyTorch path",
+                "forward_backward": "the PyTorch path (the Triton kernel is forward-only)",
+                "max_abs_error": "largest |forward output - dense α-entmax|, the reference in fp32 from the "
+                "same inputs, one head at a time",
+            },
         },
         "results": rows,
     }
     entmax_oom = False
     combos = [(n, c) for n in cfg["sizes"] for c in (False, True)]
-    total = len(combos) * (3 + 3 * len(cfg["buckets"]) * len(cfg["tops"]))
+    per_combo = 3 + 3 * len(cfg["buckets"]) * len(cfg["tops"]) + len(INDEX_MODES) * len(cfg["index_inputs"])
+    total = len(combos) * per_combo
     bar = tqdm(total=total, desc="gpu bench", unit="run")
     for n, causal in combos:
         gen = torch.Generator(device=device.type).manual_seed(0)
@@ -1078,12 +1194,26 @@ def run_gpu(
             torch.cuda.empty_cache()
         if save is not None:
             save(report)
+    # The indexed comparison after every other row: its Triton forward is the newest kernel here, and a fault
+    # of it (an illegal address) would leave the device unusable for every later measurement.
+    for n, causal in combos if cfg["index_inputs"] else []:
+        dense = {r["method"]: r for r in rows if (r["n"], r["causal"], r["buckets"]) == (n, causal, None)}
+        indexed = []
+        for kind in cfg["index_inputs"]:
+            indexed += gpu_indexed_rows(kind, n, causal, cfg, device, dtype, dense["sdpa_flash"])
+            bar.update(len(INDEX_MODES))
+        _speedups_over(indexed, dense["dense_entmax"])  # dense α-entmax's time does not depend on the values
+        rows += indexed
+        if save is not None:
+            save(report)
     bar.close()
     return report
 
 
 def gpu_table(report: dict[str, Any]) -> str:
-    """The comparison, a line per (method, configuration), then why the overhead is missing, if it is."""
+    """The comparison, a line per (method, configuration), then why the overhead is missing, if it is.
+    Indexed rows name their inputs and carry the share of key blocks skipped, the speedup over dense
+    α-entmax and the deviation from it."""
     lines = table_lines(
         report["results"],
         [
@@ -1091,8 +1221,10 @@ def gpu_table(report: dict[str, Any]) -> str:
             text_column("causal", "causal", ">6"),
             number_column("B", "buckets", "3.0f"),
             number_column("top", "top", "3.0f"),
-            text_column("method", "method", "<13"),
+            text_column("method", "method", "<19"),
+            text_column("inputs", "inputs", "<9"),
             number_column("density", "density", "8.4f"),
+            number_column("skip", "blocks_skipped", "6.3f"),
             number_column("fwd ms", "forward_ms", "9.2f"),
             number_column("fwd+bwd ms", "forward_backward_ms", "10.2f"),
             number_column("x sdpa", "speedup_forward", "7.2f"),
@@ -1101,12 +1233,21 @@ def gpu_table(report: dict[str, Any]) -> str:
             number_column("ent/sm", "entmax_over_softmax_forward", "7.2f"),
             number_column("overhead", "overhead_forward", "8.3f"),
             number_column("ovh lin", "overhead_linear_forward", "7.3f"),
+            number_column("x entmax", "speedup_forward_vs_dense_entmax", "8.2f"),
+            number_column("err", "max_abs_error", "8.1e"),
         ],
     )
     lines += sorted(
         {f"predictor overhead: {r['overhead_status']}" for r in report["results"] if "overhead_status" in r}
     )
     return "\n".join(lines)
+
+
+def _gpu_label(row: dict[str, Any]) -> str:
+    """A GPU row's series in the figure: its method, with its bucket count or its inputs."""
+    if row["buckets"] is not None:
+        return f"{row['method']} B={row['buckets']}"
+    return f"{row['method']} {row['inputs']}" if "inputs" in row else row["method"]
 
 
 def gpu_plot(report: dict[str, Any], axes) -> None:
@@ -1119,8 +1260,7 @@ def gpu_plot(report: dict[str, Any], axes) -> None:
             here = [r for r in rows if r["causal"] == causal and r["top"] in (None, top)]
             series: dict[str, list[tuple[int, float]]] = {}
             for r in here:
-                label = r["method"] if r["buckets"] is None else f"{r['method']} B={r['buckets']}"
-                series.setdefault(label, []).append((r["n"], r["forward_backward_ms"]))
+                series.setdefault(_gpu_label(r), []).append((r["n"], r["forward_backward_ms"]))
             for label, points in sorted(series.items()):
                 xs, ys = zip(*sorted(points), strict=True)
                 ax.plot(xs, ys, "--" if label.startswith("flex") else "-", marker="o", ms=3, label=label)
@@ -1177,6 +1317,16 @@ sizes_list = _int_list("lengths", 16)  # --sizes
 buckets_list = _int_list("bucket counts", 1)  # --buckets
 
 
+def inputs_list(text: str) -> list[str]:
+    """An argparse type: comma-separated names of ``INPUTS`` (--index-inputs)."""
+    names = text.split(",")
+    if not all(name in INPUTS for name in names):
+        raise argparse.ArgumentTypeError(
+            f"expected some of {', '.join(INPUTS)} separated by commas, got {text!r}"
+        )
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.attention", description=__doc__.split("\n")[0]
@@ -1201,6 +1351,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sequence lengths to run instead of the suite's, comma-separated (e.g. 1024,4096)",
     )
     parser.add_argument("--buckets", type=buckets_list, help="GPU suite: bucket counts instead of 8,16,32")
+    parser.add_argument(
+        "--index-inputs",
+        type=inputs_list,
+        help="GPU suite: the inputs of the indexed comparison instead of local (local,scattered: both)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one CPU measurement, in its own process
     args = parser.parse_args(argv)
     kept = keep_freed_memory()  # every method measured in a process that reuses freed memory alike
@@ -1217,11 +1372,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--only belongs to the CPU suite")
     if args.buckets and suite != "gpu":
         parser.error("--buckets belongs to the GPU suite (the CPU suite uses 16)")
+    if args.index_inputs and suite != "gpu":
+        parser.error("--index-inputs belongs to the GPU suite (the CPU suite runs local and scattered)")
     if suite == "cpu" and device == "cuda":
         parser.error("--suite cpu measures the PyTorch path on CPU tensors: use --device cpu")
     if suite == "gpu":
         cfg = GPU_ON_CPU if device == "cpu" else GPU_QUICK if args.quick else GPU_FULL
-        chosen = {"sizes": args.sizes, "buckets": args.buckets}
+        chosen = {"sizes": args.sizes, "buckets": args.buckets, "index_inputs": args.index_inputs}
         cfg = {**cfg, **{key: value for key, value in chosen.items() if value is not None}}
         from pipeline.atomic import write_json
 

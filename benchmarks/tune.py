@@ -20,7 +20,8 @@ measured): once it is spent, the remaining rows are marked skipped, and as candi
 every workload, those measured are measured everywhere. ``tune.json`` is written atomically after each
 candidate; the table printed at the end gives, per workload, the default's times and the fastest tiles
 forward and forward+backward, then every candidate's geometric-mean time over the default's across the
-workloads.
+workloads. ``benchmarks/gpu_day_one.sh`` runs it at n = 16384 with a budget of 90 s
+(:mod:`benchmarks.gpu_day_one`).
 """
 
 from __future__ import annotations

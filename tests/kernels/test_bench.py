@@ -201,6 +201,13 @@ def test_only_bucketed_at_chosen_sizes(tmp_path, capsys, monkeypatch):
         bench.main(["--device", "cpu", "--buckets", "8", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--suite", "gpu", "--buckets", "0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # the CPU suite runs both kinds of inputs
+        bench.main(["--device", "cpu", "--index-inputs", "local", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(
+            ["--device", "cpu", "--suite", "gpu", "--index-inputs", "local,random", "--out", str(tmp_path)]
+        )
+    assert bench.inputs_list("scattered,local") == ["scattered", "local"]
 
 
 def test_structured_inputs_have_small_local_support():
@@ -222,9 +229,12 @@ def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(atomic, "write_json", lambda path, obj: saved.append(json.loads(json.dumps(obj))))
     args = ["--device", "cpu", "--suite", "gpu", "--sizes", "48", "--buckets", "3", "--out", str(tmp_path)]
     assert bench.main(args) == 0
-    assert len(saved) == 3  # after n = 48 without, then with causality, then the final report
+    # after n = 48 without, then with causality, then the indexed rows of each, then the final report
+    assert len(saved) == 5
     assert {r["causal"] for r in saved[0]["results"]} == {False}
-    assert saved[1]["results"] == saved[2]["results"]
+    assert not any(r["method"].startswith("indexed") for r in saved[1]["results"])
+    assert {r["causal"] for r in saved[2]["results"] if r["method"].startswith("indexed")} == {False}
+    assert saved[3]["results"] == saved[4]["results"]
     write_json(tmp_path / "bench.json", saved[-1])
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["suite"] == "gpu" and report["device"] == "cpu" and report["settings"]["dtype"] == "float32"
@@ -258,8 +268,20 @@ def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys, monkeypatch):
                 flex = here[("flex", buckets, top)]
                 assert flex["forward_ms"] > 0  # FlexAttention compiles its forward on CPU, not its backward
                 assert "backward on CPU" in flex["status"]
+        dense = here[("dense_entmax", None, None)]
+        for mode in bench.INDEX_MODES:  # on the default inputs, beside the same SDPA and dense entmax
+            indexed = here[(f"indexed_{mode}", None, None)]
+            assert indexed["status"] == "ok" and indexed["inputs"] == "local"
+            assert indexed["speedup_forward"] == pytest.approx(sdpa["forward_ms"] / indexed["forward_ms"])
+            assert indexed["speedup_forward_backward_vs_dense_entmax"] == pytest.approx(
+                dense["forward_backward_ms"] / indexed["forward_backward_ms"]
+            )
+            assert 0 <= indexed["blocks_skipped"] <= 1 and indexed["predicted_mean"] > 0
+            assert indexed["sparse_ms"] > 0
+        assert here[("indexed_certified", None, None)]["max_abs_error"] < 1e-4  # exact up to fp32 round-off
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
-    assert "ours_entmax" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "ours_entmax" in printed and "indexed_approximate" in printed
 
 
 @pytest.mark.parametrize(("top", "pattern", "causal"), [(1, False, True), (2, True, False)])

@@ -1,0 +1,242 @@
+"""The GPU day-one script (``benchmarks/gpu_day_one.sh``) in its smoke mode: CPU tensors, Triton's
+interpreter, tiny sizes. The whole run, what its files say (kernel tests run, tuning candidates checked
+against the default tiles, a speed-table row per provider), and that a failure or a timeout fails the run
+without stopping the steps after it; then the summary's rules on hand-made outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_day_one as day_one
+from benchmarks import tune
+from pipeline.evaluation.report.cells import formatted
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_day_one.sh"
+PROVIDERS = ["sdpa_flash", "ours_entmax", "ours_softmax", "flex", "indexed_certified", "indexed_approximate"]
+
+
+def run_script(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The script under this interpreter, one intra-op thread, none of the caller's day-one settings."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DAY_ONE_") and k != "OUT"}
+    base.update(PYTHON=sys.executable, OMP_NUM_THREADS="1", **env)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=ROOT, env=base, capture_output=True, text=True, timeout=900
+    )
+
+
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the markdown tables in ``text``, each as {column: cell} (the header row gives the keys)."""
+    rows, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("| "):
+            header = None
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        if header is None:
+            header = cells
+        elif set(cells) != {"---"}:
+            rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def cuda_test_files() -> list[str]:
+    """The kernel test files that switch to CUDA tensors where a GPU is: those the script runs."""
+    files = sorted((ROOT / "tests" / "kernels").glob("test_*.py"))
+    return [
+        str(f.relative_to(ROOT))
+        for f in files
+        if "cuda.is_available" in f.read_text() and f != Path(__file__)
+    ]
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_the_kernel_tests_the_tuning_and_the_speed_table(tmp_path):
+    out = tmp_path / "day one"  # a space in the path
+    done = run_script("--smoke", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    facts = json.loads((out / "facts.json").read_text())
+    assert facts["cuda_available"] is False and facts["triton_interpret"] is True and facts["triton"]
+
+    # one test of every file that runs on CUDA tensors, each named in the log and the JUnit XML
+    tests = day_one.kernel_tests(out / "kernel_tests.xml")
+    files = cuda_test_files()
+    assert len(files) >= 4 and tests["tests"] == tests["passed"] == len(files)
+    log = (out / "kernel_tests.log").read_text()
+    for path in files:
+        assert f"PASSED {path}::" in log
+
+    # the tuning: default tiles on every workload, each candidate checked against them before it is timed
+    report = json.loads((out / "tune" / "tune.json").read_text())
+    assert report["candidates"] == tune.CPU_CANDIDATES and report["device"] == "cpu"
+    defaults = [r for r in report["results"] if r["default"]]
+    assert len(defaults) == len(tune.workloads({**tune.CPU_GRID, "sizes": [32]}))
+    assert all(r["status"] == "ok" and r["deviation"] == 0 and r["forward_ms"] > 0 for r in defaults)
+    candidates = [r for r in report["results"] if not r["default"]]
+    assert {r["tiles"] for r in candidates} == set(tune.CPU_CANDIDATES)
+    for row in candidates:
+        if row["status"] == "ok":
+            assert row["deviation"] <= tune.TOLERANCE[torch.float32] and row["forward_backward_ms"] > 0
+        else:
+            assert row["status"] == "skipped: the time budget is spent"
+    assert any(r["status"] == "ok" for r in candidates)
+    tune_md = (out / "tune.md").read_text()
+    assert "best f+b" in tune_md and all(tiles in tune_md for tiles in tune.CPU_CANDIDATES)
+
+    # the speed table: every provider, full and causal, its cells those of bench.json
+    bench = json.loads((out / "bench" / "bench.json").read_text())
+    assert bench["suite"] == "gpu" and bench["device"] == "cpu" and {r["n"] for r in bench["results"]} == {64}
+    table = markdown_rows((out / "speed_table.md").read_text())
+    assert len(table) == len(bench["results"])
+    for cell, row in zip(table, bench["results"], strict=True):
+        assert cell["method"] == row["method"] and cell["status"] == row["status"]
+        assert cell["fwd ms"] == formatted(row.get("forward_ms"), ".3f")
+        assert cell["fwd+bwd ms"] == formatted(row.get("forward_backward_ms"), ".3f")
+    for causal in ("no", "yes"):
+        here = [c for c in table if c["causal"] == causal]
+        for method in PROVIDERS:
+            assert any(c["method"] == method for c in here), (causal, method)
+        for method in ("ours_entmax", "ours_softmax", "flex"):  # bucketed: top-1 and top-2
+            assert {c["top"] for c in here if c["method"] == method} == {"1", "2"}
+        for c in here:
+            if c["method"] in day_one.OURS:
+                assert c["status"] == "ok" and c["fwd+bwd ms"] != "—"
+            if c["method"].startswith("indexed"):
+                assert c["inputs"] == "local" and 0 <= float(c["skipped"]) <= 1
+            if c["method"] == "flex":
+                assert c["fwd ms"] != "—"  # FlexAttention has a forward on CPU tensors, not a backward
+        certified = next(c for c in here if c["method"] == "indexed_certified")
+        assert float(certified["max err"]) < 1e-4  # exact up to fp32 round-off
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and summary["smoke"] and summary["failed"] == []
+    assert {step: entry["status"] for step, entry in summary["steps"].items()} == dict.fromkeys(
+        day_one.STEPS, "ok"
+    )
+    assert summary["steps"]["bench"]["competitors_not_ok"]  # adasplash, FlexAttention's CPU backward
+    assert "status: ok" in done.stdout and "speed_table.md" in done.stdout
+    assert (out / "summary.md").read_text().count("status: ok") == 1
+
+
+@pytest.mark.slow
+def test_a_failing_kernel_test_or_a_timeout_fails_the_run_yet_the_later_steps_run(tmp_path):
+    """A kernel test fails: the tuning still runs; the benchmark hits its timeout before it saves anything:
+    the run ends with the summary, which names both (not an earlier run's speed table), and exits 1."""
+    tests = tmp_path / "test_day_one_failure.py"
+    tests.write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 1 == 2\n")
+    out = tmp_path / "out"
+    (out / "bench").mkdir(parents=True)
+    (out / "bench" / "bench.json").write_text(json.dumps(_bench_report([])))  # an earlier run's
+    env = {"DAY_ONE_TESTS": str(tests), "DAY_ONE_TUNE_BUDGET_S": "0", "DAY_ONE_BENCH_S": "2"}
+    done = run_script("--smoke", "--steps", "tests,tune,bench", str(out), **env)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["failed"] == ["tests", "bench"]
+    assert steps["facts"]["status"] == "not run" and not steps["facts"]["failed"]
+    assert steps["tests"]["exit"] == 1 and steps["tests"]["tests"]["passed"] == 1
+    assert steps["tests"]["failures"] == ["test_day_one_failure.py::test_fails"]
+    assert steps["tune"]["status"] == "ok" and not steps["tune"]["failed"]
+    assert steps["tune"]["defaults_ok"] == steps["tune"]["workloads"] > 0  # a budget of 0: the defaults only
+    assert steps["tune"]["skipped"] == steps["tune"]["candidate_rows"] > 0
+    assert steps["bench"]["status"] == "timed out" and steps["bench"]["exit"] == day_one.TIMEOUT
+    assert steps["bench"]["failures"] == ["no bench/bench.json: see bench.log"]
+    assert not (out / "speed_table.md").exists()
+    assert "FAILED (tests, bench)" in done.stdout and "test_day_one_failure.py::test_fails" in done.stdout
+
+
+def test_without_a_cuda_device_the_gpu_run_stops_after_the_facts(tmp_path):
+    done = run_script("--steps", "facts,bench", str(tmp_path), CUDA_VISIBLE_DEVICES="")
+    assert done.returncode == 3 and "run with --smoke" in done.stdout
+    assert json.loads((tmp_path / "facts.json").read_text())["cuda_available"] is False
+    assert not (tmp_path / "bench.log").exists()
+    for args in (["--steps", "facts,train"], ["--fast"], ["a", "b"]):
+        bad = run_script(*args)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_kernel_tests_counts_each_outcome_and_names_the_failures(tmp_path):
+    xml = tmp_path / "tests.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.kernels.test_a" name="test_ok" />'
+        '<testcase classname="tests.kernels.test_a" name="test_bad[n17]"><failure message="x" /></testcase>'
+        '<testcase classname="tests.kernels.test_b" name="test_broken"><error message="y" /></testcase>'
+        '<testcase classname="tests.kernels.test_b" name="test_gpu"><skipped message="z" /></testcase>'
+        "</testsuite></testsuites>"
+    )
+    counts = day_one.kernel_tests(xml)
+    assert counts == {
+        "tests": 4,
+        "passed": 1,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 1,
+        "failed_tests": ["tests/kernels/test_a.py::test_bad[n17]", "tests/kernels/test_b.py::test_broken"],
+    }
+    assert day_one.kernel_tests(tmp_path / "missing.xml") is None
+
+
+def _bench_report(rows: list[dict]) -> dict:
+    settings = {"dtype": "bfloat16", "batch": 1, "heads": 8, "dim": 64, "warmup": 3, "reps": 10}
+    return {"device": "cuda", "device_name": "GPU", "torch": "2", "settings": settings, "results": rows}
+
+
+def test_our_failed_rows_fail_the_summary_a_competitors_do_not(tmp_path):
+    """A row of ours that did not run fails the bench step; AdaSplash missing does not. A tuning candidate
+    that computes something else fails the tune step. A timeout is a failure even with the files in place,
+    whose tables say they are partial."""
+    from pipeline.atomic import write_json
+
+    row = {"n": 16384, "causal": False, "buckets": None, "top": None, "forward_ms": 1.0}
+    rows = [
+        {**row, "method": "sdpa_flash", "status": "ok", "forward_backward_ms": 3.0},
+        {**row, "method": "adasplash", "status": "failed: adasplash is not installed"},
+        {**row, "method": "ours_entmax", "buckets": 16, "top": 2, "status": "oom"},
+    ]
+    write_json(tmp_path / "bench" / "bench.json", _bench_report(rows))
+    tuned = {"n": 32, "buckets": 4, "top": 1, "alpha": 1.5, "causal": False}
+    tune_report = {
+        "device_name": "GPU",
+        "settings": {"dtype": "bfloat16"},
+        "candidates": ["64x64/w8/s2"],
+        "budget_s": 90,
+        "results": [
+            {**tuned, "tiles": "64x32/w4/s2", "default": True, "status": "ok", "deviation": 0.0},
+            {
+                **tuned,
+                "tiles": "64x64/w8/s2",
+                "default": False,
+                "status": "wrong: deviation 0.3 from the default",
+            },
+        ],
+    }
+    write_json(tmp_path / "tune" / "tune.json", tune_report)
+    summary = day_one.summarize(tmp_path, {"tune": 0, "bench": 124}, smoke=False)
+    assert summary["failed"] == ["tune", "bench"]
+    bench = summary["steps"]["bench"]
+    assert bench["status"] == "timed out" and bench["failures"] == ["ours_entmax top-2 n=16384 full: oom"]
+    assert bench["competitors_not_ok"] == ["adasplash: failed: adasplash is not installed"]
+    assert summary["steps"]["tune"]["failures"] == [
+        "n=32 top=1 α=1.5 causal=False 64x64/w8/s2: wrong: deviation 0.3 from the default"
+    ]
+    assert "partial" in (tmp_path / "speed_table.md").read_text()
+    assert "partial" not in (tmp_path / "tune.md").read_text()  # its step ended by itself
+    table = markdown_rows((tmp_path / "speed_table.md").read_text())
+    assert [c["method"] for c in table] == ["sdpa_flash", "adasplash", "ours_entmax"]
+    text = day_one.summary_text(summary)
+    assert "bench  FAILED (timed out)" in text and text.endswith("status: FAILED (tune, bench)")
+
+    quiet = day_one.summarize(tmp_path, {"bench": 0}, smoke=False)  # an OOM of ours fails even so
+    assert quiet["failed"] == ["bench"] and quiet["steps"]["tune"]["status"] == "not run"
+    assert "workloads" not in quiet["steps"]["tune"]  # an earlier run's files are not read
+    write_json(tmp_path / "bench" / "bench.json", _bench_report(rows[:2]))
+    assert day_one.summarize(tmp_path, {"bench": 0}, smoke=False)["ok"]
