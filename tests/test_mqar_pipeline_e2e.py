@@ -42,7 +42,8 @@ MICRO = [
     (("teacher",), {"unigram_margin": None}),
     (
         ("pretrain", "train"),
-        {"max_steps": 20, "batch_size": 8, "lr": 0.01, "warmup_steps": 2, "eval_steps": 20, "save_steps": 20},
+        {"max_steps": 20, "batch_size": 8, "lr": 0.01, "warmup_steps": 2, "eval_steps": 20, "save_steps": 20}
+        | {"restarts": [{"step": 12, "lr": 0.005}]},
     ),
     (("pretrain", "eval"), {"batch_size": 4, "test_examples": 4, "sparsity_examples": 2}),
     (

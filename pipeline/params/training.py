@@ -4,6 +4,7 @@ too)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -48,6 +49,14 @@ class ModelShape(Section):
         return self
 
 
+class Restart(Section):
+    """A warm restart of the linear schedule: at ``step`` the rate warms up again to ``lr`` and decays to 0 at
+    the next restart or at ``max_steps`` (:mod:`pipeline.training.schedule`)."""
+
+    step: Steps
+    lr: Annotated[float, Field(gt=0.0, le=1.0)]
+
+
 class Training(Section):
     max_steps: Steps = 1000
     batch_size: BatchSize = 32
@@ -64,6 +73,23 @@ class Training(Section):
     seed: Seed = 0
     # mlm only: the share of a block's tokens masked for prediction in training (evaluation predicts 15 %)
     mask_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.15
+    # linear schedule only: phases after the first, each a fresh warm-up and linear decay from its own peak
+    restarts: list[Restart] = []
+
+    @model_validator(mode="after")
+    def _restarts_fit(self) -> Training:
+        if not self.restarts:
+            return self
+        if self.schedule != "linear":
+            raise ValueError(f"restarts need schedule 'linear', not '{self.schedule}'")
+        starts = [0] + [restart.step for restart in self.restarts] + [self.max_steps]
+        for start, end in pairwise(starts):
+            if end - start <= self.warmup_steps:
+                raise ValueError(
+                    f"restart steps must increase by more than warmup_steps ({self.warmup_steps}) and stay "
+                    f"below max_steps ({self.max_steps}): phases {starts[:-1]}"
+                )
+        return self
 
 
 class Evaluation(Section):

@@ -50,6 +50,7 @@ from pipeline.fingerprint import file_sha256
 from pipeline.finite import require_finite
 from pipeline.params.training import Distillation, Training
 from pipeline.students.distill import DistillationTrainer
+from pipeline.training.schedule import schedule_callbacks
 
 RUN_FINGERPRINT = "run_fingerprint.json"
 # in each checkpoint folder, written last: the sha256 of every other file in it
@@ -381,7 +382,7 @@ def train_model(
         eval_dataset=data["valid"].select_columns(columns),
         data_collator=collator,
         processing_class=tokenizer,
-        callbacks=[FiniteLoss(), RecordCheckpointFiles(), started, *callbacks],
+        callbacks=[FiniteLoss(), RecordCheckpointFiles(), started, *schedule_callbacks(settings), *callbacks],
         optimizers=(optimizer, None),
     )
     if teacher is None:
