@@ -1,0 +1,267 @@
+"""Indexed α-entmax attention on a trained model's own queries and keys, beside softmax SDPA.
+
+``python -m benchmarks.indexed_model MODEL [--data artifacts/data] [--n 4096] [--rank 24] [--margin 0]``
+
+The synthetic inputs of :mod:`benchmarks.attention` say what the kernel can do; this says what it does on a
+language model: the α-entmax teacher ``MODEL`` reads the first ``n`` tokens of its corpus's test blocks laid
+end to end (as the evaluate stage's speed table does), and every decoder self-attention layer's queries, keys
+and values are captured as the model computes them (keys and values repeated to the query heads). The
+τ-indexer's maps are its training-free ``fitting="pca"`` (per head, the top ``rank`` eigenvectors of
+Σ qqᵀ + Σ kkᵀ, :func:`pipeline.predictors.indexer_fit.principal_basis`), fitted on the ``n`` tokens that
+follow, which the timed stretch does not contain.
+
+Per layer, one thread, in this process: forward (no gradient) medians of softmax SDPA (causal) and of
+:func:`kernels.indexed.indexed_attention` certified and approximate, in the position and the clustered order,
+with ``--backward`` also forward + backward; the share of key blocks whose exact scores were never computed,
+the phase times the call reports, and against dense α-entmax o (one forward per layer) each output's largest
+deviation over max |o| (certified: round-off), with the share of the teacher's support the approximate
+call's predicted sets hold. ``× SDPA`` is SDPA's time over the method's, measured side by side.
+Writes a JSON report and prints one table per layer and the sums over layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
+from pipeline.atomic import write_json
+from pipeline.attention.entmax import checked_alpha
+from pipeline.attention.loading import load_model
+from pipeline.attention.recording import attention_layers, wrapped_attention
+from pipeline.attention_kinds import attention_kind
+from pipeline.errors import UserError, exits_cleanly
+from pipeline.evaluation.speed import long_sequence
+from pipeline.predictors.base import HeadInputs
+from pipeline.predictors.indexer_fit import low_rank, principal_basis
+from pipeline.timer import median_seconds
+from pipeline.training.run import prepared_corpus
+
+LayerInputs = dict[str, Any]
+"""One layer's captured inputs: q, k, v (1, h, n, d) float32, and the model's ``scaling``."""
+
+
+@contextmanager
+def captured_layers(model: torch.nn.Module) -> Iterator[list[LayerInputs]]:
+    """While the block runs, every decoder self-attention call of ``model`` appends its layer's inputs."""
+    layers = {
+        id(module): i for i, module in enumerate(attention_layers(model, attention_kind("decoder_self")))
+    }
+    captured: list[LayerInputs] = []
+
+    def recording(original: Callable[..., Any]) -> Callable[..., Any]:
+        def record(module, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any):
+            if id(module) in layers:
+                groups = query.shape[1] // key.shape[1]  # grouped-query attention shares keys between heads
+                captured.append(
+                    {
+                        "layer": layers[id(module)],
+                        "q": query.detach().float(),
+                        "k": key.detach().repeat_interleave(groups, dim=1).float(),
+                        "v": value.detach().repeat_interleave(groups, dim=1).float(),
+                        "scaling": float(kwargs.get("scaling") or module.scaling),
+                    }
+                )
+            return original(module, query, key, value, *args, **kwargs)
+
+        return record
+
+    with wrapped_attention(model, recording):
+        yield captured
+
+
+def model_inputs(model_dir: str, data_dir: str, n: int, rank: int) -> tuple[list[LayerInputs], float]:
+    """The decoder self-attention inputs of every layer over the first ``n`` test tokens, each with the
+    τ-indexer's projections q_index, k_index (1, h, n, rank) from PCA maps fitted on the next ``n``; and the
+    model's α."""
+    data, _, _ = prepared_corpus(data_dir, "--data", ("lm", "mqar"))
+    model = load_model(model_dir)
+    alpha = checked_alpha(getattr(model.config, "entmax_alpha", 1.5))
+    if alpha == 1.0:
+        raise UserError(
+            f"{model_dir}: a softmax model (entmax_alpha 1); allowed: an α-entmax teacher (α > 1)"
+        )
+    try:
+        ids = long_sequence(data["test"], 2 * n)  # (1, 2n): the timed stretch, then the fitting one
+    except ValueError as err:
+        raise UserError(f"--n {n}: the test split is too short ({err}); allowed: a smaller --n") from None
+    stretches = []
+    with torch.no_grad():
+        for part in (ids[:, :n], ids[:, n:]):
+            with captured_layers(model) as layers:
+                model(input_ids=part)
+            stretches.append(layers)
+    timed, fitting = stretches
+    everyone = torch.ones(1, n, dtype=torch.bool)
+    for layer, fit in zip(timed, fitting, strict=True):
+        heads = HeadInputs(q=fit["q"], k=fit["k"], q_valid=everyone, k_valid=everyone, causal=True)
+        basis = principal_basis([heads], rank)  # (h, rank, d)
+        layer["q_index"], layer["k_index"] = low_rank(layer["q"], basis), low_rank(layer["k"], basis)
+    return timed, alpha
+
+
+def layer_rows(
+    inputs: LayerInputs, *, alpha: float, margin: float, block: int, reps: int, backward: bool
+) -> list[dict[str, Any]]:
+    """Rows of one layer: SDPA, then the indexed calls, each timed, with its phases and its deviation."""
+    q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], inputs["scaling"]
+    qi, ki = inputs["q_index"], inputs["k_index"]
+    methods: dict[str, Callable[..., Tensor]] = {
+        "sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scale
+        )
+    }
+    for mode in ("certified", "approximate"):
+        for order in ("position", "clustered"):
+            methods[f"{mode} ({order})"] = lambda q, k, v, mode=mode, order=order, **extra: indexed_attention(
+                q, k, v, qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin, mode=mode,
+                block=block, order=order, **extra,
+            )  # fmt: skip
+    with torch.no_grad():
+        dense = dense_indexed_reference(q, k, v, alpha=alpha, causal=True, scale=scale)
+        support = _dense_support(q, k, alpha, scale)  # (1, h, n, n) bool
+        predicted = predicted_sets(qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin)
+    recall = float((predicted & support).sum() / support.sum())
+    rows = []
+    for name, fn in methods.items():
+        row: dict[str, Any] = {"layer": inputs["layer"], "method": name}
+        with torch.no_grad():
+            row["forward_ms"] = 1e3 * median_seconds(lambda fn=fn: fn(q, k, v), repeats=reps, warmup=1)
+            if name != "sdpa":
+                out, stats = fn(q, k, v, return_stats=True)
+                row["max_rel_error"] = float((out - dense).abs().max() / dense.abs().max())
+                row |= {key: stats[key] for key in ("blocks_skipped", "recomputed", "predicted_mean")}
+                row |= {f"{key[:-2]}_ms": 1e3 * stats[key] for key in ("indexer_s", "bounds_s", "sparse_s")}
+                if name.startswith("approximate"):
+                    row["support_recall"] = recall
+        if backward:
+            grads = [x.clone().requires_grad_() for x in (q, k, v)]
+
+            def step(fn=fn, grads=grads) -> None:
+                fn(*grads).sum().backward()
+                for x in grads:
+                    x.grad = None
+
+            row["forward_backward_ms"] = 1e3 * median_seconds(step, repeats=reps, warmup=1)
+        rows.append(row)
+    return with_ratios(rows)
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (SDPA's first) with each time's ratio SDPA / it, × SDPA."""
+    for row in rows:
+        for phase in ("forward", "forward_backward"):
+            if f"{phase}_ms" in row:
+                row[f"{phase}_x_sdpa"] = rows[0][f"{phase}_ms"] / row[f"{phase}_ms"]
+    return rows
+
+
+def _dense_support(q: Tensor, k: Tensor, alpha: float, scale: float) -> Tensor:
+    """(1, h, n, n) bool: the keys dense causal α-entmax gives weight, from the same reference."""
+    n = q.shape[2]
+    eye = torch.eye(n).expand(1, q.shape[1], n, n)  # values = one-hot keys: the output is the weights
+    return dense_indexed_reference(q, k, eye, alpha=alpha, causal=True, scale=scale) > 0
+
+
+def summed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per method: times summed over layers, × SDPA of the sums, blocks skipped averaged."""
+    out = []
+    for method in dict.fromkeys(row["method"] for row in rows):
+        mine = [row for row in rows if row["method"] == method]
+        total: dict[str, Any] = {"layer": "all", "method": method}
+        for key in ("forward_ms", "forward_backward_ms", "indexer_ms", "bounds_ms", "sparse_ms"):
+            if key in mine[0]:
+                total[key] = sum(row[key] for row in mine)
+        for key in ("blocks_skipped", "support_recall"):
+            if key in mine[0]:
+                total[key] = sum(row[key] for row in mine) / len(mine)
+        if "max_rel_error" in mine[0]:
+            total["max_rel_error"] = max(row["max_rel_error"] for row in mine)
+        out.append(total)
+    return with_ratios(out)
+
+
+COLUMNS = [
+    ("layer", "layer", "{}"),
+    ("method", "method", "{}"),
+    ("forward ms", "forward_ms", "{:.1f}"),
+    ("× SDPA", "forward_x_sdpa", "{:.2f}"),
+    ("fwd+bwd ms", "forward_backward_ms", "{:.1f}"),
+    ("× SDPA", "forward_backward_x_sdpa", "{:.2f}"),
+    ("blocks skipped", "blocks_skipped", "{:.3f}"),
+    ("indexer ms", "indexer_ms", "{:.1f}"),
+    ("bounds ms", "bounds_ms", "{:.1f}"),
+    ("sparse ms", "sparse_ms", "{:.1f}"),
+    ("support recall", "support_recall", "{:.3f}"),
+    ("max |Δ| / max |o|", "max_rel_error", "{:.1e}"),
+]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A markdown table of ``rows`` (columns a row lacks print as —)."""
+    lines = ["| " + " | ".join(title for title, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        cells = [spec.format(row[key]) if key in row else "—" for _, key, spec in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+@exits_cleanly
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.indexed_model", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "model", help="an α-entmax teacher folder (the lm profile's artifacts/models/teacher)"
+    )
+    parser.add_argument("--data", default="artifacts/data", help="its prepared lm corpus")
+    parser.add_argument("--n", type=_positive, default=4096, help="tokens per sequence")
+    parser.add_argument("--rank", type=_positive, default=24, help="the indexer's rank")
+    parser.add_argument("--margin", type=float, default=0.0, help="the approximate mode's margin δ ≥ 0")
+    parser.add_argument("--block", type=_positive, default=32, help="the kernel's block of queries and keys")
+    parser.add_argument("--reps", type=_positive, default=3, help="timed passes per figure (median)")
+    parser.add_argument("--backward", action="store_true", help="also time forward + backward")
+    parser.add_argument("--out", default="artifacts/bench/indexed_model.json")
+    args = parser.parse_args(argv)
+    if not args.margin >= 0.0:
+        parser.error(f"--margin {args.margin}: must be ≥ 0")
+    threads = torch.get_num_threads()
+    layers, alpha = model_inputs(args.model, args.data, args.n, args.rank)
+    torch.set_num_threads(1)
+    try:
+        rows = []
+        for inputs in layers:
+            print(f"layer {inputs['layer']} of {len(layers)}", file=sys.stderr)
+            rows += layer_rows(
+                inputs,
+                alpha=alpha,
+                margin=args.margin,
+                block=args.block,
+                reps=args.reps,
+                backward=args.backward,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    settings = {k: getattr(args, k) for k in ("model", "data", "n", "rank", "margin", "block", "reps")}
+    report = {"settings": settings | {"alpha": alpha, "threads": 1}, "layers": rows, "all": summed(rows)}
+    write_json(Path(args.out), report)
+    print(table(rows + report["all"]))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""``python -m benchmarks.indexed_model``: indexed attention on a saved model's own attention inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import load_from_disk
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from benchmarks import indexed_model
+from pipeline.attention.loading import load_model
+from pipeline.checkpoint import save_checkpoint
+from pipeline.corpus_card import MQAR_CARD
+from pipeline.data.mqar import MqarSpec
+from pipeline.data.mqar_card import mqar_card_text
+from pipeline.data.mqar_corpus import build_mqar_corpus, mqar_tokenizer
+from pipeline.evaluation.speed import long_sequence
+from tests.tiny import tiny_llama
+
+SPEC = MqarSpec(vocab_size=64, input_seq_len=32, num_kv_pairs=4)
+
+
+def saved(root: Path, name: str, **overrides) -> Path:
+    folder = root / name
+    model = tiny_llama(vocab=67, **overrides)
+    save_checkpoint(
+        folder, model, mqar_tokenizer(64), {"stage": "teacher"}, {MQAR_CARD: mqar_card_text(root / "data")}
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("indexed_model")
+    build_mqar_corpus(root / "data", spec=SPEC, counts={"train": 2, "valid": 2, "test": 4}, seed=0)
+    saved(root, "teacher")
+    saved(root, "softmax", entmax_alpha=1.0)
+    return root
+
+
+def test_every_layer_is_captured_as_the_model_computes_it(root: Path) -> None:
+    layers, alpha = indexed_model.model_inputs(str(root / "teacher"), str(root / "data"), 48, rank=4)
+    assert alpha == 1.5 and [layer["layer"] for layer in layers] == [0, 1]
+    for layer in layers:
+        q, k, v = layer["q"], layer["k"], layer["v"]
+        assert q.shape == k.shape == v.shape == (1, 4, 48, 8)  # keys and values repeated to the 4 query heads
+        assert torch.equal(k[:, 0], k[:, 1]) and not torch.equal(k[:, 1], k[:, 2])  # 2 heads share a key head
+        assert layer["q_index"].shape == (1, 4, 48, 4) and layer["scaling"] == pytest.approx(8**-0.5)
+    # layer 0 sees the embeddings: its queries and keys are their rotated projections, at positions 0…47
+    model = load_model(root / "teacher")
+    ids = long_sequence(load_from_disk(str(root / "data"))["test"], 48)
+    attention = model.model.layers[0].self_attn
+    hidden = model.model.layers[0].input_layernorm(model.model.embed_tokens(ids))  # (1, 48, 32)
+    with torch.no_grad():
+        q = attention.q_proj(hidden).view(1, 48, 4, 8).transpose(1, 2)
+        k = attention.k_proj(hidden).view(1, 48, 2, 8).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *model.model.rotary_emb(hidden, torch.arange(48)[None]))
+    torch.testing.assert_close(layers[0]["q"], q)
+    torch.testing.assert_close(layers[0]["k"], k.repeat_interleave(2, dim=1))
+
+
+def test_the_report_times_every_method_and_certified_stays_exact(root: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    indexed_model.main(
+        [str(root / "teacher"), "--data", str(root / "data"), "--n", "64", "--rank", "4", "--block", "16",
+         "--reps", "1", "--backward", "--out", str(out)]
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    methods = ["sdpa"] + [
+        f"{m} ({o})" for m in ("certified", "approximate") for o in ("position", "clustered")
+    ]
+    assert [row["method"] for row in report["layers"]] == methods * 2
+    assert [row["method"] for row in report["all"]] == methods
+    for row in report["layers"] + report["all"]:
+        assert row["forward_ms"] > 0 and row["forward_backward_ms"] > 0
+        if row["method"] == "sdpa":
+            assert row["forward_x_sdpa"] == 1.0
+        elif row["method"].startswith("certified"):
+            assert row["max_rel_error"] < 1e-5  # exact α-entmax on a model's own inputs
+        else:
+            assert 0.0 < row["support_recall"] <= 1.0
+    sums = report["all"][1]
+    mine = [row for row in report["layers"] if row["method"] == sums["method"]]
+    assert sums["forward_ms"] == pytest.approx(sum(row["forward_ms"] for row in mine))
+    assert sums["forward_x_sdpa"] == pytest.approx(report["all"][0]["forward_ms"] / sums["forward_ms"])
+    assert "| all | certified (position) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["softmax"], "a softmax model (entmax_alpha 1); allowed: an α-entmax teacher"),
+        (["teacher", "--n", "4096"], "--n 4096: the test split is too short"),
+    ],
+)
+def test_inputs_it_cannot_measure_exit_2_with_one_line(
+    root: Path, tmp_path: Path, capsys, args, named
+) -> None:
+    argv = [str(root / args[0]), *args[1:], "--data", str(root / "data"), "--out", str(tmp_path / "b.json")]
+    with pytest.raises(SystemExit) as stopped:
+        indexed_model.main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b.json").exists()
