@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels.entmax.dense import entmax_normalize
 from kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
 from pipeline.atomic import write_json
 from pipeline.attention.entmax import checked_alpha
@@ -164,10 +165,11 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _dense_support(q: Tensor, k: Tensor, alpha: float, scale: float) -> Tensor:
-    """(1, h, n, n) bool: the keys dense causal α-entmax gives weight, from the same reference."""
+    """(1, h, n, n) bool: the keys dense causal α-entmax gives weight."""
     n = q.shape[2]
-    eye = torch.eye(n).expand(1, q.shape[1], n, n)  # values = one-hot keys: the output is the weights
-    return dense_indexed_reference(q, k, eye, alpha=alpha, causal=True, scale=scale) > 0
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(future, float("-inf"))  # (1, h, n, n)
+    return entmax_normalize(scores, alpha) > 0
 
 
 def summed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
