@@ -57,21 +57,33 @@ def sparsefinder_params(path: Path) -> subprocess.CompletedProcess:
 
 
 def float_fields(model: type[Section], where: str) -> Iterator[str]:
-    """Dotted keys of every float field of ``model`` and of the sections nested in it (not in maps)."""
+    """Dotted keys of every float field of ``model`` and of the sections nested in it (not in maps); a
+    list's items as its first one (``….restarts.0.lr``)."""
     for name, field in model.model_fields.items():
         if float in (field.annotation, *get_args(field.annotation)):
             yield f"{where}.{name}"
         if "dict" not in str(field.annotation):
+            item = ".0" if "list" in str(field.annotation) else ""
             for nested in nested_sections(field.annotation):
-                yield from float_fields(nested, f"{where}.{name}")
+                yield from float_fields(nested, f"{where}.{name}{item}")
 
 
 FLOAT_KEYS = sorted({key for name, model in SECTIONS.items() for key in float_fields(model, name)})
+# a valid first item of each list of sections a float key passes through, the rest of that item
+LIST_ITEMS = {"restarts": {"step": 5, "lr": 1e-3}}
+
+
+def nan_at(key: str) -> dict[str, Any]:
+    """Params changes putting NaN at ``key``, inside a valid first item where the key runs through a list."""
+    if ".0." not in key:
+        return {key: math.nan}
+    listed, field = key.split(".0.")
+    return {listed: [LIST_ITEMS[listed.rsplit(".", 1)[1]] | {field: math.nan}]}
 
 
 @pytest.mark.parametrize("key", FLOAT_KEYS)
 def test_every_float_refuses_nan(tmp_path: Path, key: str) -> None:
-    message = user_error(key.split(".")[0], params_file(tmp_path, {key: math.nan}))
+    message = user_error(key.split(".")[0], params_file(tmp_path, nan_at(key)))
     assert message.endswith(f"{key} = nan: Input should be a finite number"), message
 
 
