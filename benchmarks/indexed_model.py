@@ -13,9 +13,11 @@ follow, which the timed stretch does not contain.
 Per layer, one thread, in this process: forward (no gradient) medians of softmax SDPA (causal) and of
 :func:`kernels.indexed.indexed_attention` certified and approximate, in the position and the clustered order,
 with ``--backward`` also forward + backward; the share of key blocks whose exact scores were never computed,
-the phase times the call reports, and against dense α-entmax o (one forward per layer) each output's largest
-deviation over max |o| (certified: round-off), with the share of the teacher's support the approximate
-call's predicted sets hold. ``× SDPA`` is SDPA's time over the method's, measured side by side.
+the phase times the call reports; the teacher's density over the causal pairs, and the share of causal
+blocks holding any of its support (what an exact block-sparse kernel cannot skip); against dense α-entmax o
+(one forward per layer) each output's largest deviation over max |o| (certified: round-off), with the share
+of the teacher's support the approximate call's predicted sets hold. ``× SDPA`` is SDPA's time over the
+method's, measured side by side.
 Writes a JSON report and prints one table per layer and the sums over layers.
 """
 
@@ -130,9 +132,12 @@ def layer_rows(
         support = _dense_support(q, k, alpha, scale)  # (1, h, n, n) bool
         predicted = predicted_sets(qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin)
     recall = float((predicted & support).sum() / support.sum())
+    occupancy = support_occupancy(support, block)
     rows = []
     for name, fn in methods.items():
         row: dict[str, Any] = {"layer": inputs["layer"], "method": name}
+        if name == "sdpa":
+            row |= occupancy
         with torch.no_grad():
             row["forward_ms"] = 1e3 * median_seconds(lambda fn=fn: fn(q, k, v), repeats=reps, warmup=1)
             if name != "sdpa":
@@ -172,6 +177,23 @@ def _dense_support(q: Tensor, k: Tensor, alpha: float, scale: float) -> Tensor:
     return entmax_normalize(scores, alpha) > 0
 
 
+def support_occupancy(support: Tensor, block: int) -> dict[str, float]:
+    """How much of the causal pairs the teacher's support (1, h, n, n) covers: ``teacher_density``, its share
+    of the pairs j ≤ i; ``block_density``, the share of the causal (query block, key block) pairs of
+    ``block`` × ``block`` that hold a support pair, the least share of blocks an exact block-sparse kernel
+    must compute."""
+    h, n = support.shape[1], support.shape[2]
+    nb = -(-n // block)
+    pad = nb * block - n
+    blocks = torch.nn.functional.pad(support, (0, pad, 0, pad)).view(h, nb, block, nb, block).any(-1).any(2)
+    causal_pairs = h * n * (n + 1) / 2
+    causal_blocks = h * nb * (nb + 1) / 2  # (h, nb, nb) lower triangle with the diagonal
+    return {
+        "teacher_density": float(support.sum()) / causal_pairs,
+        "block_density": float(blocks.sum()) / causal_blocks,
+    }
+
+
 def summed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per method: times summed over layers, × SDPA of the sums, blocks skipped averaged."""
     out = []
@@ -181,7 +203,7 @@ def summed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in ("forward_ms", "forward_backward_ms", "indexer_ms", "bounds_ms", "sparse_ms"):
             if key in mine[0]:
                 total[key] = sum(row[key] for row in mine)
-        for key in ("blocks_skipped", "support_recall"):
+        for key in ("blocks_skipped", "support_recall", "teacher_density", "block_density"):
             if key in mine[0]:
                 total[key] = sum(row[key] for row in mine) / len(mine)
         if "max_rel_error" in mine[0]:
@@ -197,6 +219,8 @@ COLUMNS = [
     ("× SDPA", "forward_x_sdpa", "{:.2f}"),
     ("fwd+bwd ms", "forward_backward_ms", "{:.1f}"),
     ("× SDPA", "forward_backward_x_sdpa", "{:.2f}"),
+    ("teacher density", "teacher_density", "{:.3f}"),
+    ("block density", "block_density", "{:.3f}"),
     ("blocks skipped", "blocks_skipped", "{:.3f}"),
     ("indexer ms", "indexer_ms", "{:.1f}"),
     ("bounds ms", "bounds_ms", "{:.1f}"),

@@ -106,3 +106,13 @@ def test_inputs_it_cannot_measure_exit_2_with_one_line(
     err = capsys.readouterr().err
     assert named in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "b.json").exists()
+
+
+def test_occupancy_counts_the_causal_pairs_and_blocks_the_support_touches() -> None:
+    n, block = 6, 4  # two blocks of queries and keys, the second padded
+    support = torch.zeros(1, 2, n, n, dtype=torch.bool)
+    support[0, 0].fill_diagonal_(True)  # head 0: the diagonal, 6 of 21 causal pairs, both diagonal blocks
+    support[0, 1, 5, 0] = True  # head 1: one pair, in block (1, 0)
+    occupancy = indexed_model.support_occupancy(support, block)
+    assert occupancy["teacher_density"] == pytest.approx(7 / 42)
+    assert occupancy["block_density"] == pytest.approx(3 / 6)  # of 3 causal blocks per head
