@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from kernels.entmax.dense import entmax_normalize
-from kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
+from kernels.indexed.attention import indexed_attention, predicted_sets
 from pipeline.atomic import write_json
 from pipeline.attention.entmax import checked_alpha
 from pipeline.attention.loading import load_model
@@ -128,8 +128,8 @@ def layer_rows(
                 block=block, order=order, **extra,
             )  # fmt: skip
     with torch.no_grad():
-        dense = dense_indexed_reference(q, k, v, alpha=alpha, causal=True, scale=scale)
-        support = _dense_support(q, k, alpha, scale)  # (1, h, n, n) bool
+        probs = _dense_probs(q, k, alpha, scale)  # (1, h, n, n)
+        dense, support = probs @ v, probs > 0
         predicted = predicted_sets(qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin)
     recall = float((predicted & support).sum() / support.sum())
     occupancy = support_occupancy(support, block)
@@ -169,12 +169,13 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _dense_support(q: Tensor, k: Tensor, alpha: float, scale: float) -> Tensor:
-    """(1, h, n, n) bool: the keys dense causal α-entmax gives weight."""
+def _dense_probs(q: Tensor, k: Tensor, alpha: float, scale: float) -> Tensor:
+    """(1, h, n, n) dense causal α-entmax weights (as :func:`kernels.indexed.dense_indexed_reference`
+    computes them, kept here for the support as well as the output)."""
     n = q.shape[2]
     future = torch.ones(n, n, dtype=torch.bool).triu(1)
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(future, float("-inf"))  # (1, h, n, n)
-    return entmax_normalize(scores, alpha) > 0
+    return entmax_normalize(scores, alpha)
 
 
 def support_occupancy(support: Tensor, block: int) -> dict[str, float]:

@@ -4,7 +4,6 @@ too)."""
 
 from __future__ import annotations
 
-from itertools import pairwise
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -76,19 +75,24 @@ class Training(Section):
     # linear schedule only: phases after the first, each a fresh warm-up and linear decay from its own peak
     restarts: list[Restart] = []
 
+    def phases(self) -> list[tuple[int, int, float]]:
+        """(first step, end step, peak rate) of each phase of the schedule: the run, or its restarts."""
+        starts = [0] + [restart.step for restart in self.restarts]
+        peaks = [self.lr] + [restart.lr for restart in self.restarts]
+        return list(zip(starts, [*starts[1:], self.max_steps], peaks, strict=True))
+
     @model_validator(mode="after")
     def _restarts_fit(self) -> Training:
         if not self.restarts:
             return self
         if self.schedule != "linear":
             raise ValueError(f"restarts need schedule 'linear', not '{self.schedule}'")
-        starts = [0] + [restart.step for restart in self.restarts] + [self.max_steps]
-        for start, end in pairwise(starts):
-            if end - start <= self.warmup_steps:
-                raise ValueError(
-                    f"restart steps must increase by more than warmup_steps ({self.warmup_steps}) and stay "
-                    f"below max_steps ({self.max_steps}): phases {starts[:-1]}"
-                )
+        phases = self.phases()
+        if any(end - start <= self.warmup_steps for start, end, _ in phases):
+            raise ValueError(
+                f"restart steps must increase by more than warmup_steps ({self.warmup_steps}) and stay "
+                f"below max_steps ({self.max_steps}): phases {[start for start, _, _ in phases]}"
+            )
         return self
 
 

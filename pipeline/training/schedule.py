@@ -24,17 +24,13 @@ from pipeline.params.training import Training
 
 def restarted_factor(step: int, settings: Training) -> float:
     """η(step) / ``settings.lr`` under the phases of ``settings.restarts`` (the formula above)."""
-    starts = [0] + [restart.step for restart in settings.restarts]
-    peaks = [settings.lr] + [restart.lr for restart in settings.restarts]
-    ends = [*starts[1:], settings.max_steps]
-    phase = max(i for i, start in enumerate(starts) if start <= step)
-    start, end, warmup = starts[phase], ends[phase], settings.warmup_steps
-    local = step - start
+    start, end, peak = [phase for phase in settings.phases() if phase[0] <= step][-1]
+    warmup, local = settings.warmup_steps, step - start
     if local < warmup:
         share = local / max(1, warmup)
     else:
         share = max(0.0, (end - step) / max(1, end - start - warmup))
-    return peaks[phase] / settings.lr * share
+    return peak / settings.lr * share
 
 
 class RestartedSchedule(TrainerCallback):
