@@ -1,0 +1,118 @@
+"""Exact α-entmax attention on CPU that scores every allowed pair and spends the entmax on the keys that can
+carry weight (C++: ``kernels/native/scanned_entmax.cpp``).
+
+For a query with scores s_j = scale · q·k_j and maximum m, write x_j = (s_j − m)/β with β = 1/(α − 1). Its
+threshold solves Σ_j [x_j − τ]₊^β = 1 and lies in [−1, 0) (the maximum alone gives (0 − τ)^β ≤ 1), so
+
+    p_j = 0 exactly for every key with s_j ≤ m − β,
+
+whatever the other scores. The kernel computes all scores with a register-tiled product (no score matrix is
+stored: a tile of 48 queries meets 128 keys at a time), keeps per row the entries above its running
+maximum − β, and solves τ, the probabilities and o = Σ_j p_j v_j over those alone. Where an upper bound on a
+key chunk's scores (its centroid and radius) lies below every row's running maximum − β the chunk is not
+scored; on a trained model's scattered supports that rarely happens, and the saving is elsewhere: softmax
+SDPA exponentiates every pair and multiplies all of them into the values, this kernel compares them and
+touches a few percent.
+
+Backward: the scores are computed again (the chunks that cannot reach m + β·τ skipped) and the gradient
+runs over the support only (``kernels/native/scanned_entmax.cpp``), from the m and τ the forward kept per
+query. Exact for every input, up to the round-off of the sums' order; α = 1.5 and α = 2 only (β = 2, 1).
+The reference is :func:`kernels.indexed.attention.dense_indexed_reference`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels.native import call, library, wide
+
+__all__ = ["CHUNK", "scanned_attention", "scanned_kernel"]
+
+CHUNK = 128
+"""Keys per chunk of the C++ kernel (its kChunk): the unit of ``chunks_skipped``."""
+_BETA = {1.5: 2, 2.0: 1}
+_SUFFIX = {torch.float32: "float", torch.float64: "double"}
+
+
+def scanned_kernel(alpha: float, *tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The C++ library where it runs these tensors for this α: CPU, float32 or float64, α 1.5 or 2, built
+    for vectors of 32 bytes or more (AVX2 with FMA, AVX-512); None elsewhere."""
+    if alpha not in _BETA or any(t.device.type != "cpu" or t.dtype not in _SUFFIX for t in tensors):
+        return None
+    return wide(library("scanned_entmax"), 32)
+
+
+class _Scanned(torch.autograd.Function):
+    """o (G, n, dv) of q (G, n, d), k (G, m, d), v (G, m, dv); the kernel's counts in ``counts`` (3,)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_valid, scale: float, alpha: float, causal: bool, counts: torch.Tensor):
+        kernel = scanned_kernel(alpha, q)
+        assert kernel is not None
+        G, n, _ = q.shape
+        m, dv = k.shape[1], v.shape[2]
+        out = q.new_empty(G, n, dv)
+        shift, tau = q.new_empty(G, n), q.new_empty(G, n)
+        suffix = _SUFFIX[q.dtype]
+        # fmt: off
+        call(kernel, f"scanned_forward_{suffix}", q, k, v, key_valid, G, n, m, q.shape[2], dv, scale,
+             _BETA[alpha], int(causal), out, shift, tau, counts)
+        # fmt: on
+        ctx.save_for_backward(q, k, v, key_valid, shift, tau)
+        ctx.settings = (scale, alpha, causal)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        q, k, v, key_valid, shift, tau = ctx.saved_tensors
+        scale, alpha, causal = ctx.settings
+        kernel = scanned_kernel(alpha, q)
+        assert kernel is not None
+        G, n, d = q.shape
+        m, dv = k.shape[1], v.shape[2]
+        dq, dk, dvalues = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grad = grad.to(q.dtype).contiguous()
+        # fmt: off
+        call(kernel, f"scanned_backward_{_SUFFIX[q.dtype]}", q, k, v, key_valid, G, n, m, d, dv, scale,
+             _BETA[alpha], int(causal), grad, shift, tau, dq, dk, dvalues)
+        # fmt: on
+        return dq, dk, dvalues, None, None, None, None, None
+
+
+def scanned_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    alpha: float,
+    causal: bool,
+    key_valid: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Exact α-entmax attention (b, h, n, d_v) in q's dtype, differentiable in q, k and v, with its counts:
+    ``chunks_skipped`` (share of the (48-query tile, 128-key chunk) pairs a query could see whose scores
+    were never computed) and ``kept_mean`` (mean number of keys per query within β of its maximum, the set
+    the entmax ran over). q (b, h, n, d), k (b, h, m, d), v (b, h, m, d_v), key_valid (b, m) bool or None;
+    arguments checked by the caller (:func:`kernels.indexed.attention.indexed_attention`), and
+    :func:`scanned_kernel` not None for them."""
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+
+    def flat(x: torch.Tensor) -> torch.Tensor:  # (b, h, L, ·) → (b·h, L, ·) contiguous in the compute dtype
+        return x.to(compute).reshape(b * h, x.shape[2], x.shape[3]).contiguous()
+
+    valid = None
+    if key_valid is not None:  # (b, m) → (b·h, m) bytes
+        valid = key_valid[:, None].expand(b, h, m).reshape(b * h, m).to(torch.uint8).contiguous()
+    counts = torch.zeros(3, dtype=torch.int64)
+    out = _Scanned.apply(flat(q), flat(k), flat(v), valid, float(scale), float(alpha), causal, counts)
+    scored, visible, kept = (int(c) for c in counts)
+    stats = {
+        "chunks_skipped": 1.0 - scored / visible if visible else 0.0,
+        "kept_mean": kept / (b * h * n) if n else 0.0,
+    }
+    return out.view(b, h, n, -1).to(q.dtype), stats

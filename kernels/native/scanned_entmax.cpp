@@ -1,0 +1,561 @@
+// Exact α-entmax attention (α = 2: β = 1; α = 1.5: β = 2) that scores every allowed pair and spends the
+// entmax on the few keys that can carry weight.
+//
+// For a query with scores s_j = scale · q·k_j over its keys and m = max_j s_j, write x_j = (s_j − m)/β ≤ 0
+// ((α − 1)(s_j − m), since α − 1 = 1/β). The threshold τ with Σ_j [x_j − τ]₊^β = 1 lies in [−1, 0): the
+// maximum alone gives [0 − τ]₊^β ≤ 1. So every key with s_j ≤ m − β has p_j = 0 exactly, whatever the rest
+// of the row. On a trained model's rows that leaves a few dozen to a few hundred keys of thousands.
+//
+// Forward, per tile of kTile queries of one (batch, head) group: the scores against a chunk of kChunk keys at
+// a time (the register-tiled product of vectors.h, kᵀ packed once per group), then per row a pass for the
+// chunk's maximum and one that keeps the entries above (running maximum − β): a superset of the final
+// {s > m − β}, since the running maximum only grows. A chunk is not scored at all when an upper bound on its
+// scores, scale·q·c + ‖scale·q‖·r for the centroid c and radius r of its keys, falls below (running maximum
+// − β) for every row of the tile (inputs whose support is local; a trained model's scattered supports leave
+// none). The chunk holding the tile's diagonal goes first, so the running maximum starts high. Then, over
+// the kept entries only: τ by the search of exact_entmax.cpp (Newton steps from below on a norm, each
+// checked for being the polynomial root on its support), p_j = (x_j − τ)₊^β / Σ, o = Σ p_j v_j.
+// Per query the forward returns m and τ, all the backward needs.
+//
+// Backward, with g_j = p_j^{2−α} ((x_j − τ)^{β−1} up to the normaliser) and dp_j = do·v_j, the scores'
+// gradient is ds_j = g_j (dp_j − Σ g dp / Σ g) on the support and 0 elsewhere; dq = scale Σ ds_j k_j,
+// dk_j += scale ds_j q, dv_j += p_j do. The scores are computed again (chunks that cannot reach the exact
+// threshold m + β·τ skipped), so nothing n × m is stored. dk and dv gather every query's share: each thread
+// adds into its own rows of a group, summed in thread order after the group, so the result depends on the
+// thread count but not on the schedule.
+//
+// The scores are sums over the head dim in order (vectors.h), the same in the backward as in the forward, so
+// both see the same support. The reference is dense α-entmax attention (kernels/indexed/scanned.py).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "vectors.h"
+
+namespace {
+
+using vectors::allocated, vectors::guarded, vectors::kWidth, vectors::product, vectors::Vec,
+    vectors::whole_vectors;
+
+constexpr int64_t kTile = 48;    // queries per tile: 8 register tiles of 6 rows
+constexpr int64_t kChunk = 128;  // keys per chunk: a tile's scores (24 KiB in float) stay in the first cache
+constexpr int kMaxSteps = 100;   // of the threshold search, as exact_entmax.cpp
+
+// The bits of the lanes of a comparison's result (all bits set in a lane that holds): lane i at bit i.
+template <typename Real>
+uint32_t lane_bits(const Vec<Real>& a, const Vec<Real>& b) {
+#ifdef __AVX512F__
+    if constexpr (sizeof(Real) == 4) {
+        return _mm512_cmp_ps_mask(reinterpret_cast<const __m512&>(a), reinterpret_cast<const __m512&>(b), _CMP_GT_OQ);
+    } else {
+        return _mm512_cmp_pd_mask(reinterpret_cast<const __m512d&>(a), reinterpret_cast<const __m512d&>(b), _CMP_GT_OQ);
+    }
+#elif defined(__AVX2__)
+    if constexpr (sizeof(Real) == 4) {
+        return _mm256_movemask_ps(_mm256_cmp_ps(reinterpret_cast<const __m256&>(a), reinterpret_cast<const __m256&>(b), _CMP_GT_OQ));
+    } else {
+        return _mm256_movemask_pd(_mm256_cmp_pd(reinterpret_cast<const __m256d&>(a), reinterpret_cast<const __m256d&>(b), _CMP_GT_OQ));
+    }
+#else
+    uint32_t bits = 0;
+    for (int lane = 0; lane < kWidth<Real>; ++lane) bits |= uint32_t(a[lane] > b[lane]) << lane;
+    return bits;
+#endif
+}
+
+// One call's inputs, per (batch·head) group g: q (G, n, d), k (G, m, d), v (G, m, dv); key_valid (G, m) or
+// null (every key); causal: query i sees keys j ≤ i.
+template <typename Real>
+struct Problem {
+    const Real *q, *k, *v;
+    const uint8_t* key_valid;
+    int64_t G, n, m, d, dv;
+    Real scale;
+    int beta;
+    bool causal;
+
+    int64_t chunks() const { return (m + kChunk - 1) / kChunk; }
+    int64_t stride() const { return whole_vectors<Real>(m); }
+    // Keys [0, keys) that a tile's rows from `first` may see, and the chunk of its diagonal (which goes first).
+    int64_t keys(int64_t first, int64_t rows) const { return causal ? std::min(m, first + rows) : m; }
+};
+
+// Per group: kᵀ (d × stride, zero past m), and per chunk the centroid of its valid keys, their radius around
+// it and whether it holds any.
+template <typename Real>
+struct Keys {
+    std::vector<Real> panel, centroid, radius;
+    std::vector<uint8_t> any, whole;  // a valid key; every key valid
+
+    void build(const Problem<Real>& p, int threads) {
+        const int64_t stride = p.stride(), chunks = p.chunks(), d = p.d;
+        panel.assign(p.G * d * stride, Real(0));
+        centroid.assign(p.G * chunks * d, Real(0));
+        radius.assign(p.G * chunks, Real(0));
+        any.assign(p.G * chunks, 0), whole.assign(p.G * chunks, 0);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+        for (int64_t gc = 0; gc < p.G * chunks; ++gc) {
+            const int64_t g = gc / chunks, c0 = (gc % chunks) * kChunk, c1 = std::min(p.m, c0 + kChunk);
+            const Real* k = p.k + g * p.m * d;
+            Real* panel_g = panel.data() + g * d * stride;
+            Real* center = centroid.data() + gc * d;
+            int64_t count = 0;
+            for (int64_t j = c0; j < c1; ++j) {
+                for (int64_t t = 0; t < d; ++t) panel_g[t * stride + j] = k[j * d + t];
+                if (p.key_valid != nullptr && !p.key_valid[g * p.m + j]) continue;
+                for (int64_t t = 0; t < d; ++t) center[t] += k[j * d + t];
+                ++count;
+            }
+            any[gc] = count > 0, whole[gc] = count == c1 - c0;
+            if (count == 0) continue;
+            for (int64_t t = 0; t < d; ++t) center[t] /= Real(count);
+            Real far = 0;
+            for (int64_t j = c0; j < c1; ++j) {
+                if (p.key_valid != nullptr && !p.key_valid[g * p.m + j]) continue;
+                Real sq = 0;
+                for (int64_t t = 0; t < d; ++t) sq += (k[j * d + t] - center[t]) * (k[j * d + t] - center[t]);
+                far = std::max(far, sq);
+            }
+            radius[gc] = std::sqrt(far);
+        }
+    }
+};
+
+// Σ of a vector's lanes, pairwise.
+template <typename Real>
+Real total(const Vec<Real>& v) {
+    Real lanes[kWidth<Real>];
+    std::memcpy(lanes, &v, sizeof lanes);
+    for (int half = kWidth<Real> / 2; half > 0; half /= 2)
+        for (int lane = 0; lane < half; ++lane) lanes[lane] += lanes[lane + half];
+    return lanes[0];
+}
+
+// The `valid` (≤ kWidth) values from `from` on, `rest` in the other lanes: a whole vector in one load (a copy
+// of a size known only at run time goes through the stack).
+template <typename Real>
+Vec<Real> lanes_or(const Real* from, int64_t valid, Real rest) {
+    Vec<Real> v = Vec<Real>{} + rest;
+    if (valid == kWidth<Real>) {
+        std::memcpy(&v, from, sizeof v);
+    } else {
+        std::memcpy(&v, from, valid * sizeof(Real));
+    }
+    return v;
+}
+
+// A row's entries that may carry weight: x_j = (s_j − m)/β > −1 in `x` (its length rounded up to whole
+// vectors, −∞ in the rest) and their keys; after `select`, only the support, with p_j in `x`.
+template <typename Real>
+struct Support {
+    std::vector<Real> x;
+    std::vector<int32_t> key;
+    int64_t size = 0;
+
+    void allocate(int64_t m) { x.assign(whole_vectors<Real>(m) + kWidth<Real>, 0), key.assign(m, 0); }
+
+    // From kept scores s (count of them, keys beside): those above `floor`, as (s − shift)/β.
+    void gather(const Real* s, const int32_t* keys, int64_t count, Real shift, Real floor, int beta) {
+        const Real inverse = Real(1) / Real(beta);  // 1 or 1/2: exact
+        size = 0;
+        for (int64_t i = 0; i < count; ++i) {
+            if (!(s[i] > floor)) continue;
+            x[size] = (s[i] - shift) * inverse, key[size] = keys[i], ++size;
+        }
+        for (int64_t i = size; i < whole_vectors<Real>(size); ++i) x[i] = -std::numeric_limits<Real>::infinity();
+    }
+
+    // τ with Σ [x − τ]₊^β = 1 (x ≤ 0 with max 0, so τ in [−1, 0)), from τ = −1: the search of
+    // exact_entmax.cpp's `solve` on one row. Each pass gives Σ (x − τ)₊, Σ (x − τ)₊², |{x > τ}| and checks
+    // the previous pass's candidate τ′ (the polynomial root on its support): τ′ is τ* when {x > τ′} kept
+    // that support's size. Otherwise a Newton step from below (never past τ*).
+    Real threshold(int beta) const {
+        constexpr int64_t w = kWidth<Real>;
+        Real tau = -1, candidate = std::numeric_limits<Real>::infinity(), support = -1;
+        for (int step = 0; step < kMaxSteps; ++step) {
+            Vec<Real> a = {}, b = {}, c = {}, e = {};
+            for (int64_t j = 0; j < size; j += w) {
+                Vec<Real> xs;
+                std::memcpy(&xs, x.data() + j, sizeof xs);
+                e += xs > candidate ? Real(1) : Real(0);
+                Vec<Real> y = xs - tau;
+                y = y > 0 ? y : 0;
+                a += y, b += y * y, c += y > 0 ? Real(1) : Real(0);
+            }
+            const Real s1 = total<Real>(a), s2 = total<Real>(b), k = total<Real>(c);
+            if (total<Real>(e) == support) return candidate;
+            if (beta == 1) {
+                tau = candidate = tau + (s1 - 1) / (k > 1 ? k : 1);
+            } else {
+                const Real disc = s1 * s1 - k * (s2 - 1), root = disc > 0 ? std::sqrt(disc) : 0;
+                candidate = tau + (s2 - 1) / (s1 + root == 0 ? 1 : s1 + root);
+                tau += (s2 - std::sqrt(s2)) / (s1 == 0 ? 1 : s1);
+            }
+            support = k;
+        }
+        return tau;
+    }
+
+    // Keeps the entries with x > τ, with p = [x − τ]^β / Σ in `x` (the support, in its order).
+    void select(Real tau, int beta) {
+        int64_t kept = 0;
+        Real sum = 0;
+        for (int64_t i = 0; i < size; ++i) {
+            if (!(x[i] > tau)) continue;
+            const Real y = x[i] - tau;
+            x[kept] = beta == 2 ? y * y : y, key[kept] = key[i], sum += x[kept], ++kept;
+        }
+        size = kept;
+        if (sum > 0)
+            for (int64_t i = 0; i < size; ++i) x[i] /= sum;
+    }
+};
+
+// o = Σ_e weight_e · y[key_e] over `count` entries, rows of y of `dim` Reals from `base`: in registers, dim
+// of NV vectors at most.
+template <typename Real, int NV>
+void weighted_rows(const Real* weight, const int32_t* key, int64_t count, const Real* base, int64_t dim, Real* o) {
+    constexpr int64_t w = kWidth<Real>;
+    Vec<Real> acc[NV] = {};
+    for (int64_t e = 0; e < count; ++e) {
+        const Real* y = base + int64_t(key[e]) * dim;
+        for (int u = 0; u < NV; ++u) acc[u] += weight[e] * lanes_or(y + u * w, std::min(w, dim - u * w), Real(0));
+    }
+    for (int u = 0; u < NV; ++u) vectors::store<Real>(o + u * w, acc[u], std::min(w, dim - u * w));
+}
+
+template <typename Real>
+void weighted_sum(const Real* weight, const int32_t* key, int64_t count, const Real* base, int64_t dim, Real* o) {
+    switch ((dim + kWidth<Real> - 1) / kWidth<Real>) {
+        case 1: return weighted_rows<Real, 1>(weight, key, count, base, dim, o);
+        case 2: return weighted_rows<Real, 2>(weight, key, count, base, dim, o);
+        case 3: return weighted_rows<Real, 3>(weight, key, count, base, dim, o);
+        case 4: return weighted_rows<Real, 4>(weight, key, count, base, dim, o);
+        default: break;
+    }
+    std::fill(o, o + dim, Real(0));
+    for (int64_t e = 0; e < count; ++e) {
+        const Real* y = base + int64_t(key[e]) * dim;
+        for (int64_t c = 0; c < dim; ++c) o[c] += weight[e] * y[c];
+    }
+}
+
+// A thread's work space for one tile: its rows of scale·q, the chunk's scores, and per row the kept entries
+// (the scores above its running floor, and their keys).
+template <typename Real>
+struct Tile {
+    std::vector<Real> qs, norm, scores, best, kept;
+    std::vector<int32_t> kept_key;
+    std::vector<int64_t> kept_count;
+    std::vector<const Real*> a, b;
+    std::vector<Real*> c;
+    int64_t room = 0;  // kept entries a row may hold: each key once
+    Support<Real> support;
+
+    void allocate(const Problem<Real>& p) {
+        const int64_t width = whole_vectors<Real>(kChunk);
+        room = p.m;
+        qs.assign(kTile * p.d, 0), norm.assign(kTile, 0), scores.assign(kTile * width, 0), best.assign(kTile, 0);
+        kept.resize(kTile * room), kept_key.resize(kTile * room), kept_count.assign(kTile, 0);
+        a.resize(kTile), b.resize(p.d), c.resize(kTile);
+        for (int64_t r = 0; r < kTile; ++r) a[r] = qs.data() + r * p.d, c[r] = scores.data() + r * width;
+        support.allocate(p.m);
+    }
+
+    // The tile's rows [first, first + rows) of group g: scale·q and its norm; no entry kept yet.
+    void start(const Problem<Real>& p, int64_t g, int64_t first, int64_t rows) {
+        for (int64_t r = 0; r < rows; ++r) {
+            const Real* q = p.q + (g * p.n + first + r) * p.d;
+            Real* to = qs.data() + r * p.d;
+            Real sq = 0;
+            for (int64_t t = 0; t < p.d; ++t) to[t] = p.scale * q[t], sq += to[t] * to[t];
+            norm[r] = std::sqrt(sq);
+            best[r] = -std::numeric_limits<Real>::infinity();
+            kept_count[r] = 0;
+        }
+    }
+
+    // Whether chunk `chunk` may hold, for some row, a score above floor_r (per row: the running maximum − β
+    // in the forward, the exact threshold in the backward): its bound scale·q·c + ‖scale·q‖·r, with a margin
+    // for the rounding of both sides.
+    bool reaches(const Problem<Real>& p, const Keys<Real>& keys, int64_t g, int64_t chunk, int64_t rows,
+                 const Real* floor) const {
+        const int64_t gc = g * p.chunks() + chunk;
+        if (!keys.any[gc]) return false;
+        const Real* center = keys.centroid.data() + gc * p.d;
+        Real center_norm = 0;
+        for (int64_t t = 0; t < p.d; ++t) center_norm += center[t] * center[t];
+        center_norm = std::sqrt(center_norm);
+        const Real slack = 64 * std::numeric_limits<Real>::epsilon() * Real(p.d);
+        for (int64_t r = 0; r < rows; ++r) {
+            Real dot = 0;
+            for (int64_t t = 0; t < p.d; ++t) dot += qs[r * p.d + t] * center[t];
+            const Real bound = dot + norm[r] * keys.radius[gc];
+            if (bound + slack * norm[r] * (center_norm + keys.radius[gc]) > floor[r]) return true;
+        }
+        return false;
+    }
+
+    // The scores of rows [0, rows) against keys [c0, c1) of group g, in `scores` (invalid keys and, causal,
+    // later keys −∞ in the row's first `c1 − c0` entries).
+    void score(const Problem<Real>& p, const Keys<Real>& keys, int64_t g, int64_t first, int64_t rows,
+               int64_t c0, int64_t c1) {
+        const int64_t stride = p.stride();
+        for (int64_t t = 0; t < p.d; ++t) b[t] = keys.panel.data() + (g * p.d + t) * stride + c0;
+        product(a.data(), 1, rows, b.data(), p.d, c1 - c0, c.data());
+        const Real inf = std::numeric_limits<Real>::infinity();
+        const bool whole = keys.whole[g * p.chunks() + c0 / kChunk];
+        for (int64_t r = 0; r < rows; ++r) {
+            Real* row = c[r];
+            if (!whole)
+                for (int64_t j = c0; j < c1; ++j)
+                    if (!p.key_valid[g * p.m + j]) row[j - c0] = -inf;
+            if (p.causal)
+                for (int64_t j = std::max(c0, first + r + 1); j < c1; ++j) row[j - c0] = -inf;
+        }
+    }
+
+    // Row r's entries of the chunk (`width` of them, from key c0 on) above `floor`, appended to its kept ones.
+    void keep_above(int64_t r, int64_t c0, int64_t width, Real floor) {
+        constexpr int64_t w = kWidth<Real>;
+        const Real* row = c[r];
+        const Vec<Real> bar = Vec<Real>{} + floor;
+        const Real inf = std::numeric_limits<Real>::infinity();
+        Real* to = kept.data() + r * room;
+        int32_t* to_key = kept_key.data() + r * room;
+        int64_t& count = kept_count[r];
+        for (int64_t j = 0; j < width; j += w) {
+            const Vec<Real> s = lanes_or(row + j, std::min(w, width - j), -inf);
+            for (uint32_t bits = lane_bits<Real>(s, bar); bits != 0; bits &= bits - 1) {
+                const int lane = __builtin_ctz(bits);
+                to[count] = s[lane], to_key[count] = int32_t(c0 + j + lane), ++count;
+            }
+        }
+    }
+
+    // The largest of row r's first `width` entries.
+    Real largest(int64_t r, int64_t width) const {
+        constexpr int64_t w = kWidth<Real>;
+        const Real inf = std::numeric_limits<Real>::infinity();
+        Vec<Real> high = Vec<Real>{} - inf;
+        for (int64_t j = 0; j < width; j += w) {
+            const Vec<Real> s = lanes_or(c[r] + j, std::min(w, width - j), -inf);
+            high = s > high ? s : high;
+        }
+        Real m = -inf;
+        for (int lane = 0; lane < kWidth<Real>; ++lane) m = std::max(m, high[lane]);
+        return m;
+    }
+
+    // Row r's kept entries above `floor` into `support`, as (s − shift)/β.
+    void gather(int64_t r, Real shift, Real floor, int beta) {
+        support.gather(kept.data() + r * room, kept_key.data() + r * room, kept_count[r], shift, floor, beta);
+    }
+};
+
+// Each tile (g, first) of the call, causal tiles longest first, so the dynamic schedule ends balanced.
+template <typename Real>
+std::vector<std::pair<int64_t, int64_t>> tiles(const Problem<Real>& p) {
+    std::vector<std::pair<int64_t, int64_t>> all;
+    const int64_t count = (p.n + kTile - 1) / kTile;
+    for (int64_t t = count - 1; t >= 0; --t)
+        for (int64_t g = 0; g < p.G; ++g) all.emplace_back(g, t * kTile);
+    return all;
+}
+
+// The kept entries of every row of tile (g, first): chunks in order (the diagonal's first), each scored
+// unless the bound rules it out against `floor` (the forward: the running maximum − β; the backward: the
+// exact threshold). Returns the number of chunks scored; the rows' maxima in tile.best.
+template <typename Real>
+int64_t scan(const Problem<Real>& p, const Keys<Real>& keys, Tile<Real>& tile, int64_t g, int64_t first,
+             int64_t rows, const Real* exact_floor, int64_t& visible) {
+    const int64_t limit = p.keys(first, rows), last = (limit - 1) / kChunk;
+    std::vector<Real> floor(rows);
+    int64_t scored = 0;
+    visible = last + 1;
+    for (int64_t step = 0; step <= last; ++step) {
+        const int64_t chunk = step == 0 ? last : step - 1;
+        const int64_t c0 = chunk * kChunk, c1 = std::min(limit, c0 + kChunk);
+        for (int64_t r = 0; r < rows; ++r)
+            floor[r] = exact_floor != nullptr ? exact_floor[r] : tile.best[r] - Real(p.beta);
+        if (step > 0 && !tile.reaches(p, keys, g, chunk, rows, floor.data())) continue;
+        ++scored;
+        tile.score(p, keys, g, first, rows, c0, c1);
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t width = p.causal ? std::min(c1, first + r + 1) - c0 : c1 - c0;
+            if (width <= 0) continue;
+            if (exact_floor == nullptr) {
+                tile.best[r] = std::max(tile.best[r], tile.largest(r, width));
+                floor[r] = tile.best[r] - Real(p.beta);
+            }
+            if (floor[r] > -std::numeric_limits<Real>::infinity()) tile.keep_above(r, c0, width, floor[r]);
+        }
+    }
+    return scored;
+}
+
+// out (G, n, dv), shift and tau (G, n): m and τ per query (a query with no key: out 0, shift 0, τ = +∞);
+// counts[0] += chunks scored, counts[1] += chunks visible, counts[2] += entries kept above m − β.
+template <typename Real>
+void forward(const Problem<Real>& p, Real* out, Real* shift, Real* tau, int64_t* counts, int threads) {
+    Keys<Real> keys;
+    keys.build(p, threads);
+    const auto work = tiles(p);
+    const Real inf = std::numeric_limits<Real>::infinity();
+    std::atomic<bool> short_of_memory{false};
+    int64_t scored = 0, visible = 0, kept = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : scored, visible, kept)
+    {
+        Tile<Real> tile;
+        const bool ready = allocated([&] { tile.allocate(p); }, short_of_memory);
+#pragma omp for schedule(dynamic, 1)
+        for (size_t w = 0; w < work.size(); ++w) {
+            if (!ready) continue;
+            const auto [g, first] = work[w];
+            const int64_t rows = std::min(kTile, p.n - first);
+            tile.start(p, g, first, rows);
+            int64_t seen = 0;
+            scored += scan(p, keys, tile, g, first, rows, static_cast<const Real*>(nullptr), seen);
+            visible += seen;
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t i = g * p.n + first + r;
+                Real* o = out + i * p.dv;
+                const Real m = tile.best[r];
+                if (m == -inf) {
+                    std::fill(o, o + p.dv, Real(0));
+                    shift[i] = 0, tau[i] = inf;
+                    continue;
+                }
+                tile.gather(r, m, m - Real(p.beta), p.beta);
+                Support<Real>& support = tile.support;
+                kept += support.size;
+                const Real t = support.threshold(p.beta);
+                support.select(t, p.beta);
+                weighted_sum(support.x.data(), support.key.data(), support.size, p.v + g * p.m * p.dv, p.dv, o);
+                shift[i] = m, tau[i] = t;
+            }
+        }
+    }
+    if (short_of_memory) throw std::bad_alloc();
+    counts[0] += scored, counts[1] += visible, counts[2] += kept;
+}
+
+// dq (G, n, d), dk (G, m, d), dv (G, m, dv) from grad (G, n, dv) and the forward's shift and tau.
+template <typename Real>
+void backward(const Problem<Real>& p, const Real* grad, const Real* shift, const Real* tau, Real* dq, Real* dk,
+              Real* dv, int threads) {
+    Keys<Real> keys;
+    keys.build(p, threads);
+    const int64_t count = (p.n + kTile - 1) / kTile, width = p.m * (p.d + p.dv);
+    const int parts = std::max(threads, 1);
+    std::vector<Real> sums;  // per thread: dk then dv of one group, (m, d + dv)
+    std::atomic<bool> short_of_memory{false};
+    if (!allocated([&] { sums.assign(parts * width, Real(0)); }, short_of_memory)) throw std::bad_alloc();
+    for (int64_t g = 0; g < p.G; ++g) {
+        std::fill(sums.begin(), sums.end(), Real(0));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            Tile<Real> tile;
+            std::vector<Real> floor(kTile), weight, dp;
+            const bool ready = allocated([&] { tile.allocate(p); }, short_of_memory);
+#ifdef _OPENMP
+            Real* own = sums.data() + int64_t(omp_get_thread_num()) * width;
+#else
+            Real* own = sums.data();
+#endif
+#pragma omp for schedule(static, 1)
+            for (int64_t t = 0; t < count; ++t) {
+                if (!ready) continue;
+                const int64_t first = t * kTile, rows = std::min(kTile, p.n - first);
+                tile.start(p, g, first, rows);
+                for (int64_t r = 0; r < rows; ++r) {
+                    const int64_t i = g * p.n + first + r;
+                    // below the threshold by the rounding of s − m, so that no entry with x > τ is missed
+                    const Real rounding = 4 * std::numeric_limits<Real>::epsilon() * (std::abs(shift[i]) + Real(p.beta));
+                    floor[r] = std::isinf(tau[i]) ? std::numeric_limits<Real>::infinity()
+                                                  : shift[i] + Real(p.beta) * tau[i] - rounding;
+                }
+                int64_t seen = 0;
+                scan(p, keys, tile, g, first, rows, floor.data(), seen);
+                for (int64_t r = 0; r < rows; ++r) {
+                    const int64_t i = g * p.n + first + r;
+                    if (std::isinf(tau[i])) {
+                        std::fill(dq + i * p.d, dq + (i + 1) * p.d, Real(0));
+                        continue;
+                    }
+                    tile.gather(r, shift[i], floor[r], p.beta);
+                    Support<Real>& support = tile.support;
+                    support.select(tau[i], p.beta);  // p_j
+                    const Real* go = grad + i * p.dv;
+                    const Real* qi = p.q + i * p.d;
+                    weight.resize(support.size), dp.resize(support.size);
+                    Real wsum = 0, wdp = 0;
+                    for (int64_t e = 0; e < support.size; ++e) {
+                        const Real* vr = p.v + (g * p.m + support.key[e]) * p.dv;
+                        Real dot = 0;
+                        for (int64_t c = 0; c < p.dv; ++c) dot += go[c] * vr[c];
+                        weight[e] = p.beta == 2 ? std::sqrt(support.x[e]) : Real(1);  // p^{2−α}
+                        dp[e] = dot, wsum += weight[e], wdp += weight[e] * dot;
+                    }
+                    const Real mean = wsum > 0 ? wdp / wsum : 0;
+                    for (int64_t e = 0; e < support.size; ++e) {
+                        const Real ds = p.scale * weight[e] * (dp[e] - mean);  // scale · ∂L/∂s_j
+                        dp[e] = ds;
+                        Real* dkj = own + int64_t(support.key[e]) * (p.d + p.dv);
+                        Real* dvj = dkj + p.d;
+                        for (int64_t c = 0; c < p.d; ++c) dkj[c] += ds * qi[c];
+                        for (int64_t c = 0; c < p.dv; ++c) dvj[c] += support.x[e] * go[c];
+                    }
+                    weighted_sum(dp.data(), support.key.data(), support.size, p.k + g * p.m * p.d, p.d, dq + i * p.d);
+                }
+            }
+        }
+        if (short_of_memory) throw std::bad_alloc();
+        for (int64_t j = 0; j < p.m; ++j) {
+            Real* dkj = dk + (g * p.m + j) * p.d;
+            Real* dvj = dv + (g * p.m + j) * p.dv;
+            std::fill(dkj, dkj + p.d, Real(0)), std::fill(dvj, dvj + p.dv, Real(0));
+            for (int part = 0; part < parts; ++part) {
+                const Real* from = sums.data() + part * width + j * (p.d + p.dv);
+                for (int64_t c = 0; c < p.d; ++c) dkj[c] += from[c];
+                for (int64_t c = 0; c < p.dv; ++c) dvj[c] += from[p.d + c];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// q (G, n, d), k (G, m, d), v (G, m, dv) contiguous; key_valid (G, m) bytes or null; beta 1 (α = 2) or 2
+// (α = 1.5); causal 0 or 1 (n = m). Forward: out (G, n, dv), shift and tau (G, n), counts (3,) added to.
+// Backward: grad (G, n, dv) and the forward's shift and tau give dq, dk, dv. Returns 0, −1 when memory ran
+// out, −2 for a β it does not take.
+#define EXPORT(SUFFIX, REAL)                                                                                      \
+    extern "C" int scanned_forward_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const uint8_t* key_valid, \
+                                            int64_t G, int64_t n, int64_t m, int64_t d, int64_t dv, double scale,  \
+                                            int64_t beta, int64_t causal, REAL* out, REAL* shift, REAL* tau,       \
+                                            int64_t* counts, int threads) {                                        \
+        if (beta != 1 && beta != 2) return -2;                                                                     \
+        const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};            \
+        return guarded([&] { forward(p, out, shift, tau, counts, threads); });                                     \
+    }                                                                                                              \
+    extern "C" int scanned_backward_##SUFFIX(const REAL* q, const REAL* k, const REAL* v,                          \
+                                             const uint8_t* key_valid, int64_t G, int64_t n, int64_t m, int64_t d, \
+                                             int64_t dv, double scale, int64_t beta, int64_t causal,               \
+                                             const REAL* grad, const REAL* shift, const REAL* tau, REAL* dq,       \
+                                             REAL* dk, REAL* dv_out, int threads) {                                \
+        if (beta != 1 && beta != 2) return -2;                                                                     \
+        const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};            \
+        return guarded([&] { backward(p, grad, shift, tau, dq, dk, dv_out, threads); });                           \
+    }
+
+EXPORT(float, float)
+EXPORT(double, double)
