@@ -48,6 +48,7 @@ using vectors::allocated, vectors::guarded, vectors::kWidth, vectors::product, v
 constexpr int64_t kTile = 48;    // queries per tile: 8 register tiles of 6 rows
 constexpr int64_t kChunk = 128;  // keys per chunk: a tile's scores (24 KiB in float) stay in the first cache
 constexpr int kMaxSteps = 100;   // of the threshold search, as exact_entmax.cpp
+constexpr int kFloorSteps = 3;   // Newton steps of a row's running floor (Tile::raise)
 
 // The bits of the lanes of a comparison's result (all bits set in a lane that holds): lane i at bit i.
 template <typename Real>
@@ -129,14 +130,39 @@ struct Keys {
     }
 };
 
-// Σ of a vector's lanes, pairwise.
+// Σ of a vector's lanes, pairwise (AVX-512: the shuffles of its reduction, where a loop over the lanes goes
+// through the stack).
 template <typename Real>
 Real total(const Vec<Real>& v) {
+#ifdef __AVX512F__
+    if constexpr (sizeof(Real) == 4) {
+        return _mm512_reduce_add_ps(reinterpret_cast<const __m512&>(v));
+    } else {
+        return _mm512_reduce_add_pd(reinterpret_cast<const __m512d&>(v));
+    }
+#else
     Real lanes[kWidth<Real>];
     std::memcpy(lanes, &v, sizeof lanes);
     for (int half = kWidth<Real> / 2; half > 0; half /= 2)
         for (int lane = 0; lane < half; ++lane) lanes[lane] += lanes[lane + half];
     return lanes[0];
+#endif
+}
+
+// The largest of a vector's lanes.
+template <typename Real>
+Real largest(const Vec<Real>& v) {
+#ifdef __AVX512F__
+    if constexpr (sizeof(Real) == 4) {
+        return _mm512_reduce_max_ps(reinterpret_cast<const __m512&>(v));
+    } else {
+        return _mm512_reduce_max_pd(reinterpret_cast<const __m512d&>(v));
+    }
+#else
+    Real m = v[0];
+    for (int lane = 1; lane < kWidth<Real>; ++lane) m = std::max(m, v[lane]);
+    return m;
+#endif
 }
 
 // The `valid` (≤ kWidth) values from `from` on, `rest` in the other lanes: a whole vector in one load (a copy
@@ -252,7 +278,8 @@ void weighted_sum(const Real* weight, const int32_t* key, int64_t count, const R
 // (the scores above its running floor, and their keys).
 template <typename Real>
 struct Tile {
-    std::vector<Real> qs, norm, scores, best, kept;
+    std::vector<Real> qs, norm, scores, best, floor, kept;
+    std::vector<Real> high;  // per row two vectors' lanes of running maxima (over even and odd vectors of keys)
     std::vector<int32_t> kept_key;
     std::vector<int64_t> kept_count;
     std::vector<const Real*> a, b;
@@ -264,6 +291,7 @@ struct Tile {
         const int64_t width = whole_vectors<Real>(kChunk);
         room = p.m;
         qs.assign(kTile * p.d, 0), norm.assign(kTile, 0), scores.assign(kTile * width, 0), best.assign(kTile, 0);
+        floor.assign(kTile, 0), high.assign(2 * kTile * kWidth<Real>, 0);
         kept.resize(kTile * room), kept_key.resize(kTile * room), kept_count.assign(kTile, 0);
         a.resize(kTile), b.resize(p.d), c.resize(kTile);
         for (int64_t r = 0; r < kTile; ++r) a[r] = qs.data() + r * p.d, c[r] = scores.data() + r * width;
@@ -278,7 +306,8 @@ struct Tile {
             Real sq = 0;
             for (int64_t t = 0; t < p.d; ++t) to[t] = p.scale * q[t], sq += to[t] * to[t];
             norm[r] = std::sqrt(sq);
-            best[r] = -std::numeric_limits<Real>::infinity();
+            best[r] = floor[r] = -std::numeric_limits<Real>::infinity();
+            std::fill_n(high.data() + 2 * r * kWidth<Real>, 2 * kWidth<Real>, -std::numeric_limits<Real>::infinity());
             kept_count[r] = 0;
         }
     }
@@ -341,18 +370,41 @@ struct Tile {
         }
     }
 
-    // The largest of row r's first `width` entries.
-    Real largest(int64_t r, int64_t width) const {
+    // Row r's running maximum and floor after its first `width` entries of the chunk. The floor is m + β·τ_T
+    // for the row's lane maxima T (each lane of the two vectors `high` the largest of its own keys, so T is
+    // 2·kWidth distinct entries): a subset's threshold, τ_T ≤ τ, and a few Newton steps from −1 on it stay
+    // below τ_T (convexity, as exact_entmax.cpp's start). Where many keys lie near the maximum (flat rows)
+    // this floor sits well above m − β, and far fewer entries are kept.
+    void raise(int64_t r, int64_t width, int beta) {
         constexpr int64_t w = kWidth<Real>;
         const Real inf = std::numeric_limits<Real>::infinity();
-        Vec<Real> high = Vec<Real>{} - inf;
-        for (int64_t j = 0; j < width; j += w) {
-            const Vec<Real> s = lanes_or(c[r] + j, std::min(w, width - j), -inf);
-            high = s > high ? s : high;
+        Real* lanes = high.data() + 2 * r * w;
+        Vec<Real> even = lanes_or(lanes, w, Real(0)), odd = lanes_or(lanes + w, w, Real(0));
+        int64_t j = 0;
+        for (; j + 2 * w <= width; j += 2 * w) {
+            const Vec<Real> a = lanes_or(c[r] + j, w, -inf), b = lanes_or(c[r] + j + w, w, -inf);
+            even = a > even ? a : even, odd = b > odd ? b : odd;
         }
-        Real m = -inf;
-        for (int lane = 0; lane < kWidth<Real>; ++lane) m = std::max(m, high[lane]);
-        return m;
+        for (; j < width; j += w) {
+            const Vec<Real> a = lanes_or(c[r] + j, std::min(w, width - j), -inf);
+            even = a > even ? a : even;
+        }
+        std::memcpy(lanes, &even, sizeof even), std::memcpy(lanes + w, &odd, sizeof odd);
+        const Real m = largest<Real>(even > odd ? even : odd);
+        if (m == -inf || m == best[r]) return;  // the floor moves with the maximum only (a lower one is valid)
+        const Real inverse = Real(1) / Real(beta);
+        Real tau = -1;
+        for (int step = 0; step < kFloorSteps; ++step) {
+            Vec<Real> a[2], b[2], k[2];
+            for (int half = 0; half < 2; ++half) {
+                const Vec<Real> y = ((half == 0 ? even : odd) - m) * inverse - tau;  // −∞ in lanes without a key
+                a[half] = y > 0 ? y : 0, b[half] = a[half] * a[half], k[half] = y > 0 ? Real(1) : Real(0);
+            }
+            const Real s1 = total<Real>(a[0] + a[1]), s2 = total<Real>(b[0] + b[1]);
+            tau += beta == 1 ? (s1 - 1) / total<Real>(k[0] + k[1]) : (s2 - std::sqrt(s2)) / s1;
+        }
+        // minus the rounding of s − m, so that no entry with x > τ is left out
+        best[r] = m, floor[r] = m + Real(beta) * tau - 4 * std::numeric_limits<Real>::epsilon() * (std::abs(m) + beta);
     }
 
     // Row r's kept entries above `floor` into `support`, as (s − shift)/β.
@@ -384,18 +436,14 @@ int64_t scan(const Problem<Real>& p, const Keys<Real>& keys, Tile<Real>& tile, i
     for (int64_t step = 0; step <= last; ++step) {
         const int64_t chunk = step == 0 ? last : step - 1;
         const int64_t c0 = chunk * kChunk, c1 = std::min(limit, c0 + kChunk);
-        for (int64_t r = 0; r < rows; ++r)
-            floor[r] = exact_floor != nullptr ? exact_floor[r] : tile.best[r] - Real(p.beta);
+        for (int64_t r = 0; r < rows; ++r) floor[r] = exact_floor != nullptr ? exact_floor[r] : tile.floor[r];
         if (step > 0 && !tile.reaches(p, keys, g, chunk, rows, floor.data())) continue;
         ++scored;
         tile.score(p, keys, g, first, rows, c0, c1);
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t width = p.causal ? std::min(c1, first + r + 1) - c0 : c1 - c0;
             if (width <= 0) continue;
-            if (exact_floor == nullptr) {
-                tile.best[r] = std::max(tile.best[r], tile.largest(r, width));
-                floor[r] = tile.best[r] - Real(p.beta);
-            }
+            if (exact_floor == nullptr) tile.raise(r, width, p.beta), floor[r] = tile.floor[r];
             if (floor[r] > -std::numeric_limits<Real>::infinity()) tile.keep_above(r, c0, width, floor[r]);
         }
     }
@@ -434,7 +482,7 @@ void forward(const Problem<Real>& p, Real* out, Real* shift, Real* tau, int64_t*
                     shift[i] = 0, tau[i] = inf;
                     continue;
                 }
-                tile.gather(r, m, m - Real(p.beta), p.beta);
+                tile.gather(r, m, tile.floor[r], p.beta);
                 Support<Real>& support = tile.support;
                 kept += support.size;
                 const Real t = support.threshold(p.beta);
