@@ -49,6 +49,14 @@ constexpr int64_t kTile = 48;    // queries per tile: 8 register tiles of 6 rows
 constexpr int64_t kChunk = 128;  // keys per chunk: a tile's scores (24 KiB in float) stay in the first cache
 constexpr int kMaxSteps = 100;   // of the threshold search, as exact_entmax.cpp
 constexpr int kFloorSteps = 3;   // Newton steps of a row's running floor (Tile::raise)
+constexpr int64_t kTrigger = 64; // kept entries of a row that first raise its floor to their threshold
+
+// The rounding of s − m around a threshold m + β·τ: floors are lowered by it, so that no entry with x > τ is
+// left out.
+template <typename Real>
+Real rounding(Real m, int beta) {
+    return 4 * std::numeric_limits<Real>::epsilon() * (std::abs(m) + Real(beta));
+}
 
 // The bits of the lanes of a comparison's result (all bits set in a lane that holds): lane i at bit i.
 template <typename Real>
@@ -178,6 +186,45 @@ Vec<Real> lanes_or(const Real* from, int64_t valid, Real rest) {
     return v;
 }
 
+// The entries of s (count of them) above `floor`, as (s − shift)·factor into `to` and their keys (keys[i], or
+// first + i where keys is null) into `to_key`, in order; returns how many. `to` and `to_key` may be s and keys
+// themselves (each write lands at or before what it replaces) and must have room for a vector past the last
+// entry written. With AVX-512 (float) each vector of entries is compressed in registers and stored whole, no
+// branch per entry (a hit's lanes are scattered at random; a branch on each would be mispredicted often).
+template <typename Real>
+int64_t filter(const Real* s, const int32_t* keys, int32_t first, int64_t count, Real floor, Real shift,
+               Real factor, Real* to, int32_t* to_key) {
+    constexpr int64_t w = kWidth<Real>;
+    const Vec<Real> bar = Vec<Real>{} + floor;
+    const Real inf = std::numeric_limits<Real>::infinity();
+    int64_t n = 0;
+    for (int64_t j = 0; j < count; j += w) {
+        const int64_t valid = std::min(w, count - j);
+        const Vec<Real> v = lanes_or(s + j, valid, -inf);
+        const uint32_t bits = lane_bits<Real>(v, bar);
+#ifdef __AVX512F__
+        if constexpr (sizeof(Real) == 4) {
+            const __m512i index = keys != nullptr
+                                      ? _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << valid) - 1), keys + j)
+                                      : _mm512_add_epi32(_mm512_set1_epi32(first + int32_t(j)),
+                                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+            const Vec<Real> x = (v - shift) * factor;
+            _mm512_storeu_ps(to + n, _mm512_maskz_compress_ps(static_cast<__mmask16>(bits), reinterpret_cast<const __m512&>(x)));
+            _mm512_storeu_si512(to_key + n, _mm512_maskz_compress_epi32(static_cast<__mmask16>(bits), index));
+            n += __builtin_popcount(bits);
+            continue;
+        }
+#endif
+        for (uint32_t left = bits; left != 0; left &= left - 1) {
+            const int lane = __builtin_ctz(left);
+            to[n] = (v[lane] - shift) * factor;
+            to_key[n] = keys != nullptr ? keys[j + lane] : first + int32_t(j + lane);
+            ++n;
+        }
+    }
+    return n;
+}
+
 // A row's entries that may carry weight: x_j = (s_j − m)/β > −1 in `x` (its length rounded up to whole
 // vectors, −∞ in the rest) and their keys; after `select`, only the support, with p_j in `x`.
 template <typename Real>
@@ -186,16 +233,11 @@ struct Support {
     std::vector<int32_t> key;
     int64_t size = 0;
 
-    void allocate(int64_t m) { x.assign(whole_vectors<Real>(m) + kWidth<Real>, 0), key.assign(m, 0); }
+    void allocate(int64_t m) { x.assign(whole_vectors<Real>(m) + kWidth<Real>, 0), key.assign(m + kWidth<Real>, 0); }
 
     // From kept scores s (count of them, keys beside): those above `floor`, as (s − shift)/β.
     void gather(const Real* s, const int32_t* keys, int64_t count, Real shift, Real floor, int beta) {
-        const Real inverse = Real(1) / Real(beta);  // 1 or 1/2: exact
-        size = 0;
-        for (int64_t i = 0; i < count; ++i) {
-            if (!(s[i] > floor)) continue;
-            x[size] = (s[i] - shift) * inverse, key[size] = keys[i], ++size;
-        }
+        size = filter(s, keys, 0, count, floor, shift, Real(1) / Real(beta), x.data(), key.data());  // 1/β exact
         for (int64_t i = size; i < whole_vectors<Real>(size); ++i) x[i] = -std::numeric_limits<Real>::infinity();
     }
 
@@ -281,7 +323,7 @@ struct Tile {
     std::vector<Real> qs, norm, scores, best, floor, kept;
     std::vector<Real> high;  // per row two vectors' lanes of running maxima (over even and odd vectors of keys)
     std::vector<int32_t> kept_key;
-    std::vector<int64_t> kept_count;
+    std::vector<int64_t> kept_count, trigger;
     std::vector<const Real*> a, b;
     std::vector<Real*> c;
     int64_t room = 0;  // kept entries a row may hold: each key once
@@ -289,10 +331,10 @@ struct Tile {
 
     void allocate(const Problem<Real>& p) {
         const int64_t width = whole_vectors<Real>(kChunk);
-        room = p.m;
+        room = p.m + kWidth<Real>;  // every key once, and a vector's slack (filter)
         qs.assign(kTile * p.d, 0), norm.assign(kTile, 0), scores.assign(kTile * width, 0), best.assign(kTile, 0);
         floor.assign(kTile, 0), high.assign(2 * kTile * kWidth<Real>, 0);
-        kept.resize(kTile * room), kept_key.resize(kTile * room), kept_count.assign(kTile, 0);
+        kept.resize(kTile * room), kept_key.resize(kTile * room), kept_count.assign(kTile, 0), trigger.assign(kTile, kTrigger);
         a.resize(kTile), b.resize(p.d), c.resize(kTile);
         for (int64_t r = 0; r < kTile; ++r) a[r] = qs.data() + r * p.d, c[r] = scores.data() + r * width;
         support.allocate(p.m);
@@ -308,7 +350,7 @@ struct Tile {
             norm[r] = std::sqrt(sq);
             best[r] = floor[r] = -std::numeric_limits<Real>::infinity();
             std::fill_n(high.data() + 2 * r * kWidth<Real>, 2 * kWidth<Real>, -std::numeric_limits<Real>::infinity());
-            kept_count[r] = 0;
+            kept_count[r] = 0, trigger[r] = kTrigger;
         }
     }
 
@@ -355,19 +397,9 @@ struct Tile {
     // Row r's entries of the chunk (`width` of them, from key c0 on) above `floor`, appended to its kept ones.
     void keep_above(int64_t r, int64_t c0, int64_t width, Real floor) {
         constexpr int64_t w = kWidth<Real>;
-        const Real* row = c[r];
-        const Vec<Real> bar = Vec<Real>{} + floor;
-        const Real inf = std::numeric_limits<Real>::infinity();
-        Real* to = kept.data() + r * room;
-        int32_t* to_key = kept_key.data() + r * room;
-        int64_t& count = kept_count[r];
-        for (int64_t j = 0; j < width; j += w) {
-            const Vec<Real> s = lanes_or(row + j, std::min(w, width - j), -inf);
-            for (uint32_t bits = lane_bits<Real>(s, bar); bits != 0; bits &= bits - 1) {
-                const int lane = __builtin_ctz(bits);
-                to[count] = s[lane], to_key[count] = int32_t(c0 + j + lane), ++count;
-            }
-        }
+        const int64_t at = r * room + kept_count[r];
+        kept_count[r] += filter(c[r], static_cast<const int32_t*>(nullptr), int32_t(c0), width, floor, Real(0), Real(1),
+                                kept.data() + at, kept_key.data() + at);
     }
 
     // Row r's running maximum and floor after its first `width` entries of the chunk. The floor is m + β·τ_T
@@ -404,7 +436,20 @@ struct Tile {
             tau += beta == 1 ? (s1 - 1) / total<Real>(k[0] + k[1]) : (s2 - std::sqrt(s2)) / s1;
         }
         // minus the rounding of s − m, so that no entry with x > τ is left out
-        best[r] = m, floor[r] = m + Real(beta) * tau - 4 * std::numeric_limits<Real>::epsilon() * (std::abs(m) + beta);
+        best[r] = m, floor[r] = std::max(floor[r], m + Real(beta) * tau - rounding(m, beta));  // both valid
+    }
+
+    // Where row r kept `trigger` entries or more: its floor raised to the threshold of those entries (a
+    // subset's, so still ≤ the row's) and the entries below it dropped; the next trigger twice what is left.
+    // Rows with many keys near their maximum (a flat row: the lane maxima's floor is low) keep a short list.
+    void tighten(int64_t r, int beta) {
+        if (kept_count[r] < trigger[r]) return;
+        gather(r, best[r], floor[r], beta);
+        floor[r] = std::max(floor[r], best[r] + Real(beta) * support.threshold(beta) - rounding(best[r], beta));
+        Real* s = kept.data() + r * room;
+        int32_t* key = kept_key.data() + r * room;
+        const int64_t left = filter(s, key, 0, kept_count[r], floor[r], Real(0), Real(1), s, key);
+        kept_count[r] = left, trigger[r] = std::max(kTrigger, 2 * left);
     }
 
     // Row r's kept entries above `floor` into `support`, as (s − shift)/β.
@@ -444,7 +489,9 @@ int64_t scan(const Problem<Real>& p, const Keys<Real>& keys, Tile<Real>& tile, i
             const int64_t width = p.causal ? std::min(c1, first + r + 1) - c0 : c1 - c0;
             if (width <= 0) continue;
             if (exact_floor == nullptr) tile.raise(r, width, p.beta), floor[r] = tile.floor[r];
-            if (floor[r] > -std::numeric_limits<Real>::infinity()) tile.keep_above(r, c0, width, floor[r]);
+            if (floor[r] == -std::numeric_limits<Real>::infinity()) continue;
+            tile.keep_above(r, c0, width, floor[r]);
+            if (exact_floor == nullptr) tile.tighten(r, p.beta), floor[r] = tile.floor[r];
         }
     }
     return scored;
@@ -526,10 +573,8 @@ void backward(const Problem<Real>& p, const Real* grad, const Real* shift, const
                 tile.start(p, g, first, rows);
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = g * p.n + first + r;
-                    // below the threshold by the rounding of s − m, so that no entry with x > τ is missed
-                    const Real rounding = 4 * std::numeric_limits<Real>::epsilon() * (std::abs(shift[i]) + Real(p.beta));
                     floor[r] = std::isinf(tau[i]) ? std::numeric_limits<Real>::infinity()
-                                                  : shift[i] + Real(p.beta) * tau[i] - rounding;
+                                                  : shift[i] + Real(p.beta) * tau[i] - rounding(shift[i], p.beta);
                 }
                 int64_t seen = 0;
                 scan(p, keys, tile, g, first, rows, floor.data(), seen);
