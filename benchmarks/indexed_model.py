@@ -11,13 +11,13 @@ and values are captured as the model computes them (keys and values repeated to 
 follow, which the timed stretch does not contain.
 
 Per layer, one thread, in this process: forward (no gradient) medians of softmax SDPA (causal) and of
-:func:`kernels.indexed.indexed_attention` certified and approximate, in the position and the clustered order,
-with ``--backward`` also forward + backward; the share of key blocks whose exact scores were never computed,
-the phase times the call reports; the teacher's density over the causal pairs, and the share of causal
-blocks holding any of its support (what an exact block-sparse kernel cannot skip); against dense α-entmax o
-(one forward per layer) each output's largest deviation over max |o| (certified: round-off), with the share
-of the teacher's support the approximate call's predicted sets hold. ``× SDPA`` is SDPA's time over the
-method's, measured side by side.
+:func:`kernels.indexed.indexed_attention` certified (the scanned C++ kernel, and the block path in the
+position and the clustered order) and approximate (both orders), with ``--backward`` also forward + backward;
+the share of key blocks whose exact scores were never computed, the phase times the call reports; the
+teacher's density over the causal pairs, and the share of causal blocks holding any of its support (what an
+exact block-sparse kernel cannot skip); against dense α-entmax o (one forward per layer) each output's largest
+deviation over max |o| (certified: round-off), with the share of the teacher's support the approximate call's
+predicted sets hold. ``× SDPA`` is SDPA's time over the method's, measured side by side.
 Writes a JSON report and prints one table per layer and the sums over layers.
 """
 
@@ -46,6 +46,16 @@ from pipeline.predictors.base import HeadInputs
 from pipeline.predictors.indexer_fit import low_rank, principal_basis
 from pipeline.timer import median_seconds
 from pipeline.training.run import prepared_corpus
+
+VARIANTS = [
+    ("certified (scanned)", "certified", "position", "auto"),
+    ("certified (blocks, position)", "certified", "position", "torch"),
+    ("certified (blocks, clustered)", "certified", "clustered", "torch"),
+    ("approximate (position)", "approximate", "position", "torch"),
+    ("approximate (clustered)", "approximate", "clustered", "torch"),
+]
+"""(name, mode, order, backend) of the indexed calls timed: certified through the scanned C++ kernel (what
+``backend="auto"`` runs on CPU) and through the block path the indexer prunes, and approximate."""
 
 LayerInputs = dict[str, Any]
 """One layer's captured inputs: q, k, v (1, h, n, d) float32, and the model's ``scaling``."""
@@ -121,12 +131,11 @@ def layer_rows(
             q, k, v, is_causal=True, scale=scale
         )
     }
-    for mode in ("certified", "approximate"):
-        for order in ("position", "clustered"):
-            methods[f"{mode} ({order})"] = lambda q, k, v, mode=mode, order=order, **extra: indexed_attention(
-                q, k, v, qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin, mode=mode,
-                block=block, order=order, **extra,
-            )  # fmt: skip
+    for name, mode, order, backend in VARIANTS:
+        methods[name] = lambda q, k, v, mode=mode, order=order, backend=backend, **extra: indexed_attention(
+            q, k, v, qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin, mode=mode,
+            block=block, order=order, backend=backend, **extra,
+        )  # fmt: skip
     with torch.no_grad():
         probs = _dense_probs(q, k, alpha, scale)  # (1, h, n, n)
         dense, support = probs @ v, probs > 0

@@ -45,11 +45,15 @@ row groups are sorted by their block count and processed in chunks of about ``CH
 memory stays linear in what is computed and no (n × m) tensor exists beyond such chunks.
 
 Backends. ``backend="auto"`` runs certified mode on CUDA tensors in fp16, bf16 or fp32 through the Triton
-forward of :mod:`kernels.indexed.triton_kernel` (imported only then) when no gradient is needed, and
-everything else (approximate mode, float64, CPU tensors, or gradients required) through the PyTorch code here.
-``backend="triton"`` forces the Triton forward (certified mode only; CPU tensors only under
-``TRITON_INTERPRET=1``) and refuses, with a ValueError, a call that needs gradients: it is forward-only, for
-inference (use ``"auto"`` or ``"torch"`` to train). ``backend="torch"`` forces this module's path.
+forward of :mod:`kernels.indexed.triton_kernel` (imported only then) when no gradient is needed; on CPU
+tensors with α = 1.5 or 2 through the scanned C++ kernel of :mod:`kernels.indexed.scanned`, forward and
+backward (every pair scored by a register-tiled product, the entmax over the keys within β = 1/(α − 1) of each
+row's maximum: on a trained model's scattered supports, where no bound rules out a block, that is what beats
+softmax SDPA); and everything else (approximate mode, other α, GPU gradients, a machine where the C++ kernel
+cannot be built) through the PyTorch code here. ``backend="triton"`` forces the Triton forward (certified mode
+only; CPU tensors only under ``TRITON_INTERPRET=1``) and refuses, with a ValueError, a call that needs
+gradients: it is forward-only, for inference (use ``"auto"`` or ``"torch"`` to train). ``backend="torch"``
+forces this module's path.
 
 The dense reference is :func:`dense_indexed_reference` (entmax of all masked scores, by
 `kernels.entmax.dense.entmax_normalize`), for tests.
@@ -69,6 +73,7 @@ from kernels.entmax.dense import entmax_normalize
 from kernels.entmax.gradient import entmax_gradient_weight
 from kernels.entmax.support_sums import support_sums
 from kernels.entmax.threshold import entmax_threshold, mass_and_slope, newton_step
+from kernels.indexed.scanned import scanned_attention, scanned_kernel
 
 __all__ = [
     "MODES",
@@ -837,9 +842,11 @@ def indexed_attention(
     ``indexer_s`` (the order's clustering included), ``bounds_s`` and ``sparse_s``. ``order``: how tokens
     are laid out in blocks, ``"position"`` or ``"clustered"`` (:func:`clustered_orders`: the support of a
     query spread over the whole prefix falls into few key blocks); the output is the same either way.
-    ``backend``: "auto", "triton" or "torch" (module docstring); the Triton forward (order "position" only)
-    rounds ``block`` to its tile size (a power of two in [16, 128]), its output equals this path's to fp32
-    round-off.
+    ``backend``: "auto", "triton" or "torch" (module docstring). Where "auto" runs the scanned CPU kernel,
+    ``block``, ``order`` and the indexer do not change its work, ``blocks_skipped`` counts its (48-query tile,
+    128-key chunk) pairs and ``predicted_mean`` the keys it kept per query; the Triton forward (order
+    "position" only) rounds ``block`` to its tile size (a power of two in [16, 128]), its output equals this
+    path's to fp32 round-off.
     Bad arguments raise a one-line ValueError before any work.
     """
     _validate(
@@ -878,6 +885,22 @@ def indexed_attention(
         )
     b, h, n, d = q.shape
     scale = d**-0.5 if scale is None else float(scale)
+    if mode == "certified" and backend == "auto" and scanned_kernel(float(alpha), q) is not None:
+        clock = time.perf_counter()
+        out, counts = scanned_attention(
+            q, k, v, alpha=float(alpha), causal=causal, key_valid=key_valid, scale=scale
+        )
+        if not return_stats:
+            return out
+        return out, {
+            "blocks_skipped": counts["chunks_skipped"],
+            "recomputed": 0.0,
+            "predicted_mean": counts["kept_mean"],
+            "filled": 0.0,
+            "indexer_s": 0.0,
+            "bounds_s": 0.0,
+            "sparse_s": time.perf_counter() - clock,
+        }
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32  # normaliser never in half
     stats = dict.fromkeys(
         ("indexer_s", "bounds_s", "sparse_s", "predicted", "filled", "queries", "kept_blocks", "recomputed"),

@@ -36,10 +36,11 @@ _BETA = {1.5: 2, 2.0: 1}
 _SUFFIX = {torch.float32: "float", torch.float64: "double"}
 
 
-def scanned_kernel(alpha: float, *tensors: torch.Tensor) -> ctypes.CDLL | None:
-    """The C++ library where it runs these tensors for this α: CPU, float32 or float64, α 1.5 or 2, built
-    for vectors of 32 bytes or more (AVX2 with FMA, AVX-512); None elsewhere."""
-    if alpha not in _BETA or any(t.device.type != "cpu" or t.dtype not in _SUFFIX for t in tensors):
+def scanned_kernel(alpha: float, q: torch.Tensor) -> ctypes.CDLL | None:
+    """The C++ library where it runs attention on q's device and dtype for this α: a CPU tensor (half
+    precision computed in float32), α 1.5 or 2, a library built for vectors of 32 bytes or more (AVX2 with
+    FMA, AVX-512); None elsewhere."""
+    if alpha not in _BETA or q.device.type != "cpu" or not q.dtype.is_floating_point:
         return None
     return wide(library("scanned_entmax"), 32)
 
@@ -98,7 +99,7 @@ def scanned_attention(
     the entmax ran over). q (b, h, n, d), k (b, h, m, d), v (b, h, m, d_v), key_valid (b, m) bool or None;
     arguments checked by the caller (:func:`kernels.indexed.attention.indexed_attention`), and
     :func:`scanned_kernel` not None for them."""
-    b, h, n, d = q.shape
+    b, h, n, _ = q.shape
     m = k.shape[2]
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
 

@@ -22,7 +22,8 @@ only its new key (:mod:`pipeline.attention.indexer_cache`).
 The τ-indexer runs whole sequences of at least ``INDEXED_MIN_KEYS`` keys without a window or global tokens
 through :func:`kernels.indexed.attention.indexed_attention`, which never builds the n × m graph: entmax over
 Ĝ, the same set (``approximate``), or, when the configuration says ``certified``, exact α-entmax over every
-allowed key, Ĝ only deciding which key blocks are provably empty and skipped. A certified head is the
+allowed key (on GPU, Ĝ decides which key blocks are provably empty and skipped; on CPU the scanned kernel
+scores every pair and runs the entmax on the keys near each row's maximum). A certified head is the
 teacher's attention on every path (the other paths compute it densely).
 
 The configuration lives in ``config.sparsefinder`` (see :func:`attach_sparsefinder`); every attention module

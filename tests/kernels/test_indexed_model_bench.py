@@ -69,9 +69,7 @@ def test_the_report_times_every_method_and_certified_stays_exact(root: Path, tmp
          "--reps", "1", "--backward", "--out", str(out)]
     )  # fmt: skip
     report = json.loads(out.read_text())
-    methods = ["sdpa"] + [
-        f"{m} ({o})" for m in ("certified", "approximate") for o in ("position", "clustered")
-    ]
+    methods = ["sdpa"] + [name for name, *_ in indexed_model.VARIANTS]
     assert [row["method"] for row in report["layers"]] == methods * 2
     assert [row["method"] for row in report["all"]] == methods
     for row in report["layers"] + report["all"]:
@@ -86,7 +84,7 @@ def test_the_report_times_every_method_and_certified_stays_exact(root: Path, tmp
     mine = [row for row in report["layers"] if row["method"] == sums["method"]]
     assert sums["forward_ms"] == pytest.approx(sum(row["forward_ms"] for row in mine))
     assert sums["forward_x_sdpa"] == pytest.approx(report["all"][0]["forward_ms"] / sums["forward_ms"])
-    assert "| all | certified (position) |" in capsys.readouterr().out
+    assert "| all | certified (scanned) |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
