@@ -34,6 +34,7 @@ from pipeline.evaluation.report import (
     teacher_quality,
 )
 from pipeline.plots.canvas import new_figure, save_png
+from pipeline.plots.speed import plot_speedup
 
 COLORS = matplotlib.colormaps["tab10"].colors
 # baselines in muted tab10 colours, the learned predictors in strong ones
@@ -65,6 +66,7 @@ FILES = {
     "sparsity_accuracy": "sparsity_accuracy.png",
     "recall_heatmap": "recall_heatmap.png",
     "speed_bleu": "speed_bleu.png",
+    "speedup": "speedup.png",
     "pareto_recall": "pareto_recall.csv",
     "quality": "quality.csv",
 }
@@ -75,6 +77,7 @@ CAPTIONS = {
     "sparsity_accuracy": "Sparsity–accuracy at the answers with predicted graphs and students",
     "recall_heatmap": "Recall per layer and head at the operating point",
     "speed_bleu": "Decoding time–BLEU of the students (PAR: the share of attention sublayers kept)",
+    "speedup": "Speed-up over softmax SDPA against the context, forward and forward + backward",
 }
 
 
@@ -90,8 +93,13 @@ def write_report_plots(
     out_dir = Path(out_dir)
     translation = BLEU in task_scores(evaluation)  # the BLEU figures need decoded translations
     recall = task_scores(evaluation)[0] == ACCURACY  # mqar: accuracy at the answers is the measure
+    timed = bool(evaluation.get("speed"))  # the speed table's models at several contexts
     written = [
-        name for name in FILES if (translation or "bleu" not in name) and (recall or "accuracy" not in name)
+        name
+        for name in FILES
+        if (translation or "bleu" not in name)
+        and (recall or "accuracy" not in name)
+        and (timed or name != "speedup")
     ]
     with atomic_path(out_dir, directory=True) as tmp:
         plot_sparsity_recall(evaluation, tmp / FILES["sparsity_recall"])
@@ -104,6 +112,8 @@ def write_report_plots(
         plot_recall_heatmap(
             evaluation, operating_point(evaluation, recall_target), tmp / FILES["recall_heatmap"]
         )
+        if timed:
+            plot_speedup(evaluation, tmp / FILES["speedup"])
         write_pareto_csv(evaluation, tmp / FILES["pareto_recall"])
         write_quality_csv(evaluation, tmp / FILES["quality"])
     return {name: out_dir / FILES[name] for name in written}

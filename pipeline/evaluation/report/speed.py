@@ -23,6 +23,7 @@ def speed_table(evaluation: dict) -> str:
         "× softmax SDPA",
         "forward + backward tokens/s",
         "× dense entmax",
+        "× softmax SDPA",
         "attention share",
     ]
     lines = [table_row(header), table_row(["---"] * len(header))]
@@ -45,6 +46,7 @@ def speed_table(evaluation: dict) -> str:
                         ratio(sdpa.get("forward_seconds"), forward),
                         _per_second(n, both),
                         ratio(entmax.get("forward_backward_seconds"), both),
+                        ratio(sdpa.get("forward_backward_seconds"), both),
                         num(_share(row.get("attention_seconds"), row.get("attention_pass_seconds")), 2),
                     ]
                 )
