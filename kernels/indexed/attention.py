@@ -885,18 +885,20 @@ def indexed_attention(
         )
     b, h, n, d = q.shape
     scale = d**-0.5 if scale is None else float(scale)
-    if mode == "certified" and backend == "auto" and scanned_kernel(float(alpha), q) is not None:
+    if backend == "auto" and scanned_kernel(float(alpha), q) is not None:
         clock = time.perf_counter()
         out, counts = scanned_attention(
-            q, k, v, alpha=float(alpha), causal=causal, key_valid=key_valid, scale=scale
-        )
+            q, k, v, alpha=float(alpha), causal=causal, key_valid=key_valid, scale=scale,
+            index=None if mode == "certified" else (q_index, k_index), margin=float(margin),
+            candidates=int(candidates),
+        )  # fmt: skip
         if not return_stats:
             return out
         return out, {
             "blocks_skipped": counts["chunks_skipped"],
             "recomputed": 0.0,
             "predicted_mean": counts["kept_mean"],
-            "filled": 0.0,
+            "filled": counts["filled"],
             "indexer_s": 0.0,
             "bounds_s": 0.0,
             "sparse_s": time.perf_counter() - clock,

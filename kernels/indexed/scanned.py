@@ -46,39 +46,46 @@ def scanned_kernel(alpha: float, q: torch.Tensor) -> ctypes.CDLL | None:
 
 
 class _Scanned(torch.autograd.Function):
-    """o (G, n, dv) of q (G, n, d), k (G, m, d), v (G, m, dv); the kernel's counts in ``counts`` (3,)."""
+    """o (G, n, dv) of q (G, n, d), k (G, m, d), v (G, m, dv), and in approximate mode the indexer's
+    q_index (G, n, r), k_index (G, m, r) (constants); ``settings`` (scale, α, causal, margin, candidates);
+    the kernel's counts added into ``counts`` (5,)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_valid, scale: float, alpha: float, causal: bool, counts: torch.Tensor):
+    def forward(ctx, q, k, v, key_valid, q_index, k_index, settings: tuple, counts: torch.Tensor):
+        scale, alpha, causal, margin, candidates = settings
         kernel = scanned_kernel(alpha, q)
         assert kernel is not None
-        G, n, _ = q.shape
+        G, n, d = q.shape
         m, dv = k.shape[1], v.shape[2]
+        rank = 0 if q_index is None else q_index.shape[2]
         out = q.new_empty(G, n, dv)
-        shift, tau = q.new_empty(G, n), q.new_empty(G, n)
-        suffix = _SUFFIX[q.dtype]
+        saved = [q.new_empty(G, n) for _ in range(2 if q_index is None else 4)]  # shift, τ (, m′, τ′)
+        low = saved[2:] or [None, None]
         # fmt: off
-        call(kernel, f"scanned_forward_{suffix}", q, k, v, key_valid, G, n, m, q.shape[2], dv, scale,
-             _BETA[alpha], int(causal), out, shift, tau, counts)
+        call(kernel, f"scanned_forward_{_SUFFIX[q.dtype]}", q, k, v, key_valid, q_index, k_index, G, n, m, d,
+             dv, rank, scale, _BETA[alpha], int(causal), margin, candidates, out, *saved[:2], *low, counts)
         # fmt: on
-        ctx.save_for_backward(q, k, v, key_valid, shift, tau)
-        ctx.settings = (scale, alpha, causal)
+        ctx.save_for_backward(q, k, v, key_valid, q_index, k_index, *saved)
+        ctx.settings = settings
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        q, k, v, key_valid, shift, tau = ctx.saved_tensors
-        scale, alpha, causal = ctx.settings
+        q, k, v, key_valid, q_index, k_index, *saved = ctx.saved_tensors
+        scale, alpha, causal, margin, candidates = ctx.settings
         kernel = scanned_kernel(alpha, q)
         assert kernel is not None
         G, n, d = q.shape
         m, dv = k.shape[1], v.shape[2]
+        rank = 0 if q_index is None else q_index.shape[2]
         dq, dk, dvalues = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         grad = grad.to(q.dtype).contiguous()
+        low = saved[2:] or [None, None]
         # fmt: off
-        call(kernel, f"scanned_backward_{_SUFFIX[q.dtype]}", q, k, v, key_valid, G, n, m, d, dv, scale,
-             _BETA[alpha], int(causal), grad, shift, tau, dq, dk, dvalues)
+        call(kernel, f"scanned_backward_{_SUFFIX[q.dtype]}", q, k, v, key_valid, q_index, k_index, G, n, m, d,
+             dv, rank, scale, _BETA[alpha], int(causal), margin, candidates, grad, *saved[:2], *low, dq, dk,
+             dvalues)
         # fmt: on
         return dq, dk, dvalues, None, None, None, None, None
 
@@ -92,16 +99,23 @@ def scanned_attention(
     causal: bool,
     key_valid: torch.Tensor | None,
     scale: float,
+    index: tuple[torch.Tensor, torch.Tensor] | None = None,
+    margin: float = 0.0,
+    candidates: int = 64,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Exact α-entmax attention (b, h, n, d_v) in q's dtype, differentiable in q, k and v, with its counts:
-    ``chunks_skipped`` (share of the (48-query tile, 128-key chunk) pairs a query could see whose scores
-    were never computed) and ``kept_mean`` (mean number of keys per query within β of its maximum, the set
-    the entmax ran over). q (b, h, n, d), k (b, h, m, d), v (b, h, m, d_v), key_valid (b, m) bool or None;
-    arguments checked by the caller (:func:`kernels.indexed.attention.indexed_attention`), and
-    :func:`scanned_kernel` not None for them."""
+    """α-entmax attention (b, h, n, d_v) in q's dtype, differentiable in q, k and v. Certified (``index``
+    None): exact. Approximate (``index`` = (q_index (b, h, n, r), k_index (b, h, m, r)), constants): entmax
+    with the exact scores over each query's predicted set Ŝ = {j : (α − 1) z′_j ≥ τ′ − margin} of its
+    low-rank scores z′ (the ``candidates`` largest where more), as
+    :func:`kernels.indexed.attention.predicted_sets` defines it. With its counts: ``chunks_skipped`` (share
+    of the (48-query tile, 128-key chunk) pairs a query could see whose scores were never computed),
+    ``kept_mean`` (mean over queries with a key of the keys entmax ran over: certified, those its floor
+    kept; approximate, |Ŝ|) and ``filled`` (share of those whose Ŝ was capped). q (b, h, n, d),
+    k (b, h, m, d), v (b, h, m, d_v), key_valid (b, m) bool or None; arguments checked by the caller
+    (:func:`kernels.indexed.attention.indexed_attention`), and :func:`scanned_kernel` not None for them."""
     b, h, n, _ = q.shape
-    m = k.shape[2]
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    m, dtype = k.shape[2], q.dtype
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
 
     def flat(x: torch.Tensor) -> torch.Tensor:  # (b, h, L, ·) → (b·h, L, ·) contiguous in the compute dtype
         return x.to(compute).reshape(b * h, x.shape[2], x.shape[3]).contiguous()
@@ -109,11 +123,14 @@ def scanned_attention(
     valid = None
     if key_valid is not None:  # (b, m) → (b·h, m) bytes
         valid = key_valid[:, None].expand(b, h, m).reshape(b * h, m).to(torch.uint8).contiguous()
-    counts = torch.zeros(3, dtype=torch.int64)
-    out = _Scanned.apply(flat(q), flat(k), flat(v), valid, float(scale), float(alpha), causal, counts)
-    scored, visible, kept = (int(c) for c in counts)
+    q_index, k_index = (None, None) if index is None else (flat(index[0].detach()), flat(index[1].detach()))
+    counts = torch.zeros(5, dtype=torch.int64)
+    settings = (float(scale), float(alpha), causal, float(margin), int(candidates))
+    out = _Scanned.apply(flat(q), flat(k), flat(v), valid, q_index, k_index, settings, counts)
+    scored, visible, kept, capped, live = (int(c) for c in counts)
     stats = {
         "chunks_skipped": 1.0 - scored / visible if visible else 0.0,
-        "kept_mean": kept / (b * h * n) if n else 0.0,
+        "kept_mean": kept / live if live else 0.0,
+        "filled": capped / live if live else 0.0,
     }
-    return out.view(b, h, n, -1).to(q.dtype), stats
+    return out.view(b, h, n, -1).to(dtype), stats

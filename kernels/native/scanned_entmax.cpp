@@ -327,7 +327,8 @@ struct Tile {
     std::vector<const Real*> a, b;
     std::vector<Real*> c;
     int64_t room = 0;  // kept entries a row may hold: each key once
-    Support<Real> support;
+    Support<Real> support, exact;  // a row's gathered entries; approximate mode: the exact scores of Ŝ
+    std::vector<int64_t> order;    // approximate mode: the cap's ranking
 
     void allocate(const Problem<Real>& p) {
         const int64_t width = whole_vectors<Real>(kChunk);
@@ -337,7 +338,7 @@ struct Tile {
         kept.resize(kTile * room), kept_key.resize(kTile * room), kept_count.assign(kTile, 0), trigger.assign(kTile, kTrigger);
         a.resize(kTile), b.resize(p.d), c.resize(kTile);
         for (int64_t r = 0; r < kTile; ++r) a[r] = qs.data() + r * p.d, c[r] = scores.data() + r * width;
-        support.allocate(p.m);
+        support.allocate(p.m), exact.allocate(p.m);
     }
 
     // The tile's rows [first, first + rows) of group g: scale·q and its norm; no entry kept yet.
@@ -396,7 +397,6 @@ struct Tile {
 
     // Row r's entries of the chunk (`width` of them, from key c0 on) above `floor`, appended to its kept ones.
     void keep_above(int64_t r, int64_t c0, int64_t width, Real floor) {
-        constexpr int64_t w = kWidth<Real>;
         const int64_t at = r * room + kept_count[r];
         kept_count[r] += filter(c[r], static_cast<const int32_t*>(nullptr), int32_t(c0), width, floor, Real(0), Real(1),
                                 kept.data() + at, kept_key.data() + at);
@@ -442,13 +442,13 @@ struct Tile {
     // Where row r kept `trigger` entries or more: its floor raised to the threshold of those entries (a
     // subset's, so still ≤ the row's) and the entries below it dropped; the next trigger twice what is left.
     // Rows with many keys near their maximum (a flat row: the lane maxima's floor is low) keep a short list.
-    void tighten(int64_t r, int beta) {
+    void tighten(int64_t r, int beta, Real below) {
         if (kept_count[r] < trigger[r]) return;
         gather(r, best[r], floor[r], beta);
         floor[r] = std::max(floor[r], best[r] + Real(beta) * support.threshold(beta) - rounding(best[r], beta));
         Real* s = kept.data() + r * room;
         int32_t* key = kept_key.data() + r * room;
-        const int64_t left = filter(s, key, 0, kept_count[r], floor[r], Real(0), Real(1), s, key);
+        const int64_t left = filter(s, key, 0, kept_count[r], floor[r] - below, Real(0), Real(1), s, key);
         kept_count[r] = left, trigger[r] = std::max(kTrigger, 2 * left);
     }
 
@@ -469,11 +469,12 @@ std::vector<std::pair<int64_t, int64_t>> tiles(const Problem<Real>& p) {
 }
 
 // The kept entries of every row of tile (g, first): chunks in order (the diagonal's first), each scored
-// unless the bound rules it out against `floor` (the forward: the running maximum − β; the backward: the
-// exact threshold). Returns the number of chunks scored; the rows' maxima in tile.best.
+// unless the bound rules it out against the row's floor; entries above floor − `below` kept. The forward's
+// floors run (the lane maxima's, then the kept entries' thresholds); the backward's are `exact_floor`.
+// Returns the number of chunks scored; the rows' maxima in tile.best.
 template <typename Real>
 int64_t scan(const Problem<Real>& p, const Keys<Real>& keys, Tile<Real>& tile, int64_t g, int64_t first,
-             int64_t rows, const Real* exact_floor, int64_t& visible) {
+             int64_t rows, const Real* exact_floor, Real below, int64_t& visible) {
     const int64_t limit = p.keys(first, rows), last = (limit - 1) / kChunk;
     std::vector<Real> floor(rows);
     int64_t scored = 0;
@@ -481,44 +482,122 @@ int64_t scan(const Problem<Real>& p, const Keys<Real>& keys, Tile<Real>& tile, i
     for (int64_t step = 0; step <= last; ++step) {
         const int64_t chunk = step == 0 ? last : step - 1;
         const int64_t c0 = chunk * kChunk, c1 = std::min(limit, c0 + kChunk);
-        for (int64_t r = 0; r < rows; ++r) floor[r] = exact_floor != nullptr ? exact_floor[r] : tile.floor[r];
+        for (int64_t r = 0; r < rows; ++r) floor[r] = (exact_floor != nullptr ? exact_floor[r] : tile.floor[r]) - below;
         if (step > 0 && !tile.reaches(p, keys, g, chunk, rows, floor.data())) continue;
         ++scored;
         tile.score(p, keys, g, first, rows, c0, c1);
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t width = p.causal ? std::min(c1, first + r + 1) - c0 : c1 - c0;
             if (width <= 0) continue;
-            if (exact_floor == nullptr) tile.raise(r, width, p.beta), floor[r] = tile.floor[r];
+            if (exact_floor == nullptr) tile.raise(r, width, p.beta), floor[r] = tile.floor[r] - below;
             if (floor[r] == -std::numeric_limits<Real>::infinity()) continue;
             tile.keep_above(r, c0, width, floor[r]);
-            if (exact_floor == nullptr) tile.tighten(r, p.beta), floor[r] = tile.floor[r];
+            if (exact_floor == nullptr) tile.tighten(r, p.beta, below), floor[r] = tile.floor[r] - below;
         }
     }
     return scored;
 }
 
-// out (G, n, dv), shift and tau (G, n): m and τ per query (a query with no key: out 0, shift 0, τ = +∞);
-// counts[0] += chunks scored, counts[1] += chunks visible, counts[2] += entries kept above m − β.
+// The approximate mode's indexer: q_index (G, n, r) and k_index (G, m, r) score in place of q and k, and a
+// query's predicted set is Ŝ = {j : x′_j ≥ τ′ − δ} of its low-rank row x′ (the `candidates` largest where
+// more), over which entmax runs with the exact scores.
 template <typename Real>
-void forward(const Problem<Real>& p, Real* out, Real* shift, Real* tau, int64_t* counts, int threads) {
+struct Index {
+    const Real *q, *k;
+    int64_t rank, candidates;
+    Real margin;  // δ ≥ 0
+
+    // The indexer's problem: p with the low-rank rows in place of q and k.
+    Problem<Real> low(const Problem<Real>& p) const {
+        Problem<Real> out = p;
+        out.q = q, out.k = k, out.d = rank;
+        return out;
+    }
+};
+
+// Ŝ of row r after the low-rank scan, in tile.support.key (tile.support.size of them, in scan order), from
+// its low-rank maximum `shift` and threshold τ′ = `tau` (the forward solves it: `tau` null); returns
+// whether the cap cut it.
+template <typename Real>
+bool predicted(Tile<Real>& tile, int64_t r, const Index<Real>& index, int beta, Real shift, Real floor, Real& tau,
+               bool solve) {
+    Support<Real>& s = tile.support;
+    tile.gather(r, shift, floor, beta);
+    if (solve) tau = s.threshold(beta);
+    const Real bar = tau - index.margin;
+    int64_t kept = 0;
+    for (int64_t e = 0; e < s.size; ++e)
+        if (s.x[e] >= bar) s.x[kept] = s.x[e], s.key[kept] = s.key[e], ++kept;
+    s.size = kept;
+    if (kept <= index.candidates) return false;
+    // the `candidates` largest x′ (ties by scan order, so the choice is the same in the backward)
+    std::vector<int64_t>& order = tile.order;
+    order.resize(kept);
+    for (int64_t e = 0; e < kept; ++e) order[e] = e;
+    const auto larger = [&](int64_t a, int64_t b) { return s.x[a] > s.x[b] || (s.x[a] == s.x[b] && a < b); };
+    std::nth_element(order.begin(), order.begin() + index.candidates, order.end(), larger);
+    std::sort(order.begin(), order.begin() + index.candidates);
+    for (int64_t e = 0; e < index.candidates; ++e) s.key[e] = s.key[order[e]];
+    s.size = index.candidates;
+    return true;
+}
+
+// The exact scores of query i (group g) against the keys of `chosen` into `exact`, as x = (s − shift)/β with
+// shift their maximum (`solve`) or the given one; returns the shift.
+template <typename Real>
+Real exact_scores(const Problem<Real>& p, int64_t g, int64_t i, const Support<Real>& chosen, Support<Real>& exact,
+                  Real shift, bool solve) {
+    const Real* q = p.q + i * p.d;
+    Real m = -std::numeric_limits<Real>::infinity();
+    for (int64_t e = 0; e < chosen.size; ++e) {
+        const Real* k = p.k + (g * p.m + chosen.key[e]) * p.d;
+        Real dot = 0;
+        for (int64_t t = 0; t < p.d; ++t) dot += q[t] * k[t];
+        exact.x[e] = p.scale * dot, exact.key[e] = chosen.key[e];
+        m = std::max(m, exact.x[e]);
+    }
+    exact.size = chosen.size;
+    if (solve) shift = m;
+    const Real inverse = Real(1) / Real(p.beta);
+    for (int64_t e = 0; e < exact.size; ++e) exact.x[e] = (exact.x[e] - shift) * inverse;
+    for (int64_t e = exact.size; e < whole_vectors<Real>(exact.size); ++e)
+        exact.x[e] = -std::numeric_limits<Real>::infinity();
+    return shift;
+}
+
+// What a forward keeps per query for its backward: m and τ of the exact scores over the set entmax ran on
+// (a query with no key: τ = +∞), and in approximate mode m′ and τ′ of its low-rank row.
+template <typename Real>
+struct Saved {
+    Real *shift, *tau, *low_shift, *low_tau;
+};
+
+// out (G, n, dv) and `saved`; counts[0] += chunks scored, [1] += chunks visible, [2] += entries entmax ran
+// over (certified: those kept above the floor; approximate: |Ŝ|), [3] += queries whose Ŝ was capped, [4] +=
+// queries with a key.
+template <typename Real>
+void forward(const Problem<Real>& p, const Index<Real>* index, Real* out, Saved<Real> saved, int64_t* counts,
+             int threads) {
+    const Problem<Real> scanned = index != nullptr ? index->low(p) : p;
+    const Real below = index != nullptr ? Real(p.beta) * index->margin : Real(0);
     Keys<Real> keys;
-    keys.build(p, threads);
+    keys.build(scanned, threads);
     const auto work = tiles(p);
     const Real inf = std::numeric_limits<Real>::infinity();
     std::atomic<bool> short_of_memory{false};
-    int64_t scored = 0, visible = 0, kept = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : scored, visible, kept)
+    int64_t scored = 0, visible = 0, kept = 0, capped = 0, live = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : scored, visible, kept, capped, live)
     {
         Tile<Real> tile;
-        const bool ready = allocated([&] { tile.allocate(p); }, short_of_memory);
+        const bool ready = allocated([&] { tile.allocate(scanned); }, short_of_memory);
 #pragma omp for schedule(dynamic, 1)
         for (size_t w = 0; w < work.size(); ++w) {
             if (!ready) continue;
             const auto [g, first] = work[w];
             const int64_t rows = std::min(kTile, p.n - first);
-            tile.start(p, g, first, rows);
+            tile.start(scanned, g, first, rows);
             int64_t seen = 0;
-            scored += scan(p, keys, tile, g, first, rows, static_cast<const Real*>(nullptr), seen);
+            scored += scan(scanned, keys, tile, g, first, rows, static_cast<const Real*>(nullptr), below, seen);
             visible += seen;
             for (int64_t r = 0; r < rows; ++r) {
                 const int64_t i = g * p.n + first + r;
@@ -526,41 +605,86 @@ void forward(const Problem<Real>& p, Real* out, Real* shift, Real* tau, int64_t*
                 const Real m = tile.best[r];
                 if (m == -inf) {
                     std::fill(o, o + p.dv, Real(0));
-                    shift[i] = 0, tau[i] = inf;
+                    saved.shift[i] = 0, saved.tau[i] = inf;
+                    if (index != nullptr) saved.low_shift[i] = 0, saved.low_tau[i] = inf;
                     continue;
                 }
-                tile.gather(r, m, tile.floor[r], p.beta);
-                Support<Real>& support = tile.support;
-                kept += support.size;
-                const Real t = support.threshold(p.beta);
-                support.select(t, p.beta);
-                weighted_sum(support.x.data(), support.key.data(), support.size, p.v + g * p.m * p.dv, p.dv, o);
-                shift[i] = m, tau[i] = t;
+                ++live;
+                Support<Real>* support = &tile.support;
+                if (index == nullptr) {
+                    tile.gather(r, m, tile.floor[r], p.beta);
+                    saved.shift[i] = m;
+                } else {
+                    Real low_tau = 0;
+                    capped += predicted(tile, r, *index, p.beta, m, tile.floor[r] - below, low_tau, true);
+                    saved.low_shift[i] = m, saved.low_tau[i] = low_tau;
+                    saved.shift[i] = exact_scores(p, g, i, tile.support, tile.exact, Real(0), true);
+                    support = &tile.exact;
+                }
+                kept += support->size;
+                const Real t = support->threshold(p.beta);
+                support->select(t, p.beta);
+                weighted_sum(support->x.data(), support->key.data(), support->size, p.v + g * p.m * p.dv, p.dv, o);
+                saved.tau[i] = t;
             }
         }
     }
     if (short_of_memory) throw std::bad_alloc();
-    counts[0] += scored, counts[1] += visible, counts[2] += kept;
+    counts[0] += scored, counts[1] += visible, counts[2] += kept, counts[3] += capped, counts[4] += live;
 }
 
-// dq (G, n, d), dk (G, m, d), dv (G, m, dv) from grad (G, n, dv) and the forward's shift and tau.
+// Query i's share of the gradients from its support (keys and p in `support`) and grad_i: dq_i written, dk and
+// dv added into `own` ((m, d + dv) rows of the group: dk then dv).
 template <typename Real>
-void backward(const Problem<Real>& p, const Real* grad, const Real* shift, const Real* tau, Real* dq, Real* dk,
-              Real* dv, int threads) {
+void row_gradient(const Problem<Real>& p, int64_t g, int64_t i, const Support<Real>& support, const Real* grad,
+                  Real* own, Real* dq, std::vector<Real>& weight, std::vector<Real>& dp) {
+    const Real* go = grad + i * p.dv;
+    const Real* qi = p.q + i * p.d;
+    weight.resize(support.size), dp.resize(support.size);
+    Real wsum = 0, wdp = 0;
+    for (int64_t e = 0; e < support.size; ++e) {
+        const Real* vr = p.v + (g * p.m + support.key[e]) * p.dv;
+        Real dot = 0;
+        for (int64_t c = 0; c < p.dv; ++c) dot += go[c] * vr[c];
+        weight[e] = p.beta == 2 ? std::sqrt(support.x[e]) : Real(1);  // g = p^{2−α}
+        dp[e] = dot, wsum += weight[e], wdp += weight[e] * dot;
+    }
+    const Real mean = wsum > 0 ? wdp / wsum : 0;
+    for (int64_t e = 0; e < support.size; ++e) {
+        const Real ds = p.scale * weight[e] * (dp[e] - mean);  // scale · ∂L/∂s_j
+        dp[e] = ds;
+        Real* dkj = own + int64_t(support.key[e]) * (p.d + p.dv);
+        Real* dvj = dkj + p.d;
+        for (int64_t c = 0; c < p.d; ++c) dkj[c] += ds * qi[c];
+        for (int64_t c = 0; c < p.dv; ++c) dvj[c] += support.x[e] * go[c];
+    }
+    weighted_sum(dp.data(), support.key.data(), support.size, p.k + g * p.m * p.d, p.d, dq + i * p.d);
+}
+
+// dq (G, n, d), dk (G, m, d), dv (G, m, dv) from grad (G, n, dv) and what the forward saved: the scan runs
+// again with each row's exact floor (certified: m + β·τ; approximate: the low-rank m′ + β(τ′ − δ)), which
+// finds the same set the forward ran entmax over.
+template <typename Real>
+void backward(const Problem<Real>& p, const Index<Real>* index, const Real* grad, Saved<Real> saved, Real* dq,
+              Real* dk, Real* dv, int threads) {
+    const Problem<Real> scanned = index != nullptr ? index->low(p) : p;
     Keys<Real> keys;
-    keys.build(p, threads);
+    keys.build(scanned, threads);
     const int64_t count = (p.n + kTile - 1) / kTile, width = p.m * (p.d + p.dv);
     const int parts = std::max(threads, 1);
     std::vector<Real> sums;  // per thread: dk then dv of one group, (m, d + dv)
     std::atomic<bool> short_of_memory{false};
     if (!allocated([&] { sums.assign(parts * width, Real(0)); }, short_of_memory)) throw std::bad_alloc();
+    const Real* floor_shift = index != nullptr ? saved.low_shift : saved.shift;
+    const Real* floor_tau = index != nullptr ? saved.low_tau : saved.tau;
+    const Real margin = index != nullptr ? index->margin : Real(0);
     for (int64_t g = 0; g < p.G; ++g) {
         std::fill(sums.begin(), sums.end(), Real(0));
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
             Tile<Real> tile;
             std::vector<Real> floor(kTile), weight, dp;
-            const bool ready = allocated([&] { tile.allocate(p); }, short_of_memory);
+            const bool ready = allocated([&] { tile.allocate(scanned); }, short_of_memory);
 #ifdef _OPENMP
             Real* own = sums.data() + int64_t(omp_get_thread_num()) * width;
 #else
@@ -570,44 +694,32 @@ void backward(const Problem<Real>& p, const Real* grad, const Real* shift, const
             for (int64_t t = 0; t < count; ++t) {
                 if (!ready) continue;
                 const int64_t first = t * kTile, rows = std::min(kTile, p.n - first);
-                tile.start(p, g, first, rows);
+                tile.start(scanned, g, first, rows);
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = g * p.n + first + r;
-                    floor[r] = std::isinf(tau[i]) ? std::numeric_limits<Real>::infinity()
-                                                  : shift[i] + Real(p.beta) * tau[i] - rounding(shift[i], p.beta);
+                    const Real m = floor_shift[i];
+                    floor[r] = std::isinf(floor_tau[i]) ? std::numeric_limits<Real>::infinity()
+                                                        : m + Real(p.beta) * (floor_tau[i] - margin) - rounding(m, p.beta);
                 }
                 int64_t seen = 0;
-                scan(p, keys, tile, g, first, rows, floor.data(), seen);
+                scan(scanned, keys, tile, g, first, rows, floor.data(), Real(0), seen);
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = g * p.n + first + r;
-                    if (std::isinf(tau[i])) {
+                    if (std::isinf(saved.tau[i])) {
                         std::fill(dq + i * p.d, dq + (i + 1) * p.d, Real(0));
                         continue;
                     }
-                    tile.gather(r, shift[i], floor[r], p.beta);
-                    Support<Real>& support = tile.support;
-                    support.select(tau[i], p.beta);  // p_j
-                    const Real* go = grad + i * p.dv;
-                    const Real* qi = p.q + i * p.d;
-                    weight.resize(support.size), dp.resize(support.size);
-                    Real wsum = 0, wdp = 0;
-                    for (int64_t e = 0; e < support.size; ++e) {
-                        const Real* vr = p.v + (g * p.m + support.key[e]) * p.dv;
-                        Real dot = 0;
-                        for (int64_t c = 0; c < p.dv; ++c) dot += go[c] * vr[c];
-                        weight[e] = p.beta == 2 ? std::sqrt(support.x[e]) : Real(1);  // p^{2−α}
-                        dp[e] = dot, wsum += weight[e], wdp += weight[e] * dot;
+                    Support<Real>* support = &tile.support;
+                    if (index == nullptr) {
+                        tile.gather(r, saved.shift[i], floor[r], p.beta);
+                    } else {
+                        Real low_tau = saved.low_tau[i];
+                        predicted(tile, r, *index, p.beta, saved.low_shift[i], floor[r], low_tau, false);
+                        exact_scores(p, g, i, tile.support, tile.exact, saved.shift[i], false);
+                        support = &tile.exact;
                     }
-                    const Real mean = wsum > 0 ? wdp / wsum : 0;
-                    for (int64_t e = 0; e < support.size; ++e) {
-                        const Real ds = p.scale * weight[e] * (dp[e] - mean);  // scale · ∂L/∂s_j
-                        dp[e] = ds;
-                        Real* dkj = own + int64_t(support.key[e]) * (p.d + p.dv);
-                        Real* dvj = dkj + p.d;
-                        for (int64_t c = 0; c < p.d; ++c) dkj[c] += ds * qi[c];
-                        for (int64_t c = 0; c < p.dv; ++c) dvj[c] += support.x[e] * go[c];
-                    }
-                    weighted_sum(dp.data(), support.key.data(), support.size, p.k + g * p.m * p.d, p.d, dq + i * p.d);
+                    support->select(saved.tau[i], p.beta);  // p_j
+                    row_gradient(p, g, i, *support, grad, own, dq, weight, dp);
                 }
             }
         }
@@ -628,26 +740,35 @@ void backward(const Problem<Real>& p, const Real* grad, const Real* shift, const
 }  // namespace
 
 // q (G, n, d), k (G, m, d), v (G, m, dv) contiguous; key_valid (G, m) bytes or null; beta 1 (α = 2) or 2
-// (α = 1.5); causal 0 or 1 (n = m). Forward: out (G, n, dv), shift and tau (G, n), counts (3,) added to.
-// Backward: grad (G, n, dv) and the forward's shift and tau give dq, dk, dv. Returns 0, −1 when memory ran
-// out, −2 for a β it does not take.
-#define EXPORT(SUFFIX, REAL)                                                                                      \
-    extern "C" int scanned_forward_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const uint8_t* key_valid, \
-                                            int64_t G, int64_t n, int64_t m, int64_t d, int64_t dv, double scale,  \
-                                            int64_t beta, int64_t causal, REAL* out, REAL* shift, REAL* tau,       \
-                                            int64_t* counts, int threads) {                                        \
-        if (beta != 1 && beta != 2) return -2;                                                                     \
-        const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};            \
-        return guarded([&] { forward(p, out, shift, tau, counts, threads); });                                     \
-    }                                                                                                              \
-    extern "C" int scanned_backward_##SUFFIX(const REAL* q, const REAL* k, const REAL* v,                          \
-                                             const uint8_t* key_valid, int64_t G, int64_t n, int64_t m, int64_t d, \
-                                             int64_t dv, double scale, int64_t beta, int64_t causal,               \
-                                             const REAL* grad, const REAL* shift, const REAL* tau, REAL* dq,       \
-                                             REAL* dk, REAL* dv_out, int threads) {                                \
-        if (beta != 1 && beta != 2) return -2;                                                                     \
-        const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};            \
-        return guarded([&] { backward(p, grad, shift, tau, dq, dk, dv_out, threads); });                           \
+// (α = 1.5); causal 0 or 1 (n = m). Approximate mode where q_index (G, n, rank) and k_index (G, m, rank) are
+// not null, with margin δ and the cap `candidates`. Forward: out (G, n, dv); shift, tau (G, n) and in
+// approximate mode low_shift, low_tau (G, n) for the backward; counts (5,) added to. Backward: grad (G, n, dv)
+// and what the forward saved give dq, dk, dv. Returns 0, −1 when memory ran out, −2 for a β it does not take.
+#define EXPORT(SUFFIX, REAL)                                                                                       \
+    extern "C" int scanned_forward_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const uint8_t* key_valid,  \
+                                            const REAL* q_index, const REAL* k_index, int64_t G, int64_t n,         \
+                                            int64_t m, int64_t d, int64_t dv, int64_t rank, double scale,           \
+                                            int64_t beta, int64_t causal, double margin, int64_t candidates,        \
+                                            REAL* out, REAL* shift, REAL* tau, REAL* low_shift, REAL* low_tau,      \
+                                            int64_t* counts, int threads) {                                         \
+        if (beta != 1 && beta != 2) return -2;                                                                      \
+        const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};             \
+        const Index<REAL> index{q_index, k_index, rank, candidates, REAL(margin)};                                  \
+        const Index<REAL>* chosen = q_index != nullptr ? &index : nullptr;                                          \
+        return guarded([&] { forward(p, chosen, out, Saved<REAL>{shift, tau, low_shift, low_tau}, counts, threads); }); \
+    }                                                                                                               \
+    extern "C" int scanned_backward_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const uint8_t* key_valid, \
+                                             const REAL* q_index, const REAL* k_index, int64_t G, int64_t n,        \
+                                             int64_t m, int64_t d, int64_t dv, int64_t rank, double scale,          \
+                                             int64_t beta, int64_t causal, double margin, int64_t candidates,       \
+                                             const REAL* grad, REAL* shift, REAL* tau, REAL* low_shift,             \
+                                             REAL* low_tau, REAL* dq, REAL* dk, REAL* dv_out, int threads) {        \
+        if (beta != 1 && beta != 2) return -2;                                                                      \
+        const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};             \
+        const Index<REAL> index{q_index, k_index, rank, candidates, REAL(margin)};                                  \
+        const Index<REAL>* chosen = q_index != nullptr ? &index : nullptr;                                          \
+        const Saved<REAL> saved{shift, tau, low_shift, low_tau};                                                    \
+        return guarded([&] { backward(p, chosen, grad, saved, dq, dk, dv_out, threads); });                         \
     }
 
 EXPORT(float, float)

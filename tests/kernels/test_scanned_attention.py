@@ -1,6 +1,7 @@
-"""The scanned C++ kernel (``kernels/native/scanned_entmax.cpp``) against dense α-entmax attention, in
-float64: outputs and gradients, causal and not, padding, ragged tile and chunk edges, rows without keys,
-flat rows (every key in the support), and chunks its bound rules out. The certified mode of
+"""The scanned C++ kernel (``kernels/native/scanned_entmax.cpp``) against dense α-entmax attention, in float64
+— certified mode exact, approximate mode entmax over the predicted sets: outputs and gradients, causal and
+not, padding, ragged tile and chunk edges, rows without keys, flat rows (every key in the support), and
+chunks its bound rules out. Certified and approximate modes of
 :func:`kernels.indexed.attention.indexed_attention` runs it on CPU (``backend="auto"``)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from kernels.indexed import scanned
-from kernels.indexed.attention import dense_indexed_reference, indexed_attention
+from kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
 from kernels.indexed.scanned import scanned_attention, scanned_kernel
 
 pytestmark = [
@@ -169,3 +170,33 @@ def test_certified_mode_runs_the_scanned_kernel_on_cpu(monkeypatch):
     out = indexed_attention(q, k, v, index, index, causal=True, scale=0.25)
     assert len(calls) == 1  # neither α = 1.3 nor a missing kernel ran it
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("margin", "candidates"), [(0.0, 64), (0.3, 64), (2.0, 5)])
+def test_approximate_is_entmax_over_the_predicted_sets(alpha, causal, margin, candidates):
+    """Values and gradients of entmax with the exact scores over Ŝ (predicted_sets' definition: the low-rank
+    threshold less the margin, the largest ``candidates`` where more; the cap cuts at (2.0, 5)), with padding
+    and a noisy rank-6 indexer."""
+    q, k, v = inputs(150, seed=12)
+    gen = torch.Generator().manual_seed(13)
+    basis = torch.randn(16, 6, generator=gen, dtype=torch.float64)
+    qi = q @ basis + 0.5 * torch.randn(2, 3, 150, 6, generator=gen, dtype=torch.float64)
+    ki = k @ basis
+    valid = padding(150, seed=12)
+    options = dict(alpha=alpha, causal=causal, key_valid=valid, scale=0.25)
+    sets = predicted_sets(qi, ki, margin=margin, candidates=candidates, block=16, **options)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, counts = scanned_attention(*leaves, index=(qi, ki), margin=margin, candidates=candidates, **options)
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = dense_indexed_reference(*ref_leaves, allowed=sets, **options)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    weight = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    grads = torch.autograd.grad((out * weight).sum(), leaves)
+    ref_grads = torch.autograd.grad((ref * weight).sum(), ref_leaves)
+    for name, g, rg in zip("qkv", grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, rg, atol=1e-11, rtol=1e-9, msg=f"gradient of {name}")
+    live = sets.any(-1)
+    assert counts["kept_mean"] == pytest.approx(float(sets.sum(-1)[live].double().mean()))
+    assert (counts["filled"] > 0) == (candidates == 5)
