@@ -11,8 +11,8 @@ and values are captured as the model computes them (keys and values repeated to 
 follow, which the timed stretch does not contain.
 
 Per layer, one thread, in this process: forward (no gradient) medians of softmax SDPA (causal) and of
-:func:`kernels.indexed.indexed_attention` certified (the scanned C++ kernel, and the block path in the
-position and the clustered order) and approximate (both orders), with ``--backward`` also forward + backward;
+:func:`kernels.indexed.indexed_attention` certified and approximate, each through the scanned C++ kernel and
+through the block path, with ``--backward`` also forward + backward;
 the share of key blocks whose exact scores were never computed, the phase times the call reports; the
 teacher's density over the causal pairs, and the share of causal blocks holding any of its support (what an
 exact block-sparse kernel cannot skip); against dense α-entmax o (one forward per layer) each output's largest
@@ -48,14 +48,13 @@ from pipeline.timer import median_seconds
 from pipeline.training.run import prepared_corpus
 
 VARIANTS = [
-    ("certified (scanned)", "certified", "position", "auto"),
-    ("certified (blocks, position)", "certified", "position", "torch"),
-    ("certified (blocks, clustered)", "certified", "clustered", "torch"),
-    ("approximate (position)", "approximate", "position", "torch"),
-    ("approximate (clustered)", "approximate", "clustered", "torch"),
+    ("certified (scanned)", "certified", "auto"),
+    ("certified (blocks)", "certified", "torch"),
+    ("approximate (scanned)", "approximate", "auto"),
+    ("approximate (blocks)", "approximate", "torch"),
 ]
-"""(name, mode, order, backend) of the indexed calls timed: certified through the scanned C++ kernel (what
-``backend="auto"`` runs on CPU) and through the block path the indexer prunes, and approximate."""
+"""(name, mode, backend) of the indexed calls timed: each mode through the scanned C++ kernel (what
+``backend="auto"`` runs on CPU) and through the block path the indexer prunes (PyTorch)."""
 
 LayerInputs = dict[str, Any]
 """One layer's captured inputs: q, k, v (1, h, n, d) float32, and the model's ``scaling``."""
@@ -131,10 +130,10 @@ def layer_rows(
             q, k, v, is_causal=True, scale=scale
         )
     }
-    for name, mode, order, backend in VARIANTS:
-        methods[name] = lambda q, k, v, mode=mode, order=order, backend=backend, **extra: indexed_attention(
+    for name, mode, backend in VARIANTS:
+        methods[name] = lambda q, k, v, mode=mode, backend=backend, **extra: indexed_attention(
             q, k, v, qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin, mode=mode,
-            block=block, order=order, backend=backend, **extra,
+            block=block, backend=backend, **extra,
         )  # fmt: skip
     with torch.no_grad():
         probs = _dense_probs(q, k, alpha, scale)  # (1, h, n, n)

@@ -1,8 +1,8 @@
 """The scanned C++ kernel (``kernels/native/scanned_entmax.cpp``) against dense α-entmax attention, in float64
 — certified mode exact, approximate mode entmax over the predicted sets: outputs and gradients, causal and
 not, padding, ragged tile and chunk edges, rows without keys, flat rows (every key in the support), and
-chunks its bound rules out. Certified and approximate modes of
-:func:`kernels.indexed.attention.indexed_attention` runs it on CPU (``backend="auto"``)."""
+chunks its bound rules out. The certified and approximate modes of
+:func:`kernels.indexed.attention.indexed_attention` run it on CPU (``backend="auto"``)."""
 
 from __future__ import annotations
 
