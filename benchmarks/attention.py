@@ -39,8 +39,10 @@ Indexed attention (CPU suite, one thread). ``kernels.indexed.attention`` in both
 d = 64, r = 8, causal and not, on two kinds of inputs: ``local`` (:func:`structured_inputs`: smooth
 positional features, so each query's α = 1.5 support is its neighbourhood: about 10 keys, never above 64)
 and ``scattered`` (:func:`scattered_inputs`: the same supports with positions shuffled, so they spread over
-the whole sequence, as a language model's do). Both modes run in the position order and in the clustered
-order (``order="clustered"``: tokens laid out by the indexer's k-d tree). Forward (no grad) and
+the whole sequence, as a language model's do). Both modes run through the scanned C++ kernel (every pair
+scored, the entmax on the keys near each row's maximum: what ``backend="auto"`` runs on CPU) and through the
+block path in the position order and in the clustered order (``order="clustered"``: tokens laid out by the
+indexer's k-d tree). Forward (no grad) and
 forward+backward medians in-process; the indexer's pass 1 (the clustering included), the bounds pass and the
 sparse pass are the phase times the call reports; the share of key blocks skipped; the certified output's
 largest deviation from dense entmax.
@@ -459,6 +461,15 @@ def _dense_entmax_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     return dense_indexed_reference(q, k, v, alpha=ALPHA, causal=causal)
 
 
+INDEX_PATHS = (
+    ("", "position", "auto"),
+    ("_blocks", "position", "torch"),
+    ("_clustered", "clustered", "torch"),
+)
+"""(suffix, order, backend) of the indexed rows: the scanned C++ kernel (what ``backend="auto"`` runs on
+CPU), and the block path in the position and the clustered order."""
+
+
 def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
     """The indexed-attention comparison of the CPU suite (module docstring), one thread, in-process."""
     from kernels.indexed.attention import indexed_attention
@@ -475,7 +486,7 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
                 "dense_entmax": functools.partial(_dense_entmax_cpu, causal=causal),
             }
             for mode in ("certified", "approximate"):
-                for order, suffix in (("position", ""), ("clustered", "_clustered")):
+                for suffix, order, backend in INDEX_PATHS:
                     methods[f"indexed_{mode}{suffix}"] = functools.partial(
                         indexed_attention,
                         q_index=qi,
@@ -485,6 +496,7 @@ def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
                         mode=mode,
                         block=INDEX_BLOCK,
                         order=order,
+                        backend=backend,
                     )
             dense_out = None
             for method, fn in methods.items():
