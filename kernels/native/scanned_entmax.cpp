@@ -189,8 +189,9 @@ Vec<Real> lanes_or(const Real* from, int64_t valid, Real rest) {
 // The entries of s (count of them) above `floor`, as (s − shift)·factor into `to` and their keys (keys[i], or
 // first + i where keys is null) into `to_key`, in order; returns how many. `to` and `to_key` may be s and keys
 // themselves (each write lands at or before what it replaces) and must have room for a vector past the last
-// entry written. With AVX-512 (float) each vector of entries is compressed in registers and stored whole, no
-// branch per entry (a hit's lanes are scattered at random; a branch on each would be mispredicted often).
+// entry written. With AVX-512 (float) every vector is compressed in registers and stored whole, with no branch
+// at all: hits are scattered at random, so a branch per entry, or even per vector, is mispredicted often (a
+// test for an empty vector cost 10–20 % on a trained model's rows).
 template <typename Real>
 int64_t filter(const Real* s, const int32_t* keys, int32_t first, int64_t count, Real floor, Real shift,
                Real factor, Real* to, int32_t* to_key) {
