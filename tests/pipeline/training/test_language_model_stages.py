@@ -282,7 +282,11 @@ def test_report_speaks_of_the_tasks_measures(trained) -> None:
     assert "teacher_bleu" not in headline and ("teacher_accuracy" in headline) == (task == "mlm")
     assert set(headline["students"]) == set(STUDENTS + (PAR_STUDENTS if task == "lm" else ()))
     figures = sorted(path.name for path in (folder / "artifacts" / "plots" / "report").glob("*.png"))
-    assert figures == ["recall_heatmap.png", "sparsity_perplexity.png", "sparsity_recall.png"]
+    # the speed table's contexts give the figure of speed-up against n, linked from the report
+    assert figures == ["recall_heatmap.png", "sparsity_perplexity.png", "sparsity_recall.png", "speedup.png"]
+    assert "(plots/report/speedup.png)" in markdown
+    header = next(line for line in markdown.splitlines() if line.startswith("| n | model |"))
+    assert header.count("× softmax SDPA") == 2  # forward, and forward + backward
 
 
 def test_a_speed_method_that_is_not_evaluated_stops_evaluate_before_any_work(trained, capsys) -> None:
