@@ -7,15 +7,21 @@
 // of the row. On a trained model's rows that leaves a few dozen to a few hundred keys of thousands.
 //
 // Forward, per tile of kTile queries of one (batch, head) group: the scores against a chunk of kChunk keys at
-// a time (the register-tiled product of vectors.h, kᵀ packed once per group), then per row a pass for the
-// chunk's maximum and one that keeps the entries above (running maximum − β): a superset of the final
-// {s > m − β}, since the running maximum only grows. A chunk is not scored at all when an upper bound on its
-// scores, scale·q·c + ‖scale·q‖·r for the centroid c and radius r of its keys, falls below (running maximum
-// − β) for every row of the tile (inputs whose support is local; a trained model's scattered supports leave
-// none). The chunk holding the tile's diagonal goes first, so the running maximum starts high. Then, over
-// the kept entries only: τ by the search of exact_entmax.cpp (Newton steps from below on a norm, each
-// checked for being the polynomial root on its support), p_j = (x_j − τ)₊^β / Σ, o = Σ p_j v_j.
-// Per query the forward returns m and τ, all the backward needs.
+// a time (the register-tiled product of vectors.h, kᵀ packed once per group, the chunk holding the tile's
+// diagonal first). Per row a running floor stays at or below its threshold m + β·τ in score units: the
+// threshold of any subset of a row is a lower bound of the row's, and the floor is that of the row's lane
+// maxima so far (Tile::raise), then of its kept entries once they pile up (Tile::tighten). One pass over the
+// chunk's row updates the lane maxima and gives the chunk's own maximum; where that lies above the floor, a
+// second keeps the entries above it (`filter`). A chunk is not scored at all when an upper bound on its
+// scores, scale·q·c + ‖scale·q‖·r for the centroid c and radius r of its keys, lies below every row's floor
+// (inputs whose support is local; a trained model's scattered supports leave none). Then, over the kept
+// entries only: τ by the search of exact_entmax.cpp (Newton steps from below on a norm, each checked for
+// being the polynomial root on its support), p_j = (x_j − τ)₊^β / Σ, o = Σ p_j v_j. Per query the forward
+// returns m and τ, all the backward needs.
+//
+// Approximate mode scans the indexer's low-rank rows (q_index, k_index) the same way, keeping entries down to
+// the floor less the margin, takes each query's predicted set Ŝ from them (Index, `predicted`) and runs the
+// entmax above with the exact scores over Ŝ.
 //
 // Backward, with g_j = p_j^{2−α} ((x_j − τ)^{β−1} up to the normaliser) and dp_j = do·v_j, the scores'
 // gradient is ds_j = g_j (dp_j − Σ g dp / Σ g) on the support and 0 elsewhere; dq = scale Σ ds_j k_j,
@@ -408,23 +414,27 @@ struct Tile {
     // 2·kWidth distinct entries): a subset's threshold, τ_T ≤ τ, and a few Newton steps from −1 on it stay
     // below τ_T (convexity, as exact_entmax.cpp's start). Where many keys lie near the maximum (flat rows)
     // this floor sits well above m − β, and far fewer entries are kept.
-    void raise(int64_t r, int64_t width, int beta) {
+    // Returns the chunk's own largest entry (the caller skips a chunk with none above the floor).
+    Real raise(int64_t r, int64_t width, int beta) {
         constexpr int64_t w = kWidth<Real>;
         const Real inf = std::numeric_limits<Real>::infinity();
         Real* lanes = high.data() + 2 * r * w;
         Vec<Real> even = lanes_or(lanes, w, Real(0)), odd = lanes_or(lanes + w, w, Real(0));
+        Vec<Real> own = Vec<Real>{} - inf;
         int64_t j = 0;
         for (; j + 2 * w <= width; j += 2 * w) {
             const Vec<Real> a = lanes_or(c[r] + j, w, -inf), b = lanes_or(c[r] + j + w, w, -inf);
             even = a > even ? a : even, odd = b > odd ? b : odd;
+            own = a > own ? a : own, own = b > own ? b : own;
         }
         for (; j < width; j += w) {
             const Vec<Real> a = lanes_or(c[r] + j, std::min(w, width - j), -inf);
-            even = a > even ? a : even;
+            even = a > even ? a : even, own = a > own ? a : own;
         }
         std::memcpy(lanes, &even, sizeof even), std::memcpy(lanes + w, &odd, sizeof odd);
+        const Real top = largest<Real>(own);
         const Real m = largest<Real>(even > odd ? even : odd);
-        if (m == -inf || m == best[r]) return;  // the floor moves with the maximum only (a lower one is valid)
+        if (m == -inf || m == best[r]) return top;  // the floor moves with the maximum only (a lower one is valid)
         const Real inverse = Real(1) / Real(beta);
         Real tau = -1;
         for (int step = 0; step < kFloorSteps; ++step) {
@@ -438,6 +448,7 @@ struct Tile {
         }
         // minus the rounding of s − m, so that no entry with x > τ is left out
         best[r] = m, floor[r] = std::max(floor[r], m + Real(beta) * tau - rounding(m, beta));  // both valid
+        return top;
     }
 
     // Where row r kept `trigger` entries or more: its floor raised to the threshold of those entries (a
@@ -490,7 +501,11 @@ int64_t scan(const Problem<Real>& p, const Keys<Real>& keys, Tile<Real>& tile, i
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t width = p.causal ? std::min(c1, first + r + 1) - c0 : c1 - c0;
             if (width <= 0) continue;
-            if (exact_floor == nullptr) tile.raise(r, width, p.beta), floor[r] = tile.floor[r] - below;
+            if (exact_floor == nullptr) {
+                const Real top = tile.raise(r, width, p.beta);
+                floor[r] = tile.floor[r] - below;
+                if (!(top > floor[r])) continue;  // nothing of this chunk above the floor: no pass to keep any
+            }
             if (floor[r] == -std::numeric_limits<Real>::infinity()) continue;
             tile.keep_above(r, c0, width, floor[r]);
             if (exact_floor == nullptr) tile.tighten(r, p.beta, below), floor[r] = tile.floor[r] - below;
