@@ -99,22 +99,22 @@ struct Problem {
 
     int64_t chunks() const { return (m + kChunk - 1) / kChunk; }
     int64_t stride() const { return whole_vectors<Real>(m); }
-    // Keys [0, keys) that a tile's rows from `first` may see, and the chunk of its diagonal (which goes first).
+    // Keys [0, keys) that a tile's rows from `first` may see.
     int64_t keys(int64_t first, int64_t rows) const { return causal ? std::min(m, first + rows) : m; }
 };
 
-// Per group: kᵀ (d × stride, zero past m), and per chunk the centroid of its valid keys, their radius around
-// it and whether it holds any.
+// Per group: kᵀ (d × stride, zero past m), and per chunk the centroid of its valid keys, its norm, their
+// radius around it and whether it holds any.
 template <typename Real>
 struct Keys {
-    std::vector<Real> panel, centroid, radius;
+    std::vector<Real> panel, centroid, center_norm, radius;
     std::vector<uint8_t> any, whole;  // a valid key; every key valid
 
     void build(const Problem<Real>& p, int threads) {
         const int64_t stride = p.stride(), chunks = p.chunks(), d = p.d;
         panel.assign(p.G * d * stride, Real(0));
         centroid.assign(p.G * chunks * d, Real(0));
-        radius.assign(p.G * chunks, Real(0));
+        radius.assign(p.G * chunks, Real(0)), center_norm.assign(p.G * chunks, Real(0));
         any.assign(p.G * chunks, 0), whole.assign(p.G * chunks, 0);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
         for (int64_t gc = 0; gc < p.G * chunks; ++gc) {
@@ -131,7 +131,9 @@ struct Keys {
             }
             any[gc] = count > 0, whole[gc] = count == c1 - c0;
             if (count == 0) continue;
-            for (int64_t t = 0; t < d; ++t) center[t] /= Real(count);
+            Real norm = 0;
+            for (int64_t t = 0; t < d; ++t) center[t] /= Real(count), norm += center[t] * center[t];
+            center_norm[gc] = std::sqrt(norm);
             Real far = 0;
             for (int64_t j = c0; j < c1; ++j) {
                 if (p.key_valid != nullptr && !p.key_valid[g * p.m + j]) continue;
@@ -302,7 +304,7 @@ void weighted_rows(const Real* weight, const int32_t* key, int64_t count, const 
     Vec<Real> acc[NV] = {};
     for (int64_t e = 0; e < count; ++e) {
         const Real* y = base + int64_t(key[e]) * dim;
-        for (int u = 0; u < NV; ++u) acc[u] += weight[e] * lanes_or(y + u * w, std::min(w, dim - u * w), Real(0));
+        for (int u = 0; u < NV; ++u) acc[u] += weight[e] * vectors::load<Real>(y + u * w, std::min(w, dim - u * w));
     }
     for (int u = 0; u < NV; ++u) vectors::store<Real>(o + u * w, acc[u], std::min(w, dim - u * w));
 }
@@ -328,6 +330,7 @@ void weighted_sum(const Real* weight, const int32_t* key, int64_t count, const R
 template <typename Real>
 struct Tile {
     std::vector<Real> qs, norm, scores, best, floor, kept;
+    std::vector<Real> bar;   // a scan's floors less its margin, per row (what entries must pass)
     std::vector<Real> high;  // per row two vectors' lanes of running maxima (over even and odd vectors of keys)
     std::vector<int32_t> kept_key;
     std::vector<int64_t> kept_count, trigger;
@@ -341,7 +344,7 @@ struct Tile {
         const int64_t width = whole_vectors<Real>(kChunk);
         room = p.m + kWidth<Real>;  // every key once, and a vector's slack (filter)
         qs.assign(kTile * p.d, 0), norm.assign(kTile, 0), scores.assign(kTile * width, 0), best.assign(kTile, 0);
-        floor.assign(kTile, 0), high.assign(2 * kTile * kWidth<Real>, 0);
+        floor.assign(kTile, 0), bar.assign(kTile, 0), high.assign(2 * kTile * kWidth<Real>, 0);
         kept.resize(kTile * room), kept_key.resize(kTile * room), kept_count.assign(kTile, 0), trigger.assign(kTile, kTrigger);
         a.resize(kTile), b.resize(p.d), c.resize(kTile);
         for (int64_t r = 0; r < kTile; ++r) a[r] = qs.data() + r * p.d, c[r] = scores.data() + r * width;
@@ -370,15 +373,12 @@ struct Tile {
         const int64_t gc = g * p.chunks() + chunk;
         if (!keys.any[gc]) return false;
         const Real* center = keys.centroid.data() + gc * p.d;
-        Real center_norm = 0;
-        for (int64_t t = 0; t < p.d; ++t) center_norm += center[t] * center[t];
-        center_norm = std::sqrt(center_norm);
         const Real slack = 64 * std::numeric_limits<Real>::epsilon() * Real(p.d);
         for (int64_t r = 0; r < rows; ++r) {
             Real dot = 0;
             for (int64_t t = 0; t < p.d; ++t) dot += qs[r * p.d + t] * center[t];
             const Real bound = dot + norm[r] * keys.radius[gc];
-            if (bound + slack * norm[r] * (center_norm + keys.radius[gc]) > floor[r]) return true;
+            if (bound + slack * norm[r] * (keys.center_norm[gc] + keys.radius[gc]) > floor[r]) return true;
         }
         return false;
     }
@@ -419,7 +419,7 @@ struct Tile {
         constexpr int64_t w = kWidth<Real>;
         const Real inf = std::numeric_limits<Real>::infinity();
         Real* lanes = high.data() + 2 * r * w;
-        Vec<Real> even = lanes_or(lanes, w, Real(0)), odd = lanes_or(lanes + w, w, Real(0));
+        Vec<Real> even = vectors::load<Real>(lanes), odd = vectors::load<Real>(lanes + w);
         Vec<Real> own = Vec<Real>{} - inf;
         int64_t j = 0;
         for (; j + 2 * w <= width; j += 2 * w) {
@@ -488,7 +488,7 @@ template <typename Real>
 int64_t scan(const Problem<Real>& p, const Keys<Real>& keys, Tile<Real>& tile, int64_t g, int64_t first,
              int64_t rows, const Real* exact_floor, Real below, int64_t& visible) {
     const int64_t limit = p.keys(first, rows), last = (limit - 1) / kChunk;
-    std::vector<Real> floor(rows);
+    std::vector<Real>& floor = tile.bar;
     int64_t scored = 0;
     visible = last + 1;
     for (int64_t step = 0; step <= last; ++step) {

@@ -7,10 +7,8 @@ import os
 from collections.abc import Sequence
 
 from pipeline.evaluation.pareto import finite_number
+from pipeline.evaluation.report.speed import SDPA_MODEL as SDPA
 from pipeline.plots.canvas import new_figure, save_png
-
-SDPA = "softmax (sdpa)"
-"""The speed rows' name of the same weights with softmax SDPA, the reference of every ratio."""
 
 
 def speedups(rows: Sequence[dict], key: str) -> dict[str, list[tuple[int, float]]]:

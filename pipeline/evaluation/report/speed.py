@@ -8,6 +8,11 @@ from typing import Any
 from pipeline.evaluation.pareto import finite_number
 from pipeline.evaluation.report.cells import DASH, cell, num, ratio, table_row
 
+SDPA_MODEL = "softmax (sdpa)"
+"""The speed rows' name of the same weights with softmax SDPA, the reference of every × SDPA."""
+DENSE_MODEL = "entmax (dense)"
+"""The speed rows' name of the dense α-entmax teacher."""
+
 
 def speed_table(evaluation: dict) -> str:
     """Tokens per second of each model at each context, side by side, with its ratios to the dense α-entmax
@@ -30,7 +35,7 @@ def speed_table(evaluation: dict) -> str:
     rows = evaluation["speed"]
     for n in sorted({row["context"] for row in rows}):
         at_n = {row["model"]: row for row in rows if row["context"] == n}
-        entmax, sdpa = at_n.get("entmax (dense)", {}), at_n.get("softmax (sdpa)", {})
+        entmax, sdpa = at_n.get(DENSE_MODEL, {}), at_n.get(SDPA_MODEL, {})
         for name, row in at_n.items():
             forward, both = row.get("forward_seconds"), row.get("forward_backward_seconds")
             lines.append(
