@@ -314,15 +314,8 @@ struct Query {
         return scale * (x - shift) - tau;
     }
 
-    // Σ of the lanes of two vectors, pairwise: a serial sum would wait on each addition in turn.
-    static Real total(const Vec<Real>* lanes) {
-        Real v[kWidth<Real>];
-        Vec<Real> both = lanes[0] + lanes[1];
-        std::memcpy(v, &both, sizeof v);
-        for (int half = kWidth<Real> / 2; half > 0; half /= 2)
-            for (int lane = 0; lane < half; ++lane) v[lane] += v[lane + half];
-        return v[0];
-    }
+    // Σ of the lanes of two vectors, pairwise (vectors::total).
+    static Real total(const Vec<Real>* lanes) { return vectors::total<Real>(lanes[0] + lanes[1]); }
 };
 
 // τ of `size` (≤ kGroup) queries together, each from its start `from` ≤ τ* (up to rounding, Query::start).

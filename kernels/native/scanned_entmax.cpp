@@ -48,8 +48,8 @@
 
 namespace {
 
-using vectors::allocated, vectors::guarded, vectors::kWidth, vectors::product, vectors::Vec,
-    vectors::whole_vectors;
+using vectors::allocated, vectors::dot, vectors::guarded, vectors::kWidth, vectors::product, vectors::total,
+    vectors::Vec, vectors::whole_vectors;
 
 constexpr int64_t kTile = 48;    // queries per tile: 8 register tiles of 6 rows
 constexpr int64_t kChunk = 128;  // keys per chunk: a tile's scores (24 KiB in float) stay in the first cache
@@ -145,25 +145,6 @@ struct Keys {
         }
     }
 };
-
-// Σ of a vector's lanes, pairwise (AVX-512: the shuffles of its reduction, where a loop over the lanes goes
-// through the stack).
-template <typename Real>
-Real total(const Vec<Real>& v) {
-#ifdef __AVX512F__
-    if constexpr (sizeof(Real) == 4) {
-        return _mm512_reduce_add_ps(reinterpret_cast<const __m512&>(v));
-    } else {
-        return _mm512_reduce_add_pd(reinterpret_cast<const __m512d&>(v));
-    }
-#else
-    Real lanes[kWidth<Real>];
-    std::memcpy(lanes, &v, sizeof lanes);
-    for (int half = kWidth<Real> / 2; half > 0; half /= 2)
-        for (int lane = 0; lane < half; ++lane) lanes[lane] += lanes[lane + half];
-    return lanes[0];
-#endif
-}
 
 // The largest of a vector's lanes.
 template <typename Real>
@@ -375,9 +356,7 @@ struct Tile {
         const Real* center = keys.centroid.data() + gc * p.d;
         const Real slack = 64 * std::numeric_limits<Real>::epsilon() * Real(p.d);
         for (int64_t r = 0; r < rows; ++r) {
-            Real dot = 0;
-            for (int64_t t = 0; t < p.d; ++t) dot += qs[r * p.d + t] * center[t];
-            const Real bound = dot + norm[r] * keys.radius[gc];
+            const Real bound = dot(qs.data() + r * p.d, center, p.d) + norm[r] * keys.radius[gc];
             if (bound + slack * norm[r] * (keys.center_norm[gc] + keys.radius[gc]) > floor[r]) return true;
         }
         return false;
@@ -566,10 +545,7 @@ Real exact_scores(const Problem<Real>& p, int64_t g, int64_t i, const Support<Re
     const Real* q = p.q + i * p.d;
     Real m = -std::numeric_limits<Real>::infinity();
     for (int64_t e = 0; e < chosen.size; ++e) {
-        const Real* k = p.k + (g * p.m + chosen.key[e]) * p.d;
-        Real dot = 0;
-        for (int64_t t = 0; t < p.d; ++t) dot += q[t] * k[t];
-        exact.x[e] = p.scale * dot, exact.key[e] = chosen.key[e];
+        exact.x[e] = p.scale * dot(q, p.k + (g * p.m + chosen.key[e]) * p.d, p.d), exact.key[e] = chosen.key[e];
         m = std::max(m, exact.x[e]);
     }
     exact.size = chosen.size;
@@ -659,11 +635,9 @@ void row_gradient(const Problem<Real>& p, int64_t g, int64_t i, const Support<Re
     weight.resize(support.size), dp.resize(support.size);
     Real wsum = 0, wdp = 0;
     for (int64_t e = 0; e < support.size; ++e) {
-        const Real* vr = p.v + (g * p.m + support.key[e]) * p.dv;
-        Real dot = 0;
-        for (int64_t c = 0; c < p.dv; ++c) dot += go[c] * vr[c];
+        const Real dpe = dot(go, p.v + (g * p.m + support.key[e]) * p.dv, p.dv);  // do · v_j
         weight[e] = p.beta == 2 ? std::sqrt(support.x[e]) : Real(1);  // g = p^{2−α}
-        dp[e] = dot, wsum += weight[e], wdp += weight[e] * dot;
+        dp[e] = dpe, wsum += weight[e], wdp += weight[e] * dpe;
     }
     const Real mean = wsum > 0 ? wdp / wsum : 0;
     for (int64_t e = 0; e < support.size; ++e) {

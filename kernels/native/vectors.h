@@ -114,6 +114,39 @@ Vec<Real> load(const Real* from, int64_t valid = kWidth<Real>) {
     return v;
 }
 
+// Σ of a vector's lanes, pairwise (lane i + lane i + half, halving): a serial sum would wait on each addition
+// in turn, and a loop over the lanes goes through the stack where AVX-512 has the shuffles of its reduction.
+template <typename Real>
+Real total(const Vec<Real>& v) {
+#ifdef __AVX512F__
+    if constexpr (sizeof(Real) == 4) {
+        return _mm512_reduce_add_ps(reinterpret_cast<const __m512&>(v));
+    } else {
+        return _mm512_reduce_add_pd(reinterpret_cast<const __m512d&>(v));
+    }
+#else
+    Real lanes[kWidth<Real>];
+    std::memcpy(lanes, &v, sizeof lanes);
+    for (int half = kWidth<Real> / 2; half > 0; half /= 2)
+        for (int lane = 0; lane < half; ++lane) lanes[lane] += lanes[lane + half];
+    return lanes[0];
+#endif
+}
+
+// Σ_t a[t]·b[t] over `depth` values: per lane a running sum over t ≡ lane (mod kWidth), then the lanes pairwise
+// (total). A fixed order, though not the products' (which sum over t in order): a sum in order is a chain of
+// `depth` dependent additions, several times slower where one dot product is all there is to compute.
+template <typename Real>
+Real dot(const Real* a, const Real* b, int64_t depth) {
+    constexpr int64_t w = kWidth<Real>;
+    Vec<Real> sum = {};
+    for (int64_t t = 0; t < depth; t += w) {
+        const int64_t valid = std::min(w, depth - t);
+        sum += load<Real>(a + t, valid) * load<Real>(b + t, valid);
+    }
+    return total<Real>(sum);
+}
+
 // e^x lane by lane for x ≤ 88 (−∞ included), on a vector V of floats of any width: 0 below −87.3, where e^x
 // leaves float's normal range. Cephes' expf: x = k·ln 2 + r with k = round(x·log₂e) and ln 2 in two parts
 // (so r is exact), e^r by a polynomial on |r| ≤ ln 2 / 2 (relative error about 1e-7), 2^k put in the
