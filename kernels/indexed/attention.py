@@ -49,8 +49,9 @@ forward of :mod:`kernels.indexed.triton_kernel` (imported only then) when no gra
 tensors with α = 1.5 or 2 through the scanned C++ kernel of :mod:`kernels.indexed.scanned`, forward and
 backward (every pair scored by a register-tiled product, the entmax over the keys within β = 1/(α − 1) of each
 row's maximum: on a trained model's scattered supports, where no bound rules out a block, that is what beats
-softmax SDPA); and everything else (approximate mode, other α, GPU gradients, a machine where the C++ kernel
-cannot be built) through the PyTorch code here. ``backend="triton"`` forces the Triton forward (certified mode
+softmax SDPA), and approximate mode there too (its low-rank rows scanned the same way); and everything else
+(other α, approximate mode or gradients on a GPU, a machine where the C++ kernel cannot be built) through the
+PyTorch code here. ``backend="triton"`` forces the Triton forward (certified mode
 only; CPU tensors only under ``TRITON_INTERPRET=1``) and refuses, with a ValueError, a call that needs
 gradients: it is forward-only, for inference (use ``"auto"`` or ``"torch"`` to train). ``backend="torch"``
 forces this module's path.
@@ -80,6 +81,7 @@ __all__ = [
     "ORDERS",
     "clustered_orders",
     "dense_indexed_reference",
+    "index_needed",
     "indexed_attention",
     "predicted_sets",
 ]
@@ -750,8 +752,20 @@ def _validate(
     block: object,
     return_stats: object,
     order: object,
+    backend: object,
 ) -> None:
     """Raise ValueError naming the first bad argument."""
+    if q_index is None and k_index is None:  # certified on the scanned kernel (index_needed): no indexer
+        batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=False)
+        if mode != "certified":
+            raise ValueError(f"mode {mode!r} needs q_index and k_index; only mode 'certified' may omit them")
+        assert isinstance(q, torch.Tensor)
+        if not isinstance(alpha, Real) or index_needed(float(alpha), q, "certified", backend):
+            raise ValueError(
+                "q_index and k_index may be omitted only where the scanned CPU kernel runs certified mode "
+                "(CPU tensors, alpha 1.5 or 2, backend 'auto', the C++ kernel built); pass them"
+            )
+        q_index = k_index = q[..., :1]  # stand-ins for the checks below: nothing reads them
     batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=False, q_index=q_index, k_index=k_index)
     assert isinstance(q_index, torch.Tensor) and isinstance(k_index, torch.Tensor)
     r = q_index.shape[3]
@@ -809,12 +823,19 @@ def _resolve_backend(
     return chosen
 
 
+def index_needed(alpha: float, q: torch.Tensor, mode: str, backend: str = "auto") -> bool:
+    """Whether :func:`indexed_attention` reads q_index and k_index for these arguments: everywhere but
+    certified mode on the scanned CPU kernel, which scores every pair itself (CPU tensors, α 1.5 or 2,
+    ``backend="auto"``, the C++ kernel built). A caller may then skip computing the index."""
+    return not (mode == "certified" and backend == "auto" and scanned_kernel(alpha, q) is not None)
+
+
 def indexed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    q_index: torch.Tensor,
-    k_index: torch.Tensor,
+    q_index: torch.Tensor | None,
+    k_index: torch.Tensor | None,
     *,
     alpha: float = 1.5,
     causal: bool = False,
@@ -831,7 +852,8 @@ def indexed_attention(
     """Indexed α-entmax attention (module docstring); returns (batch, heads, n, d_v) in q's dtype.
 
     q (b, h, n, d); k (b, h, m, d); v (b, h, m, d_v); q_index (b, h, n, r), k_index (b, h, m, r): the
-    indexer's projections, constants (no gradient flows to them). key_valid (b, m) bool, True on real keys.
+    indexer's projections, constants (no gradient flows to them), both None where :func:`index_needed` says
+    they are not read. key_valid (b, m) bool, True on real keys.
     ``mode="certified"`` equals dense α-entmax attention for every input; ``"approximate"`` is α-entmax over
     the predicted sets Ŝ only. Differentiable in q, k and v. With ``return_stats``, also a dict:
     ``blocks_skipped`` (share of the allowed (query block, key block) pairs whose exact scores were never
@@ -865,6 +887,7 @@ def indexed_attention(
         block,
         return_stats,
         order,
+        backend,
     )
     if _resolve_backend(backend, q, k, v, mode, order) == "triton":
         from kernels.indexed.triton_kernel import triton_indexed_attention

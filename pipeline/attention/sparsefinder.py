@@ -47,7 +47,7 @@ from transformers.cache_utils import Cache
 import pipeline.predictors  # noqa: F401  (registers every predictor with make_predictor)
 from kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
 from kernels.bucketed import bucketed_attention
-from kernels.indexed.attention import indexed_attention
+from kernels.indexed.attention import index_needed, indexed_attention
 from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
 from pipeline.attention.indexer_cache import indexer_cache
@@ -211,8 +211,11 @@ def _indexed_forward(
     Nothing n × m is built. ``candidates`` is every key, so the kernel's set is the predictor's Ĝ uncapped.
     ``key_index``: B k (b, h, m, r) when a generation cache holds it."""
     head.load_state()
-    q_index = head.predictor.index_queries(head.layer, query)  # (b, h, n, r)
-    k_index = head.predictor.index_keys(head.layer, keys) if key_index is None else key_index.contiguous()
+    mode = "certified" if head.certified else "approximate"
+    q_index = k_index = None  # certified on the scanned CPU kernel scores every pair: no index to compute
+    if index_needed(alpha, query, mode):
+        q_index = head.predictor.index_queries(head.layer, query)  # (b, h, n, r)
+        k_index = head.predictor.index_keys(head.layer, keys) if key_index is None else key_index.contiguous()
     return indexed_attention(
         query,
         keys,
@@ -224,7 +227,7 @@ def _indexed_forward(
         key_valid=None if bool(k_valid.all()) else k_valid,
         scale=scaling,
         margin=float(head.predictor.margin),
-        mode="certified" if head.certified else "approximate",
+        mode=mode,
         candidates=keys.shape[-2],
     )
 

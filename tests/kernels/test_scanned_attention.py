@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from kernels.indexed import scanned
-from kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
+from kernels.indexed.attention import (
+    dense_indexed_reference,
+    index_needed,
+    indexed_attention,
+    predicted_sets,
+)
 from kernels.indexed.scanned import scanned_attention, scanned_kernel
 
 pytestmark = [
@@ -170,6 +175,29 @@ def test_certified_mode_runs_the_scanned_kernel_on_cpu(monkeypatch):
     out = indexed_attention(q, k, v, index, index, causal=True, scale=0.25)
     assert len(calls) == 1  # neither α = 1.3 nor a missing kernel ran it
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+
+
+def test_certified_mode_on_this_kernel_needs_no_index(monkeypatch):
+    """Certified mode on the scanned kernel reads no index: index_needed says so, and without one the
+    output is exact. Where the index would be read (approximate mode, α = 1.3, backend "torch", no kernel),
+    omitting it is a one-line ValueError."""
+    q, k, v = inputs(70, seed=12)
+    assert not index_needed(1.5, q, "certified")
+    ref = dense_indexed_reference(q, k, v, causal=True, scale=0.25)
+    torch.testing.assert_close(indexed_attention(q, k, v, None, None, causal=True, scale=0.25), ref)
+    assert index_needed(1.5, q, "approximate") and index_needed(1.3, q, "certified")
+    assert index_needed(1.5, q, "certified", backend="torch")
+    for change, match in [
+        ({"mode": "approximate"}, "mode 'approximate' needs q_index and k_index"),
+        ({"alpha": 1.3}, "may be omitted only where the scanned CPU kernel runs"),
+        ({"backend": "torch"}, "may be omitted only where the scanned CPU kernel runs"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            indexed_attention(q, k, v, None, None, causal=True, scale=0.25, **change)
+    monkeypatch.setattr("kernels.indexed.attention.scanned_kernel", lambda alpha, q: None)
+    assert index_needed(1.5, q, "certified")
+    with pytest.raises(ValueError, match="may be omitted only"):
+        indexed_attention(q, k, v, None, None, causal=True, scale=0.25)
 
 
 @pytest.mark.parametrize("alpha", [1.5, 2.0])

@@ -8,11 +8,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import pipeline.attention.sparsefinder as sparsefinder
+from kernels.indexed.attention import index_needed
 from pipeline.attention import ENTMAX, entmax_attention_forward, load_model
 from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder, sparsefinder_attention_forward
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
+from pipeline.predictors.indexer import IndexerPredictor
 from tests.tiny import word_tokenizer
 
 VOCAB, HEADS, KV_HEADS, HEAD_DIM, LAYERS, RANK = 50, 4, 2, 16, 2, 4
@@ -120,6 +122,26 @@ def test_certified_kernel_is_dense_entmax_in_values_and_gradients():
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     for grad, x in zip(grads, (q, k, v), strict=True):
         torch.testing.assert_close(grad, x.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_certified_heads_compute_no_index_where_the_kernel_reads_none(monkeypatch):
+    """On CPU the certified mode's kernel scores every pair: the heads skip the indexer's projections; the
+    approximate heads compute them."""
+    calls = []
+    original = IndexerPredictor.index_queries
+
+    def counted(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(IndexerPredictor, "index_queries", counted)
+    skipped = not index_needed(1.5, torch.zeros(1), "certified")
+    for certified in (True, False):
+        _, model = indexed_llama(certified=certified)
+        with torch.no_grad():
+            model(input_ids=tokens(sparsefinder.INDEXED_MIN_KEYS + 5, batch=1))
+        assert len(calls) == (0 if certified and skipped else LAYERS)
+        calls.clear()
 
 
 def test_certified_model_is_the_teacher_on_every_path():
