@@ -2,15 +2,18 @@
 forward + backward, for several models of one set of weights measured side by side (tokens per second and
 the attention's share follow from them and the context).
 
-The input is one sequence of ``n`` tokens, the held-out blocks laid end to end. Every model runs one
-warm-up pass, then ``repeats`` timed passes per measure; the median is reported, so one slow pass (the
-allocator growing, another process) does not decide the figure. Models take turns at each length, so the
-ratios between them compare passes run minutes apart at most.
+The input is one sequence of ``n`` tokens, the held-out blocks laid end to end. At each length the models
+take turns pass by pass: a warm-up round (untimed), then ``repeats`` rounds in each of which every model runs
+each measure once. So the k-th passes of two models ran seconds apart, a slower spell of the machine (another
+process, frequency scaling) falls on every model alike, and the k-th passes pair up: the ratio of two models'
+k-th passes is one paired measurement of their speed ratio. The median over the rounds is reported, so one
+slow pass does not decide the figure, and each row keeps its passes for the spread of those ratios.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from pipeline.attention.recording import synchronize, time_attention
-from pipeline.timer import median_seconds, seconds_each
+from pipeline.timer import timed
 
 
 def long_sequence(dataset: Dataset, n: int) -> torch.Tensor:
@@ -34,13 +37,18 @@ def long_sequence(dataset: Dataset, n: int) -> torch.Tensor:
     raise ValueError(f"the blocks hold {len(ids)} tokens, fewer than the {n} asked for")
 
 
-def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, backward: bool) -> dict[str, Any]:
-    """Seconds of a forward without gradients and (when ``backward``) of forward + backward of the model's
-    own loss (labels = inputs), medians over ``repeats`` passes each; and the mean seconds inside the
-    attention function per forward, with the mean seconds of those forwards: the attention is timed on
-    passes of its own, so that its timer never slows the passes the speeds come from."""
-    model.eval()
-    ids = ids.to(next(model.parameters()).device)
+PASSES = ("forward_seconds", "forward_backward_seconds")
+"""The measures whose every timed pass a row keeps (under ``pass_seconds``), for the paired ratios' spread."""
+
+
+def model_pass(
+    model: PreTrainedModel, ids: torch.Tensor, *, backward: bool, warmup: bool
+) -> dict[str, float]:
+    """Seconds of one pass of each measure: a forward without gradients (``forward_seconds``); unless
+    ``warmup``, a second forward timed as a whole (``attention_pass_seconds``) and inside the attention
+    function (``attention_seconds``), on a pass of its own so that its timer never slows the first; and
+    when ``backward``, forward + backward of the model's own loss (labels = inputs,
+    ``forward_backward_seconds``; the gradients are dropped after). ``ids`` on the model's device."""
 
     def forward() -> None:
         with torch.no_grad():
@@ -50,22 +58,15 @@ def model_speed(model: PreTrainedModel, ids: torch.Tensor, *, repeats: int, back
         model.zero_grad(set_to_none=True)
         model(input_ids=ids, labels=ids).loss.backward()
 
-    forward_seconds = median_seconds(forward, repeats=repeats, warmup=1, synchronize=synchronize)
-    with time_attention(model) as spent:
-        # the attention's time accrues over the same passes
-        passes = sum(seconds_each(forward, repeats=repeats, synchronize=synchronize))
-    times = {
-        "forward_seconds": forward_seconds,
-        # per pass, on the passes the attention was timed in (its share is their ratio)
-        "attention_seconds": spent[0] / repeats,
-        "attention_pass_seconds": passes / repeats,
-    }
+    times = {"forward_seconds": timed(forward, synchronize)[1]}
+    if not warmup:
+        with time_attention(model) as spent:
+            times["attention_pass_seconds"] = timed(forward, synchronize)[1]
+        times["attention_seconds"] = spent[0]
     if backward:
-        times["forward_backward_seconds"] = median_seconds(
-            forward_backward, repeats=repeats, warmup=1, synchronize=synchronize
-        )
+        times["forward_backward_seconds"] = timed(forward_backward, synchronize)[1]
         model.zero_grad(set_to_none=True)
-    return {key: round(value, 6) for key, value in times.items()}
+    return times
 
 
 def inference_device() -> torch.device:
@@ -90,31 +91,47 @@ def speed_table(
     backward: bool,
     device: torch.device | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (context, model): :func:`model_speed` of every model in ``models`` (name → model) on the
-    first ``n`` test tokens, for every ``n`` in ``contexts``, the models moved to ``device`` first
+    """One row per (context, model): the medians over ``repeats`` rounds of :func:`model_pass` (the models
+    taking turns pass by pass, after a warm-up round; the module docstring) of every model in ``models``
+    (name → model) on the first ``n`` test tokens, for every ``n`` in ``contexts``, with each timed pass of
+    the :data:`PASSES` measures under ``pass_seconds``; the models are moved to ``device`` first
     (:func:`inference_device` by default). A model that runs out of memory at some n (dense attention's
     n × n scores, at tens of thousands of tokens) gets the row ``{"status": "out of memory"}`` there and at
     every longer context, and the others go on."""
     device = inference_device() if device is None else device
     for model in models.values():
-        model.to(device)
+        model.eval().to(device)
     rows, too_long = [], {}  # too_long: model → the shortest context it could not hold
     for n in contexts:
-        ids = long_sequence(test, n)
-        for name, model in tqdm(models.items(), desc=f"speed at n = {n}", unit="model", leave=False):
+        ids = long_sequence(test, n).to(device)
+        passes: dict[str, list[dict[str, float]]] = {
+            name: [] for name in models if name not in too_long or n < too_long[name]
+        }
+        rounds = tqdm(range(repeats + 1), desc=f"speed at n = {n}", unit="round", leave=False)
+        for round_ in rounds:
+            for name in [name for name in passes if name not in too_long]:
+                try:
+                    times = model_pass(models[name], ids, backward=backward, warmup=round_ == 0)
+                except (RuntimeError, MemoryError) as err:
+                    if not out_of_memory(err):
+                        raise
+                    models[name].zero_grad(set_to_none=True)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    too_long[name] = n
+                    continue
+                if round_ > 0:
+                    passes[name].append(times)
+        for name in models:
             row: dict[str, Any] = {"context": n, "model": name}
             if name in too_long and n >= too_long[name]:
                 rows.append({**row, "status": "out of memory"})
                 continue
-            try:
-                row.update(model_speed(model, ids, repeats=repeats, backward=backward))
-            except (RuntimeError, MemoryError) as err:
-                if not out_of_memory(err):
-                    raise
-                model.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                too_long[name] = n
-                row["status"] = "out of memory"
+            timed_passes = passes[name]
+            for key in timed_passes[0]:
+                row[key] = round(statistics.median(p[key] for p in timed_passes), 6)
+            row["pass_seconds"] = {
+                key: [round(p[key], 6) for p in timed_passes] for key in PASSES if key in row
+            }
             rows.append(row)
     return rows

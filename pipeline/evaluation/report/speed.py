@@ -48,21 +48,22 @@ def speed_table(evaluation: dict) -> str:
                         num(row.get("perplexity"), 2),
                         cell(row["status"]) if "status" in row else _per_second(n, forward),
                         ratio(entmax.get("forward_seconds"), forward),
-                        ratio(sdpa.get("forward_seconds"), forward),
+                        _paired_ratio(sdpa, row, "forward_seconds"),
                         _per_second(n, both),
                         ratio(entmax.get("forward_backward_seconds"), both),
-                        ratio(sdpa.get("forward_backward_seconds"), both),
+                        _paired_ratio(sdpa, row, "forward_backward_seconds"),
                         num(_share(row.get("attention_seconds"), row.get("attention_pass_seconds")), 2),
                     ]
                 )
             )
     lines += [
         "",
-        "One sequence of n test tokens, medians of timed passes, the models taking turns at each n; × is "
-        "how many times faster than the dense α-entmax teacher or the same weights with softmax SDPA; the "
-        "attention share is the part of a forward spent inside the attention function. Perplexity is the "
-        "quality sweep's on the test blocks (the teacher's for dense and certified entmax; softmax SDPA's is "
-        "not measured).",
+        "One sequence of n test tokens, medians of timed passes, the models taking turns pass by pass at "
+        "each n; × is how many times faster than the dense α-entmax teacher or the same weights with softmax "
+        "SDPA; (a–b) after × softmax SDPA is the range of that ratio over the rounds, each round's pass of "
+        "the model against the SDPA pass run beside it; the attention share is the part of a forward spent "
+        "inside the attention function. Perplexity is the quality sweep's on the test blocks (the teacher's "
+        "for dense and certified entmax; softmax SDPA's is not measured).",
     ]
     reasons = {row["chosen_by"] for row in rows if "chosen_by" in row}
     if "perplexity" in reasons:
@@ -73,6 +74,22 @@ def speed_table(evaluation: dict) -> str:
     elif reasons:
         lines.append("Each predictor runs at its sparsest setting reaching the speed recall target.")
     return "\n".join(lines)
+
+
+def _paired_ratio(reference: dict, row: dict, key: str) -> str:
+    """``row``'s median ``key`` against ``reference``'s (× how many times faster), and where both kept their
+    passes (two rounds or more, as many each), the range of the rounds' ratios: ``1.31× (1.22–1.40)``."""
+    median = ratio(reference.get(key), row.get(key))
+    ours, theirs = row.get("pass_seconds", {}).get(key), reference.get("pass_seconds", {}).get(key)
+    if median == DASH or not ours or not theirs or len(ours) != len(theirs) or len(ours) < 2:
+        return median
+    pairs = []
+    for their, our in zip(theirs, ours, strict=True):
+        a, b = finite_number(their), finite_number(our)
+        if a is None or b is None or b <= 0:
+            return median
+        pairs.append(a / b)
+    return f"{median} ({min(pairs):.2f}–{max(pairs):.2f})"
 
 
 def _per_second(tokens: int, seconds: Any) -> str:

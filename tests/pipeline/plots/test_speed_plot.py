@@ -77,3 +77,24 @@ def test_the_speed_table_gives_both_phases_against_sdpa():
     cells = [cell.strip() for cell in certified.strip("|").split("|")]
     # forward: × dense 4.00, × SDPA 2.00; forward + backward: × dense 5.00, × SDPA 3.00
     assert cells[6:8] == ["4.00×", "2.00×"] and cells[9:11] == ["5.00×", "3.00×"]
+
+
+def test_the_ratio_to_sdpa_gives_the_range_of_the_rounds_paired_ratios():
+    """Where both rows kept their passes, × SDPA is followed by the range of the k-th passes' ratios; rows
+    without passes, or with unequal counts, keep the ratio of medians alone."""
+    rows = speed_rows()
+    sdpa = next(row for row in rows if row["context"] == 2048 and row["model"] == "softmax (sdpa)")
+    certified = next(row for row in rows if row["context"] == 2048 and row["model"] == "indexer certified")
+    sdpa["pass_seconds"] = {"forward_seconds": [0.4, 0.5, 0.3], "forward_backward_seconds": [1.2, 1.2]}
+    certified["pass_seconds"] = {
+        "forward_seconds": [0.2, 0.2, 0.25],
+        "forward_backward_seconds": [0.4, 0.4, 0.4],
+    }
+    line = next(
+        line
+        for line in speed_table({"speed": rows}).splitlines()
+        if line.startswith("| 2048 | indexer certified |")
+    )
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    # rounds: 0.4 / 0.2 = 2.00, 0.5 / 0.2 = 2.50, 0.3 / 0.25 = 1.20; backward passes unequal in number
+    assert cells[7] == "2.00× (1.20–2.50)" and cells[10] == "3.00×"
