@@ -52,6 +52,7 @@ from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
 from pipeline.attention.indexer_cache import indexer_cache
 from pipeline.attention.interface import (
+    causal_or_given,
     mark_stateless,
     refuse_missing_state,
     register_attention,
@@ -272,16 +273,23 @@ def sparsefinder_attention_forward(
     """
     refuse_missing_state(module, SPARSEFINDER)
     head: SparsefinderHead | None = getattr(module, SPARSEFINDER, None)
+    b, _, n, _ = query.shape
+    m = key.shape[-2]
+    # None from causal_skipping_mask: whole causal sequences, no padding (the mask built once per length)
+    whole_causal = attention_mask is None
+    attention_mask = causal_or_given(module, attention_mask, n, m, query.device)
+    whole_causal &= attention_mask is not None
     dense = (module, query, key, value)
     options = dict(scaling=scaling, dropout=dropout, position_bias=position_bias, **kwargs)
     if head is None:
         return entmax_attention_forward(*dense, attention_mask, **options)
 
     keys = _per_query_head(key, head.groups)  # (b, h, m, d)
-    b, _, n, _ = query.shape
-    m = keys.shape[-2]
     allowed = _allowed_pairs(attention_mask, b, n, m, query.device)  # (b, 1 | h, n, m)
-    k_valid = _valid_keys(attention_mask, allowed)  # (b, m)
+    if whole_causal:  # every key valid: no need to read the n × m pairs
+        k_valid = torch.ones(b, m, dtype=torch.bool, device=query.device)
+    else:
+        k_valid = _valid_keys(attention_mask, allowed)  # (b, m)
     q_offset = m - n if head.self_attention else 0  # cached keys before this step's queries
     if head.self_attention:
         q_valid = k_valid[:, q_offset:]
@@ -490,7 +498,7 @@ def _generation_cache(model: PreTrainedModel) -> Cache | None:
 
 def register_sparsefinder() -> None:
     """Make ``attn_implementation="sparsefinder"`` available to every model using the attention interface."""
-    register_attention(SPARSEFINDER, sparsefinder_attention_forward)
+    register_attention(SPARSEFINDER, sparsefinder_attention_forward, skip_causal=True)
     register_state_attacher(SPARSEFINDER, _attach_if_configured)
     register_generation_cache(SPARSEFINDER, _generation_cache)
 

@@ -32,6 +32,7 @@ from pipeline.attention import (
     load_model,
     model_skeleton,
 )
+from pipeline.attention.interface import causal_or_given, causal_skipping_mask
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import UserError
 from tests.tiny import standard_marian, word_tokenizer
@@ -280,6 +281,33 @@ def test_mask_function_always_materializes_a_boolean_mask():
     )
     assert mask.dtype == torch.bool
     assert torch.equal(mask[0, 0], torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_the_causal_skipping_mask_is_none_only_for_whole_causal_sequences():
+    """None for as many queries as keys, no offset, no padding, the causal skip allowed; a boolean mask
+    otherwise. causal_or_given reads that None back as the causal mask for a causal module only."""
+    base = dict(
+        batch_size=2, q_length=4, kv_length=4, mask_function=causal_mask_function, allow_is_causal_skip=True
+    )
+    assert causal_skipping_mask(**base, attention_mask=torch.ones(2, 4, dtype=torch.bool)) is None
+    padded = torch.ones(2, 4, dtype=torch.bool)
+    padded[1, 0] = False
+    for changed in (
+        {"attention_mask": padded},
+        {"allow_is_causal_skip": False},  # what create_bidirectional_mask and packed sequences pass
+        {"q_length": 1},  # a decoding step
+        {"q_offset": 3, "kv_length": 7},
+        {"local_size": 2},
+    ):
+        mask = causal_skipping_mask(**(base | changed))
+        assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, changed
+    causal, other = torch.nn.Module(), torch.nn.Module()
+    causal.is_causal, other.is_causal = True, False
+    read = causal_or_given(causal, None, 4, 4, torch.device("cpu"))
+    assert torch.equal(read, torch.ones(1, 1, 4, 4, dtype=torch.bool).tril())
+    assert causal_or_given(other, None, 4, 4, torch.device("cpu")) is None  # bidirectional: everything
+    assert causal_or_given(causal, None, 1, 4, torch.device("cpu")) is None  # one query sees every key
+    assert causal_or_given(causal, padded, 4, 4, torch.device("cpu")) is padded
 
 
 def random_attention_inputs(dtype: torch.dtype, scale: float = 3.0):
