@@ -80,7 +80,7 @@ def causal_skipping_mask(**kwargs: Any) -> Tensor | None:
     return None if whole else boolean_attention_mask(**kwargs)
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=1)  # one length at a time: n² bytes are held until the next
 def _causal_pairs(n: int, device: torch.device) -> Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
 
