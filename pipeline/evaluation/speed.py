@@ -104,9 +104,7 @@ def speed_table(
     rows, too_long = [], {}  # too_long: model → the shortest context it could not hold
     for n in contexts:
         ids = long_sequence(test, n).to(device)
-        passes: dict[str, list[dict[str, float]]] = {
-            name: [] for name in models if name not in too_long or n < too_long[name]
-        }
+        passes: dict[str, list[dict[str, float]]] = {name: [] for name in models if name not in too_long}
         rounds = tqdm(range(repeats + 1), desc=f"speed at n = {n}", unit="round", leave=False)
         for round_ in rounds:
             for name in [name for name in passes if name not in too_long]:

@@ -80,6 +80,8 @@ def _paired_ratio(reference: dict, row: dict, key: str) -> str:
     """``row``'s median ``key`` against ``reference``'s (× how many times faster), and where both kept their
     passes (two rounds or more, as many each), the range of the rounds' ratios: ``1.31× (1.22–1.40)``."""
     median = ratio(reference.get(key), row.get(key))
+    if row is reference:  # SDPA against itself: 1.00× in every round
+        return median
     ours, theirs = row.get("pass_seconds", {}).get(key), reference.get("pass_seconds", {}).get(key)
     if median == DASH or not ours or not theirs or len(ours) != len(theirs) or len(ours) < 2:
         return median

@@ -98,3 +98,7 @@ def test_the_ratio_to_sdpa_gives_the_range_of_the_rounds_paired_ratios():
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     # rounds: 0.4 / 0.2 = 2.00, 0.5 / 0.2 = 2.50, 0.3 / 0.25 = 1.20; backward passes unequal in number
     assert cells[7] == "2.00× (1.20–2.50)" and cells[10] == "3.00×"
+    line = next(
+        line for line in speed_table({"speed": rows}).splitlines() if line.startswith("| 2048 | softmax")
+    )
+    assert [cell.strip() for cell in line.strip("|").split("|")][7] == "1.00×"  # the reference: no range
