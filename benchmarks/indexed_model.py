@@ -12,7 +12,8 @@ follow, which the timed stretch does not contain.
 
 Per layer, one thread, in this process: forward (no gradient) medians of softmax SDPA (causal) and of
 :func:`kernels.indexed.indexed_attention` certified and approximate, each through the scanned C++ kernel and
-through the block path, with ``--backward`` also forward + backward;
+through the block path (approximate: Ŝ uncapped, every key a candidate, as inside the model), with
+``--backward`` also forward + backward;
 the share of key blocks whose exact scores were never computed, the phase times the call reports; the
 teacher's density over the causal pairs, and the share of causal blocks holding any of its support (what an
 exact block-sparse kernel cannot skip); against dense α-entmax o (one forward per layer) each output's largest
@@ -125,6 +126,7 @@ def layer_rows(
     """Rows of one layer: SDPA, then the indexed calls, each timed, with its phases and its deviation."""
     q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], inputs["scaling"]
     qi, ki = inputs["q_index"], inputs["k_index"]
+    every = k.shape[2]  # candidates: Ŝ uncapped, as the model's heads run it
     methods: dict[str, Callable[..., Tensor]] = {
         "sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=scale
@@ -133,12 +135,14 @@ def layer_rows(
     for name, mode, backend in VARIANTS:
         methods[name] = lambda q, k, v, mode=mode, backend=backend, **extra: indexed_attention(
             q, k, v, qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin, mode=mode,
-            block=block, backend=backend, **extra,
+            candidates=every, block=block, backend=backend, **extra,
         )  # fmt: skip
     with torch.no_grad():
         probs = _dense_probs(q, k, alpha, scale)  # (1, h, n, n)
         dense, support = probs @ v, probs > 0
-        predicted = predicted_sets(qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin)
+        predicted = predicted_sets(
+            qi, ki, alpha=alpha, causal=True, scale=scale, margin=margin, candidates=every
+        )
     recall = float((predicted & support).sum() / support.sum())
     occupancy = support_occupancy(support, block)
     rows = []
