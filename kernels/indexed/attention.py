@@ -755,8 +755,10 @@ def _validate(
     backend: object,
 ) -> None:
     """Raise ValueError naming the first bad argument."""
-    if q_index is None and k_index is None:  # certified on the scanned kernel (index_needed): no indexer
-        batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=False)
+    omitted = q_index is None and k_index is None  # certified on the scanned kernel (index_needed)
+    indices = {} if omitted else {"q_index": q_index, "k_index": k_index}
+    batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=False, **indices)
+    if omitted:
         if mode != "certified":
             raise ValueError(f"mode {mode!r} needs q_index and k_index; only mode 'certified' may omit them")
         assert isinstance(q, torch.Tensor)
@@ -765,19 +767,19 @@ def _validate(
                 "q_index and k_index may be omitted only where the scanned CPU kernel runs certified mode "
                 "(CPU tensors, alpha 1.5 or 2, backend 'auto', the C++ kernel built); pass them"
             )
-        q_index = k_index = q[..., :1]  # stand-ins for the checks below: nothing reads them
-    batch, heads, n, m, _ = check_qkv(q, k, v, same_value_dim=False, q_index=q_index, k_index=k_index)
-    assert isinstance(q_index, torch.Tensor) and isinstance(k_index, torch.Tensor)
-    r = q_index.shape[3]
-    if tuple(q_index.shape) != (batch, heads, n, r) or r < 1:
-        raise ValueError(
-            f"q_index must be (batch, heads, n, r ≥ 1) = ({batch}, {heads}, {n}, r); got "
-            f"{tuple(q_index.shape)}"
-        )
-    if tuple(k_index.shape) != (batch, heads, m, r):
-        raise ValueError(
-            f"k_index must be (batch, heads, m, r) = ({batch}, {heads}, {m}, {r}); got {tuple(k_index.shape)}"
-        )
+    else:
+        assert isinstance(q_index, torch.Tensor) and isinstance(k_index, torch.Tensor)
+        r = q_index.shape[3]
+        if tuple(q_index.shape) != (batch, heads, n, r) or r < 1:
+            raise ValueError(
+                f"q_index must be (batch, heads, n, r ≥ 1) = ({batch}, {heads}, {n}, r); got "
+                f"{tuple(q_index.shape)}"
+            )
+        if tuple(k_index.shape) != (batch, heads, m, r):
+            raise ValueError(
+                f"k_index must be (batch, heads, m, r) = ({batch}, {heads}, {m}, {r}); got "
+                f"{tuple(k_index.shape)}"
+            )
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) or alpha <= 1:
         raise ValueError(f"alpha must be a finite number > 1 (1.5 = entmax15, 2 = sparsemax); got {alpha!r}")
     check_causal(causal, n, m)

@@ -48,8 +48,8 @@
 
 namespace {
 
-using vectors::allocated, vectors::dot, vectors::guarded, vectors::kWidth, vectors::product, vectors::total,
-    vectors::Vec, vectors::whole_vectors;
+using vectors::allocated, vectors::dot, vectors::guarded, vectors::kWidth, vectors::largest, vectors::product,
+    vectors::total, vectors::Vec, vectors::whole_vectors;
 
 constexpr int64_t kTile = 48;    // queries per tile: 8 register tiles of 6 rows
 constexpr int64_t kChunk = 128;  // keys per chunk: a tile's scores (24 KiB in float) stay in the first cache
@@ -145,22 +145,6 @@ struct Keys {
         }
     }
 };
-
-// The largest of a vector's lanes.
-template <typename Real>
-Real largest(const Vec<Real>& v) {
-#ifdef __AVX512F__
-    if constexpr (sizeof(Real) == 4) {
-        return _mm512_reduce_max_ps(reinterpret_cast<const __m512&>(v));
-    } else {
-        return _mm512_reduce_max_pd(reinterpret_cast<const __m512d&>(v));
-    }
-#else
-    Real m = v[0];
-    for (int lane = 1; lane < kWidth<Real>; ++lane) m = std::max(m, v[lane]);
-    return m;
-#endif
-}
 
 // The `valid` (≤ kWidth) values from `from` on, `rest` in the other lanes: a whole vector in one load (a copy
 // of a size known only at run time goes through the stack).

@@ -133,6 +133,22 @@ Real total(const Vec<Real>& v) {
 #endif
 }
 
+// The largest of a vector's lanes.
+template <typename Real>
+Real largest(const Vec<Real>& v) {
+#ifdef __AVX512F__
+    if constexpr (sizeof(Real) == 4) {
+        return _mm512_reduce_max_ps(reinterpret_cast<const __m512&>(v));
+    } else {
+        return _mm512_reduce_max_pd(reinterpret_cast<const __m512d&>(v));
+    }
+#else
+    Real m = v[0];
+    for (int lane = 1; lane < kWidth<Real>; ++lane) m = std::max(m, v[lane]);
+    return m;
+#endif
+}
+
 // Σ_t a[t]·b[t] over `depth` values: per lane a running sum over t ≡ lane (mod kWidth), then the lanes pairwise
 // (total). A fixed order, though not the products' (which sum over t in order): a sum in order is a chain of
 // `depth` dependent additions, several times slower where one dot product is all there is to compute.

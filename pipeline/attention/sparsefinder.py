@@ -276,9 +276,8 @@ def sparsefinder_attention_forward(
     b, _, n, _ = query.shape
     m = key.shape[-2]
     # None from causal_skipping_mask: whole causal sequences, no padding (the mask built once per length)
-    whole_causal = attention_mask is None
-    attention_mask = causal_or_given(module, attention_mask, n, m, query.device)
-    whole_causal &= attention_mask is not None
+    given, attention_mask = attention_mask, causal_or_given(module, attention_mask, n, m, query.device)
+    whole_causal = given is None and attention_mask is not None
     dense = (module, query, key, value)
     options = dict(scaling=scaling, dropout=dropout, position_bias=position_bias, **kwargs)
     if head is None:
