@@ -41,7 +41,7 @@ test: setup corpus
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
-	$(VENV)/bin/ruff check pipeline stages kernels benchmarks tests
+	$(VENV)/bin/ruff check pipeline stages attention_kernels benchmarks tests
 
 clean:
 	rm -rf $(VENV)

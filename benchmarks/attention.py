@@ -9,10 +9,10 @@ Density = attended pairs / valid pairs (n² per head, n(n+1)/2 when causal).
 
 CPU (the PyTorch path, one thread). For n ∈ {1k, 2k, 4k, 8k, 16k}, causal or not, 16 buckets, top-1 and
 top-2, with and without the pattern (window ``CPU_WINDOW`` and ``CPU_GLOBAL`` global tokens), 8 heads, d = 64,
-batch 1, float32: ours (``kernels.bucketed.bucketed_attention`` with ``backend="torch"``) at α = 1 (softmax)
-and
+batch 1, float32: ours (``attention_kernels.bucketed.bucketed_attention`` with ``backend="torch"``) at α = 1
+(softmax) and
 α = 1.5 against SDPA (``torch.nn.functional.scaled_dot_product_attention``, dense softmax) and the dense
-masked α-entmax reference ``kernels.bucketed.reference.dense_bucketed_attention`` (only up to
+masked α-entmax reference ``attention_kernels.bucketed.reference.dense_bucketed_attention`` (only up to
 ``CPU_DENSE_MAX`` tokens: it holds n × n scores), and compiled FlexAttention (softmax; forward only, it has no
 backward on CPU tensors) on the same pairs with the tokens sorted by (first bucket id, position), sorting and
 block-mask building timed with it. Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
@@ -34,7 +34,7 @@ memory the attention call itself needed (ours runs α = 1 then α = 1.5 in one p
 figures are the larger of the two); the absolute peaks are saved too. Python-level tracers cannot see
 torch's native allocations, hence the process-level measure.
 
-Indexed attention (CPU suite, one thread). ``kernels.indexed.attention`` in both modes against SDPA
+Indexed attention (CPU suite, one thread). ``attention_kernels.indexed.attention`` in both modes against SDPA
 (``torch.nn.functional.scaled_dot_product_attention``, softmax) and dense α-entmax, n ∈ INDEX_SIZES, 8 heads,
 d = 64, r = 8, causal and not, on two kinds of inputs: ``local`` (:func:`structured_inputs`: smooth
 positional features, so each query's α = 1.5 support is its neighbourhood: about 10 keys, never above 64)
@@ -57,14 +57,14 @@ version with ten otherwise). Speedup = SDPA time / our time; efficiency = speedu
 1 means ours turns sparsity into speed as well as flash attention uses dense FLOPs; our entmax rows also
 carry their time over our softmax time. Our rows carry the predictor's overhead as on the CPU suite (its
 ``B`` centroids; the planning timed is the Triton path's, which its forward includes).
-Indexed attention on the GPU suite: ``kernels.indexed.indexed_attention`` (α = 1.5, rank ``INDEX_RANK``,
-block ``INDEX_BLOCK``, position order) in both modes on the inputs ``--index-inputs`` names (``local`` by
-default; ``scattered`` spreads the supports over the sequence, so the position order skips almost nothing
-and the PyTorch path's time grows with n²), same n, heads and dtype, timed as the other rows and after all of
-them (so that a fault of the newest kernel spoils no other row): the certified forward is the Triton kernel
-of :mod:`kernels.indexed.triton_kernel` (forward-only), the approximate forward and both modes'
-forward+backward are the PyTorch path. Each row also carries the share of key blocks skipped, the mean
-predicted set, the phase times of one more forward, its speedup over flash SDPA and over dense α-entmax
+Indexed attention on the GPU suite: ``attention_kernels.indexed.indexed_attention`` (α = 1.5, rank
+``INDEX_RANK``, block ``INDEX_BLOCK``, position order) in both modes on the inputs ``--index-inputs`` names
+(``local`` by default; ``scattered`` spreads the supports over the sequence, so the position order skips
+almost nothing and the PyTorch path's time grows with n²), same n, heads and dtype, timed as the other rows
+and after all of them (so that a fault of the newest kernel spoils no other row): the certified forward is the
+Triton kernel of :mod:`attention_kernels.indexed.triton_kernel` (forward-only), the approximate forward and
+both modes' forward+backward are the PyTorch path. Each row also carries the share of key blocks skipped, the
+mean predicted set, the phase times of one more forward, its speedup over flash SDPA and over dense α-entmax
 (whose time does not depend on the values), and the forward output's largest deviation from dense α-entmax
 on the same inputs (fp32 from the same rounded inputs, one head at a time).
 ``--suite gpu --device cpu`` runs the same comparison on CPU tensors (float32, tiny sizes, wall clock, no
@@ -75,7 +75,10 @@ Every process of the benchmark keeps freed memory for reuse (:mod:`pipeline.allo
 temporaries cost no page faults at each call, for every method alike; ``bench.json`` says whether that took
 effect (``keep_freed_memory``).
 
-Writes ``bench.json`` and ``bench.png`` to ``--out`` atomically and prints a table.
+Writes ``bench.json`` and ``bench.png`` to ``--out`` atomically and prints a table. The CPU report names
+the processor, the vector width the C++ kernels were built for and what multiplied the blocks
+(:func:`cpu_facts`): with AVX-512 the C++ block products, elsewhere ``torch.bmm``, whose MKL kernels SDPA
+shares, so the same table reads differently on the two.
 """
 
 from __future__ import annotations
@@ -202,14 +205,14 @@ def _pattern(spec: dict[str, Any]) -> dict[str, int]:
 
 def _plan_options(causal: bool, window: int = 0, global_tokens: int = 0) -> dict[str, Any]:
     """``plan_attention``'s keyword arguments for a window size and a count of global tokens."""
-    from kernels.attended import window_radius
+    from attention_kernels.attended import window_radius
 
     return dict(causal=causal, radius=window_radius(window), global_tokens=global_tokens)
 
 
 def count_pairs(ids: torch.Tensor, causal: bool, window: int = 0, global_tokens: int = 0) -> int:
     """Exact attended pairs, one head at a time to bound the enumeration's memory."""
-    from kernels.bucketed.torch_path import plan_attention
+    from attention_kernels.bucketed.torch_path import plan_attention
 
     opts = _plan_options(causal, window, global_tokens)
     return sum(
@@ -251,7 +254,7 @@ def _measure_cpu(
 
 def _ours(alpha: float, causal: bool, pattern: dict[str, int]) -> Callable[..., torch.Tensor]:
     """Our PyTorch path as fn(q, k, v, ids) with queries and keys sharing the bucket ids."""
-    from kernels.bucketed import bucketed_attention
+    from attention_kernels.bucketed import bucketed_attention
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return bucketed_attention(q, k, v, ids, ids, alpha=alpha, causal=causal, backend="torch", **pattern)
@@ -266,7 +269,7 @@ def _flex_sorted(causal: bool, pattern: dict[str, int]) -> Callable[..., torch.T
     planning is."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from kernels.attended import window_radius
+    from attention_kernels.attended import window_radius
 
     flex = torch.compile(flex_attention, dynamic=False)
     block_mask = torch.compile(create_block_mask)
@@ -290,7 +293,7 @@ def _dense(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor, causal: bool
 ) -> torch.Tensor:
     """The dense masked α-entmax reference with every pair in one bucket."""
-    from kernels.bucketed.reference import dense_bucketed_attention
+    from attention_kernels.bucketed.reference import dense_bucketed_attention
 
     return dense_bucketed_attention(q, k, v, ids, ids, alpha=ALPHA, causal=causal)
 
@@ -341,7 +344,7 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     pairs = count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
     overhead = {}
     if spec["method"] == "ours":
-        from kernels.bucketed.torch_path import plan_attention
+        from attention_kernels.bucketed.torch_path import plan_attention
 
         opts = _plan_options(causal, **_pattern(spec))
         overhead = _predictor_overhead(
@@ -382,14 +385,14 @@ def _predictor_overhead(
     predictor's shapes: ``predict_ms`` projects queries and keys per head through the projector of the
     default and long-context profiles (the pipeline's own :class:`~pipeline.projection.model.HeadProjections`,
     a shared tanh MLP of ``PREDICTOR_HIDDEN`` units to rank ``PREDICTOR_RANK``) and gives each its ``top``
-    nearest of ``buckets`` centroids (:func:`~kernels.predictor_maps.nearest_centroids`, the k-means
+    nearest of ``buckets`` centroids (:func:`~attention_kernels.predictor_maps.nearest_centroids`, the k-means
     predictor's, taken from there: the ``pipeline.predictors`` package imports transformers, seconds in every
     worker);
     ``predict_linear_ms`` the same through the paper's projector (the GPU profile's: a linear map to rank
     ``PREDICTOR_RANK`` for queries and one for keys); ``plan_ms`` runs ``plan``, which lays the pairs of the
     measured bucket ids out in blocks (the planning the forward time already includes; random centroids
     would give other, unbalanced buckets)."""
-    from kernels.predictor_maps import nearest_centroids
+    from attention_kernels.predictor_maps import nearest_centroids
     from pipeline.projection.model import HeadProjections
 
     heads, dim = q.shape[1], q.shape[3]
@@ -456,7 +459,7 @@ INPUTS = {"local": structured_inputs, "scattered": scattered_inputs}
 
 
 def _dense_entmax_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    from kernels.indexed.attention import dense_indexed_reference
+    from attention_kernels.indexed.attention import dense_indexed_reference
 
     return dense_indexed_reference(q, k, v, alpha=ALPHA, causal=causal)
 
@@ -472,7 +475,7 @@ CPU), and the block path in the position and the clustered order."""
 
 def run_indexed(cfg: dict[str, Any]) -> dict[str, Any]:
     """The indexed-attention comparison of the CPU suite (module docstring), one thread, in-process."""
-    from kernels.indexed.attention import indexed_attention
+    from attention_kernels.indexed.attention import indexed_attention
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -666,7 +669,7 @@ def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None
     return {
         "device": "cpu",
         "suite": "cpu",
-        "device_name": platform.processor() or platform.machine(),
+        **cpu_facts(),
         "threads": 1,
         "torch": torch.__version__,
         "settings": {
@@ -694,6 +697,24 @@ def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None
         },
         "results": rows,
         **indexed,
+    }
+
+
+def cpu_facts() -> dict[str, Any]:
+    """The processor and what multiplied its blocks, without which the CPU suite's ratios cannot be read
+    across machines: the block products' C++ kernel runs on AVX-512 alone; elsewhere ``torch.bmm`` of the
+    gathered rows runs (:mod:`attention_kernels.bucketed.block_products`), and MKL's AVX2 kernels serve it and
+    SDPA alike. ``vector_bits`` is the width the C++ kernels were built for (None where none could be
+    built)."""
+    from attention_kernels.bucketed.block_products import wide_kernel
+    from attention_kernels.native import library, processor_name
+
+    built = library("block_products")
+    products = "C++ on 512-bit vectors" if wide_kernel() is not None else "torch.bmm of gathered rows"
+    return {
+        "device_name": processor_name(),
+        "vector_bits": None if built is None else 8 * int(built.vector_bytes()),
+        "block_products": products,
     }
 
 
@@ -743,6 +764,12 @@ def cpu_table(report: dict[str, Any]) -> str:
     )
     if not report["results"]:  # --only indexed
         lines = []
+    if "block_products" in report:
+        bits = report["vector_bits"]
+        lines += [
+            f"on {report['device_name']} ({f'{bits}-bit vectors' if bits else 'no C++ kernels'}): block "
+            f"products by {report['block_products']}"
+        ]
     if "indexed" in report:
         lines += ["", "indexed attention (one thread; ms; skip = share of key blocks skipped)"]
         lines.append(indexed_table(report["indexed"]))
@@ -955,7 +982,7 @@ def _add_gpu_overhead(
     centroids and the planning the call would run for these bucket ids, over the forward time."""
     device, dim, top = q.device, q.shape[-1], ids.shape[-1]
     if device.type == "cuda":
-        from kernels.bucketed import triton_kernel as tb
+        from attention_kernels.bucketed import triton_kernel as tb
 
         tiles = tb.default_tiles(dim, top, q.dtype, device, alpha=ALPHA)
         plan_cfg = tb._make_config(ALPHA, dim**-0.5, causal, -1, 0, dim, tiles, q.dtype)
@@ -964,7 +991,7 @@ def _add_gpu_overhead(
         def plan() -> object:
             return tb._make_plan(flat, flat, plan_cfg)
     else:  # the smoke test on CPU tensors runs the PyTorch path
-        from kernels.bucketed.torch_path import plan_attention
+        from attention_kernels.bucketed.torch_path import plan_attention
 
         def plan() -> object:
             return plan_attention(ids, ids, causal=causal)
@@ -986,7 +1013,7 @@ INDEX_MODES = ("certified", "approximate")  # the indexed comparison's modes, ea
 def _dense_entmax_by_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """Dense α-entmax attention in fp32 from q, k, v as given (bf16 inputs rounded already), one head at a
     time, so that one head's n × n scores are held at once (1 GiB at n = 16384)."""
-    from kernels.indexed.attention import dense_indexed_reference
+    from attention_kernels.indexed.attention import dense_indexed_reference
 
     with torch.no_grad():
         heads = [
@@ -1011,7 +1038,7 @@ def gpu_indexed_rows(
     (share of key blocks skipped, mean predicted set, phase ms) and its largest absolute deviation from
     :func:`_dense_entmax_by_head` on the same inputs; speedups over ``sdpa_row`` (flash SDPA, same n and
     causality)."""
-    from kernels.indexed.attention import indexed_attention
+    from attention_kernels.indexed.attention import indexed_attention
 
     heads, dim = cfg["heads"], cfg["dim"]
     base = {"n": n, "causal": causal, "buckets": None, "top": None, "inputs": kind}
@@ -1073,7 +1100,7 @@ def run_gpu(
 ) -> dict[str, Any]:
     """The GPU comparison (module docstring) with sizes from ``cfg``; on a CPU ``device`` it runs in
     float32 as a smoke test of the suite. ``save`` receives the report so far after each (n, causal)."""
-    from kernels.bucketed import bucketed_attention
+    from attention_kernels.bucketed import bucketed_attention
 
     on_cuda = device.type == "cuda"
     heads, dim = cfg["heads"], cfg["dim"]

@@ -29,7 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.bucketed import triton_kernel as tb
+from attention_kernels.bucketed import triton_kernel as tb
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SHARED_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # opt-in shared memory per block

@@ -11,8 +11,8 @@ and values are captured as the model computes them (keys and values repeated to 
 follow, which the timed stretch does not contain.
 
 Per layer, one thread, in this process: forward (no gradient) medians of softmax SDPA (causal) and of
-:func:`kernels.indexed.indexed_attention` certified and approximate, each through the scanned C++ kernel and
-through the block path (approximate: Ŝ uncapped, every key a candidate, as inside the model), with
+:func:`attention_kernels.indexed.indexed_attention` certified and approximate, each through the scanned C++
+kernel and through the block path (approximate: Ŝ uncapped, every key a candidate, as inside the model), with
 ``--backward`` also forward + backward;
 the share of key blocks whose exact scores were never computed, the phase times the call reports; the
 teacher's density over the causal pairs, and the share of causal blocks holding any of its support (what an
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.entmax.dense import entmax_normalize
-from kernels.indexed.attention import indexed_attention, predicted_sets
+from attention_kernels.entmax.dense import entmax_normalize
+from attention_kernels.indexed.attention import indexed_attention, predicted_sets
 from pipeline.atomic import write_json
 from pipeline.attention.entmax import checked_alpha
 from pipeline.attention.loading import load_model
@@ -182,8 +182,9 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _dense_probs(q: Tensor, k: Tensor, alpha: float, scale: float) -> Tensor:
-    """(1, h, n, n) dense causal α-entmax weights (as :func:`kernels.indexed.dense_indexed_reference`
-    computes them, kept here for the support as well as the output)."""
+    """(1, h, n, n) dense causal α-entmax weights (as
+    :func:`attention_kernels.indexed.dense_indexed_reference` computes them, kept here for the support as well
+    as the output)."""
     n = q.shape[2]
     future = torch.ones(n, n, dtype=torch.bool).triu(1)
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(future, float("-inf"))  # (1, h, n, n)

@@ -3,11 +3,11 @@
 
 Every workload of the grid (balanced buckets as in :mod:`benchmarks.attention`: 16 buckets, top-1 and top-2,
 α = 1 and 1.5, causal or not; 8 heads, d = 64, bf16 on CUDA) runs first with the tiles
-:func:`~kernels.bucketed.triton_kernel.default_tiles` picks, then with each candidate
-(:class:`~kernels.bucketed.triton_kernel.Tiles`: block shape, warps, pipeline stages) in turn. Tiles change
-only the order of the fp32 sums, so a candidate is timed only once its output and gradients match the default
-tiles' to rounding (:func:`deviation` ≤ ``TOLERANCE`` for each of out, dq, dk, dv); a larger gap is a bug
-(a race, a mask that depends on the block) and the row says so. Times are forward (no grad) and
+:func:`~attention_kernels.bucketed.triton_kernel.default_tiles` picks, then with each candidate
+(:class:`~attention_kernels.bucketed.triton_kernel.Tiles`: block shape, warps, pipeline stages) in turn. Tiles
+change only the order of the fp32 sums, so a candidate is timed only once its output and gradients match the
+default tiles' to rounding (:func:`deviation` ≤ ``TOLERANCE`` for each of out, dq, dk, dv); a larger gap is a
+bug (a race, a mask that depends on the block) and the row says so. Times are forward (no grad) and
 forward+backward medians as :func:`benchmarks.attention.measure_gpu` takes them (CUDA events after warm-up);
 on CPU tensors the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), on a tiny grid, as a smoke
 test of the sweep itself.
@@ -53,7 +53,7 @@ from benchmarks.attention import (
 from pipeline.evaluation.report import DASH
 
 if TYPE_CHECKING:  # imported where used, so that tests can replace the kernel's entry point
-    from kernels.bucketed.triton_kernel import Tiles
+    from attention_kernels.bucketed.triton_kernel import Tiles
 
 CUDA_GRID = {
     "sizes": [16384],
@@ -149,7 +149,7 @@ def run(
     a spent budget leaves whole candidates measured, not some workloads of each. ``save``
     receives the report so far after each pass, so a run cut short keeps what it measured. A CUDA error (an
     illegal address, say) leaves the device unusable: the rest of the sweep is then skipped."""
-    from kernels.bucketed.triton_kernel import default_tiles, triton_bucketed_attention
+    from attention_kernels.bucketed.triton_kernel import default_tiles, triton_bucketed_attention
 
     on_cuda = device.type == "cuda"
     dtype = torch.bfloat16 if on_cuda else torch.float32  # the interpreter lacks bf16 products
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "TRITON_INTERPRET=1 would time the interpreter on CUDA tensors: unset it for --device cuda"
         )
-    from kernels.bucketed.triton_kernel import Tiles
+    from attention_kernels.bucketed.triton_kernel import Tiles
 
     grid = CUDA_GRID if device == "cuda" else CPU_GRID
     grid = grid if args.sizes is None else {**grid, "sizes": args.sizes}

@@ -58,7 +58,7 @@ PROJECT_SOURCES = (
     "pyproject.toml",
     "pipeline/",
     "stages/",
-    "kernels/",
+    "attention_kernels/",
     "tests/",
     "configs/",
     ".git/",

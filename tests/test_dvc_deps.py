@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "stages", "kernels")
+PACKAGES = ("pipeline", "stages", "attention_kernels")
 
 
 def module_file(name: str) -> Path | None:
@@ -70,8 +70,8 @@ def stage_files(script_module: str) -> set[Path]:
 
 
 def native_sources(files: set[Path]) -> set[Path]:
-    """The C++ kernels that ``files`` build (``library("name")`` is kernels/native/name.cpp), and the headers
-    beside them, which they may include."""
+    """The C++ kernels that ``files`` build (``library("name")`` is attention_kernels/native/name.cpp), and
+    the headers beside them, which they may include."""
     names = {
         name
         for path in files
@@ -79,8 +79,8 @@ def native_sources(files: set[Path]) -> set[Path]:
     }
     if not names:
         return set()
-    headers = {path.relative_to(ROOT) for path in (ROOT / "kernels" / "native").glob("*.h")}
-    return {Path("kernels") / "native" / f"{name}.cpp" for name in names} | headers
+    headers = {path.relative_to(ROOT) for path in (ROOT / "attention_kernels" / "native").glob("*.h")}
+    return {Path("attention_kernels") / "native" / f"{name}.cpp" for name in names} | headers
 
 
 def stages() -> dict[str, dict]:
@@ -139,7 +139,9 @@ def test_attention_kernel_edits_leave_the_stages_before_them_alone(stage: str) -
     """prepare … cluster never run bucketed or indexed attention, so an edit there must not re-run them."""
     _, files = stage_code(stage)
     reached = sorted(
-        str(path) for path in files if path.parts[:2] in {("kernels", "bucketed"), ("kernels", "indexed")}
+        str(path)
+        for path in files
+        if path.parts[:2] in {("attention_kernels", "bucketed"), ("attention_kernels", "indexed")}
     )
     assert not reached, f"stage {stage} imports {', '.join(reached)}"
 
@@ -147,7 +149,10 @@ def test_attention_kernel_edits_leave_the_stages_before_them_alone(stage: str) -
 @pytest.mark.parametrize("stage", ["evaluate", "student"])
 def test_stages_that_run_sparse_attention_depend_on_its_kernels(stage: str) -> None:
     deps, _ = stage_code(stage)
-    for path in (Path("kernels/bucketed/torch_path.py"), Path("kernels/indexed/attention.py")):
+    for path in (
+        Path("attention_kernels/bucketed/torch_path.py"),
+        Path("attention_kernels/indexed/attention.py"),
+    ):
         assert any(covers(dep, path) for dep in deps), f"{stage} does not list {path}"
 
 
@@ -156,7 +161,8 @@ def package_files(package: str) -> list[Path]:
 
 
 @pytest.mark.parametrize(
-    ("lower", "upper"), [("kernels", "pipeline"), ("kernels", "benchmarks"), ("pipeline", "benchmarks")]
+    ("lower", "upper"),
+    [("attention_kernels", "pipeline"), ("attention_kernels", "benchmarks"), ("pipeline", "benchmarks")],
 )
 def test_layers_import_downward_only(lower: str, upper: str) -> None:
     """Kernels never import the pipeline; neither imports the benchmarks (function-level imports included)."""
@@ -197,4 +203,6 @@ def test_walker_sees_function_level_and_package_imports() -> None:
     assert Path("pipeline/attention/entmax.py") in files  # extract runs the teacher's entmax attention
     assert not native_sources(files)  # the teacher's entmax runs no C++ kernel
     evaluated = stage_files("stages.evaluate")
-    assert Path("kernels/native/planning.cpp") in native_sources(evaluated)  # bucketed attention plans in C++
+    assert Path("attention_kernels/native/planning.cpp") in native_sources(
+        evaluated
+    )  # bucketed attention plans in C++

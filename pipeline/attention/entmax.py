@@ -2,9 +2,9 @@
 
     α-entmax(z) = [(α − 1) z − τ 1]₊^{1/(α−1)},   τ such that the result sums to 1.
 
-The normaliser is :func:`kernels.entmax.dense.entmax_normalize` (softmax at α = 1, exact sorting at 1.5 and
-2, bisection otherwise and for a learned per-head α). For α > 1 the attention probabilities are exactly
-sparse, which is what the teacher's attention graphs are made of.
+The normaliser is :func:`attention_kernels.entmax.dense.entmax_normalize` (softmax at α = 1, exact sorting at
+1.5 and 2, bisection otherwise and for a learned per-head α). For α > 1 the attention probabilities are
+exactly sparse, which is what the teacher's attention graphs are made of.
 
 Importing :mod:`pipeline.attention` registers the name ``entmax`` (see :mod:`pipeline.attention.interface`),
 so ``attn_implementation="entmax"`` works with every such model (Marian, BART, T5, BERT, RoBERTa, GPT-2,
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from kernels.entmax.dense import compute_dtype, entmax_normalize
+from attention_kernels.entmax.dense import compute_dtype, entmax_normalize
 from pipeline.attention.interface import (
     RIGHT_LOAD,
     attach_to_modules,
@@ -160,8 +160,8 @@ def entmax_attention_forward(
     Shapes: query (batch, heads, q_len, d); key and value (batch, kv_heads, k_len, d), repeated to ``heads``
     when the module groups queries (``num_key_value_groups``); attention_mask (batch, 1 | heads, q_len,
     ≥ k_len), see :func:`mask_scores`; position_bias (T5) is an additive (·, heads, q_len, k_len) tensor.
-    Scores and the normalizer are computed in :func:`~kernels.entmax.dense.compute_dtype` (float32, or
-    float64 for float64 inputs); the output is cast back to the value dtype. Returns the output (batch,
+    Scores and the normalizer are computed in :func:`~attention_kernels.entmax.dense.compute_dtype` (float32,
+    or float64 for float64 inputs); the output is cast back to the value dtype. Returns the output (batch,
     q_len, heads, d) and the probabilities in that compute dtype (batch, heads, q_len, k_len), after dropout
     exactly like eager attention.
     """

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.dense import entmax_normalize
 from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, compute_dtype
 from pipeline.attention.heads import (

@@ -5,25 +5,25 @@ and a predictor (k-means buckets, a distance threshold, ...):
 
     Ĝ = (learned(q′, k′) ∪ W ∪ G) ∩ A,     P = α-entmax(s masked to Ĝ by −inf),     out = P V
 
-where W and G are the window band and the global tokens of :mod:`kernels.attended` (absolute positions, so
-a cached decoding step at position t sees the band around t) and A is what the model's own mask allows
-(padding, causality, the cache). By sparse-consistency (Sparsefinder, Prop. 1) the output equals the
+where W and G are the window band and the global tokens of :mod:`attention_kernels.attended` (absolute
+positions, so a cached decoding step at position t sees the band around t) and A is what the model's own mask
+allows (padding, causality, the cache). By sparse-consistency (Sparsefinder, Prop. 1) the output equals the
 teacher's whenever Ĝ holds every key of the teacher's support.
 
-Bucket predictors run through :func:`kernels.bucketed.bucketed_attention` (Triton on CUDA, the sub-quadratic
-PyTorch path on CPU) for whole sequences; mask predictors, decoding steps with a cache, a learned α and padded
-non-causal batches run the dense masked entmax of :mod:`pipeline.attention.entmax` on Ĝ. Both compute the
-same set. Keys' bucket ids are recomputed from the cached keys at each step: a key's ids depend on that key
-alone (predictors of scope "token"), so this costs O(m·B·r) next to the step's O(m·d) and is exact. Row-scope
-predictors (the τ-indexer) see the same keys a full forward gives the query, so they too are exact; with the
-cache :func:`~pipeline.attention.interface.generation_cache` gives ``generate``, a τ-indexer step projects
-only its new key (:mod:`pipeline.attention.indexer_cache`).
+Bucket predictors run through :func:`attention_kernels.bucketed.bucketed_attention` (Triton on CUDA, the
+sub-quadratic PyTorch path on CPU) for whole sequences; mask predictors, decoding steps with a cache, a
+learned α and padded non-causal batches run the dense masked entmax of :mod:`pipeline.attention.entmax` on Ĝ.
+Both compute the same set. Keys' bucket ids are recomputed from the cached keys at each step: a key's ids
+depend on that key alone (predictors of scope "token"), so this costs O(m·B·r) next to the step's O(m·d) and
+is exact. Row-scope predictors (the τ-indexer) see the same keys a full forward gives the query, so they too
+are exact; with the cache :func:`~pipeline.attention.interface.generation_cache` gives ``generate``, a
+τ-indexer step projects only its new key (:mod:`pipeline.attention.indexer_cache`).
 
 The τ-indexer runs whole sequences of at least ``INDEXED_MIN_KEYS`` keys without a window or global tokens
-through :func:`kernels.indexed.attention.indexed_attention`, which never builds the n × m graph: entmax over
-Ĝ, the same set (``approximate``), or, when the configuration says ``certified``, exact α-entmax over every
-allowed key (on GPU, Ĝ decides which key blocks are provably empty and skipped; on CPU the scanned kernel
-scores every pair and runs the entmax on the keys near each row's maximum). A certified head is the
+through :func:`attention_kernels.indexed.attention.indexed_attention`, which never builds the n × m graph:
+entmax over Ĝ, the same set (``approximate``), or, when the configuration says ``certified``, exact α-entmax
+over every allowed key (on GPU, Ĝ decides which key blocks are provably empty and skipped; on CPU the scanned
+kernel scores every pair and runs the entmax on the keys near each row's maximum). A certified head is the
 teacher's attention on every path (the other paths compute it densely).
 
 The configuration lives in ``config.sparsefinder`` (see :func:`attach_sparsefinder`); every attention module
@@ -45,9 +45,9 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 import pipeline.predictors  # noqa: F401  (registers every predictor with make_predictor)
-from kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
-from kernels.bucketed import bucketed_attention
-from kernels.indexed.attention import index_needed, indexed_attention
+from attention_kernels.attended import pattern_pairs, shared_bucket_pairs, window_radius
+from attention_kernels.bucketed import bucketed_attention
+from attention_kernels.indexed.attention import index_needed, indexed_attention
 from pipeline.attention.counting import PairCounter
 from pipeline.attention.entmax import attention_alpha, entmax_attention_forward
 from pipeline.attention.indexer_cache import indexer_cache
@@ -68,7 +68,7 @@ from pipeline.projection.model import HeadProjections
 
 SPARSEFINDER = "sparsefinder"
 INDEXED_MIN_KEYS = 256
-"""Keys from which the τ-indexer runs on :func:`kernels.indexed.attention.indexed_attention` in a
+"""Keys from which the τ-indexer runs on :func:`attention_kernels.indexed.attention.indexed_attention` in a
 whole-sequence forward; shorter rows take the masked dense path, which is faster there (the kernel works in
 blocks of 32 keys, so a short row has too few blocks to skip)."""
 # the predictor scopes a model can run in each kind: a decoder's queries arrive one step at a time, each
@@ -207,10 +207,11 @@ def _indexed_forward(
     scaling: float | None,
     key_index: Tensor | None,
 ) -> Tensor:
-    """(b, h, n, d) the τ-indexer's attention through :func:`kernels.indexed.attention.indexed_attention`:
-    entmax over Ĝ (approximate) or exact entmax with Ĝ deciding which key blocks are skipped (certified).
-    Nothing n × m is built. ``candidates`` is every key, so the kernel's set is the predictor's Ĝ uncapped.
-    ``key_index``: B k (b, h, m, r) when a generation cache holds it."""
+    """(b, h, n, d) the τ-indexer's attention through
+    :func:`attention_kernels.indexed.attention.indexed_attention`: entmax over Ĝ (approximate) or exact entmax
+    with Ĝ deciding which key blocks are skipped (certified). Nothing n × m is built. ``candidates`` is every
+    key, so the kernel's set is the predictor's Ĝ uncapped. ``key_index``: B k (b, h, m, r) when a generation
+    cache holds it."""
     head.load_state()
     mode = "certified" if head.certified else "approximate"
     q_index = k_index = None  # certified on the scanned CPU kernel scores every pair: no index to compute

@@ -3,8 +3,8 @@
     sparsity = 1 − |{(i, j) valid : p_ij > 0}| / |valid pairs|
 
 A pair is valid when query i and key j are both real tokens and, for causal attention, j ≤ i (so a causal
-sentence of length L has L(L+1)/2 valid pairs per head): :func:`kernels.attended.valid_pairs`. Counts are
-returned rather than ratios so that callers can sum them over batches before dividing.
+sentence of length L has L(L+1)/2 valid pairs per head): :func:`attention_kernels.attended.valid_pairs`.
+Counts are returned rather than ratios so that callers can sum them over batches before dividing.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-from kernels.attended import valid_pairs
+from attention_kernels.attended import valid_pairs
 
 # Attention kinds of an encoder–decoder model and the output field holding their per-layer probabilities.
 SEQ2SEQ_ATTENTIONS = {

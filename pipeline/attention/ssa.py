@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.dense import entmax_normalize
 from pipeline.attention.entmax import attention_alpha, compute_dtype
 from pipeline.attention.heads import (
     attach_heads,

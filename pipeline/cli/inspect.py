@@ -22,7 +22,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from kernels.attended import window_radius
+from attention_kernels.attended import window_radius
 from pipeline.cli.predictor_args import add_predictor_arguments, parse_knobs
 from pipeline.errors import UserError
 from pipeline.graphs.draw import draw_head

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from kernels.attended import window_radius
+from attention_kernels.attended import window_radius
 from pipeline.errors import UserError
 from pipeline.graphs.store import GraphStore
 from pipeline.predictors.base import PREDICTORS, Predictor, make_predictor

@@ -1,7 +1,8 @@
 """Predictors: from a head's (projected) queries and keys to a predicted attention graph Ĝ ≈ G.
 
 - :mod:`~pipeline.predictors.base`: the interface, the registry and :func:`predicted_graph`, which adds the
-  window and global pattern and the valid pairs exactly as the kernel does (:mod:`kernels.attended`).
+  window and global pattern and the valid pairs exactly as the kernel does
+  (:mod:`attention_kernels.attended`).
 - Sparsefinder: :mod:`~pipeline.predictors.distance` (‖q′ − k′‖ ≤ t, a mask),
   :mod:`~pipeline.predictors.quantization` (equal-size bins per projected dimension, buckets),
   :mod:`~pipeline.predictors.kmeans` (top-k of B offline centroids, buckets).

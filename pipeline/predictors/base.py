@@ -7,8 +7,8 @@ batch of one layer's heads a predictor returns a :class:`Prediction`: bucket ids
 the prediction can run sparsely) or a boolean mask of pairs (distance, random patterns).
 
 The window and global pattern and the valid pairs are not a predictor's business: :func:`predicted_graph`
-adds them the one way the kernel computes them (:mod:`kernels.attended`), so a graph scored here is exactly
-the set ``kernels.bucketed.bucketed_attention`` attends for the same bucket ids.
+adds them the one way the kernel computes them (:mod:`attention_kernels.attended`), so a graph scored here is
+exactly the set ``attention_kernels.bucketed.bucketed_attention`` attends for the same bucket ids.
 
 Knobs are the dataclass fields of a predictor; ``fit_knobs`` names those that change its fitted state (a
 k-means predictor's centroids depend on B, not on top-k), so predictors that differ only in other knobs
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels.attended import pattern_pairs, shared_bucket_pairs, valid_pairs
+from attention_kernels.attended import pattern_pairs, shared_bucket_pairs, valid_pairs
 from pipeline.errors import UserError
 
 
@@ -88,7 +88,7 @@ class Prediction:
 
 def learned_pairs(prediction: Prediction) -> Tensor:
     """(b, h | 1, n, m) bool: the predictor's own part of Ĝ, the pairs that share a bucket id (as
-    :func:`~kernels.attended.shared_bucket_pairs` defines them for the kernel) or its mask."""
+    :func:`~attention_kernels.attended.shared_bucket_pairs` defines them for the kernel) or its mask."""
     if prediction.is_buckets:
         return shared_bucket_pairs(prediction.q_buckets, prediction.k_buckets)
     return prediction.mask
@@ -96,8 +96,8 @@ def learned_pairs(prediction: Prediction) -> Tensor:
 
 def with_pattern(learned: Tensor, valid: Tensor, *, window: int, global_tokens: int) -> Tensor:
     """Boolean (b, h | 1, n, m) Ĝ = (learned ∪ window ∪ global) ∩ valid, ``valid`` (b, 1, n, m) the valid
-    pairs with the causal cut (:func:`~kernels.attended.valid_pairs`): the kernel's attended set
-    (:func:`~kernels.attended.attended_mask`) within the valid pairs."""
+    pairs with the causal cut (:func:`~attention_kernels.attended.valid_pairs`): the kernel's attended set
+    (:func:`~attention_kernels.attended.attended_mask`) within the valid pairs."""
     n, m = valid.shape[-2:]
     pattern = pattern_pairs(n, m, window=window, global_tokens=global_tokens, device=valid.device)
     return (learned | pattern) & valid
@@ -106,8 +106,8 @@ def with_pattern(learned: Tensor, valid: Tensor, *, window: int, global_tokens: 
 def predicted_graph(
     prediction: Prediction, q_valid: Tensor, k_valid: Tensor, *, causal: bool, window: int, global_tokens: int
 ) -> Tensor:
-    """Boolean (b, h | 1, n, m) Ĝ = (learned ∪ window ∪ global) ∩ causal ∩ valid, as :mod:`kernels.attended`
-    defines it (:func:`learned_pairs`, :func:`with_pattern`)."""
+    """Boolean (b, h | 1, n, m) Ĝ = (learned ∪ window ∪ global) ∩ causal ∩ valid, as
+    :mod:`attention_kernels.attended` defines it (:func:`learned_pairs`, :func:`with_pattern`)."""
     valid = valid_pairs(q_valid, k_valid, causal=causal)[:, None]  # (b, 1, n, m)
     return with_pattern(learned_pairs(prediction), valid, window=window, global_tokens=global_tokens)
 

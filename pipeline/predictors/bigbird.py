@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.attended import valid_pairs
+from attention_kernels.attended import valid_pairs
 from pipeline.predictors.base import (
     HeadInputs,
     Prediction,

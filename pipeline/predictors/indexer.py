@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from kernels.entmax.threshold import threshold_from_probabilities
+from attention_kernels.entmax.threshold import threshold_from_probabilities
 from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
 from pipeline.predictors.indexer_fit import FITS, distill_maps, low_rank, principal_basis
@@ -102,7 +102,7 @@ class IndexerPredictor(Predictor):
 
     def index_keys(self, layer: int, k: Tensor) -> Tensor:
         """The low-rank keys B k (b, h, m, r) of ``layer``, float32: z′ is the model's scaling times their dot
-        products with the low-rank queries (what :func:`kernels.indexed.attention` takes)."""
+        products with the low-rank queries (what :func:`attention_kernels.indexed.attention` takes)."""
         return low_rank(k, self._map(layer, "k_map", k))
 
     def _map(self, layer: int, name: str, x: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.dense import entmax_normalize
 from pipeline.finite import require_finite
 from pipeline.predictors.base import HeadInputs
 

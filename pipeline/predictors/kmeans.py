@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels import predictor_maps
+from attention_kernels import predictor_maps
 from pipeline.clustering.kmeans import fit_centroids
 from pipeline.errors import UserError
 from pipeline.predictors.base import (
@@ -40,8 +40,8 @@ def nearest_centroids(
 
     ``x`` is (batch, heads, n, r), ``centroids`` (heads, B, r), ``valid`` (batch, n) or ``None``. A tie goes
     to the lowest centroid index; a NaN point takes centroids 0 … top_k − 1
-    (:func:`kernels.predictor_maps.nearest_centroids`: in C++ on the CPU without gradients, else by tensor
-    operations).
+    (:func:`attention_kernels.predictor_maps.nearest_centroids`: in C++ on the CPU without gradients, else by
+    tensor operations).
     """
     ids = predictor_maps.nearest_centroids(x, centroids, top_k)
     return ids if valid is None else padding_to_none(ids, valid)

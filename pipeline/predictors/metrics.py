@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kernels.attended import valid_pairs
+from attention_kernels.attended import valid_pairs
 
 SCORES = ("sparsity", "recall", "precision", "exact")
 

@@ -1,8 +1,8 @@
 """Window baseline: the predictor predicts no pair, Ĝ = (∅ ∪ W ∪ G) ∩ C ∩ V.
 
 Everything comes from the pattern :func:`~pipeline.predictors.base.predicted_graph` OR-es in: the band
-W = {(i, j) : |i − j| ≤ ⌊w/2⌋} and the first g rows and columns (:mod:`kernels.attended`). Scored with
-w = 0 and g = 0 it predicts nothing; swept over w it is the window baseline, a hard one to beat.
+W = {(i, j) : |i − j| ≤ ⌊w/2⌋} and the first g rows and columns (:mod:`attention_kernels.attended`). Scored
+with w = 0 and g = 0 it predicts nothing; swept over w it is the window baseline, a hard one to beat.
 """
 
 from __future__ import annotations

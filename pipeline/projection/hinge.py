@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attended import valid_pairs
+from attention_kernels.attended import valid_pairs
 
 
 def sample_negatives(

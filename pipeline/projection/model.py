@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.predictor_maps import head_mlp
+from attention_kernels.predictor_maps import head_mlp
 from pipeline.errors import UserError
 from pipeline.origin import Origin
 from pipeline.tensor_file import read_tensor_file, write_tensor_file
@@ -91,8 +91,8 @@ class HeadProjections(nn.Module):
     def _project(self, x: torch.Tensor, side: str) -> torch.Tensor:
         """(batch, H, n, d) → (batch, H, n, r) through side ``side``'s maps.
 
-        Without gradients on the CPU the C++ maps run (:func:`kernels.predictor_maps.head_mlp`). Otherwise the
-        hidden layer's tanh is 2σ(2u) − 1 with its constants folded into the maps,
+        Without gradients on the CPU the C++ maps run (:func:`attention_kernels.predictor_maps.head_mlp`).
+        Otherwise the hidden layer's tanh is 2σ(2u) − 1 with its constants folded into the maps,
         W tanh(V x + c) + b = 2W σ(2V x + 2c) + (b − W 1) (doubling is exact), so the one pass over the
         hidden units is an in-place σ: this torch's CPU tanh runs lane by lane, about 2 ns per float, 9× its
         σ.

@@ -12,7 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.bucketed import torch_path  # after the interpreter's variable
+from attention_kernels.bucketed import torch_path  # after the interpreter's variable
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,15 @@
-"""The attended set's one definition (kernels.attended) against plain loops."""
+"""The attended set's one definition (attention_kernels.attended) against plain loops."""
 
 import pytest
 import torch
 
-from kernels.attended import attended_mask, pattern_pairs, shared_bucket_pairs, valid_pairs, window_radius
+from attention_kernels.attended import (
+    attended_mask,
+    pattern_pairs,
+    shared_bucket_pairs,
+    valid_pairs,
+    window_radius,
+)
 
 # sentence 0 full, sentence 1 right-padded, sentence 2 left-padded
 Q_VALID = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)

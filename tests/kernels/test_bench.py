@@ -100,10 +100,38 @@ def test_the_cpu_table_lists_every_row_in_order_with_ratios_of_its_times():
         assert float(entmax[13]) == pytest.approx(float(entmax[7]) / float(softmax[7]), abs=0.005)
 
 
+@pytest.mark.parametrize("wide", [True, False])
+def test_the_cpu_report_names_the_processor_and_the_products_its_blocks_ran_on(monkeypatch, wide):
+    """Ratios against SDPA differ by processor and path (the C++ products on AVX-512, else torch.bmm):
+    the report says which ran, as the dispatch decides it, and the table prints it below the rows."""
+    import attention_kernels.bucketed.block_products as products
+    import attention_kernels.native as native
+
+    monkeypatch.setattr(native, "_cpuinfo", lambda: ["processor\t: 0", "model name\t: Example CPU 9000"])
+    monkeypatch.setattr(products, "wide_kernel", lambda: "the wide library" if wide else None)
+    facts = bench.cpu_facts()
+    assert facts["device_name"] == "Example CPU 9000"
+    assert facts["block_products"] == ("C++ on 512-bit vectors" if wide else "torch.bmm of gathered rows")
+    built = native.library("block_products")
+    assert facts["vector_bits"] == (None if built is None else 8 * built.vector_bytes())
+    last = bench.cpu_table({"results": [], **facts}).splitlines()[-1]
+    assert last.startswith("on Example CPU 9000 (") and last.endswith(facts["block_products"])
+
+
+def test_processor_name_falls_back_to_the_platform_without_a_model_name(monkeypatch):
+    import platform
+
+    import attention_kernels.native as native
+
+    monkeypatch.setattr(native, "_cpuinfo", lambda: ["processor\t: 0"])
+    assert native.processor_name() == (platform.processor() or platform.machine())
+
+
 def test_quick_cpu_run_writes_report_and_figure(tmp_path, capsys):
     assert bench.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["device"] == "cpu" and report["quick"] is True and report["settings"]["threads"] == 1
+    assert report["block_products"] in ("C++ on 512-bit vectors", "torch.bmm of gathered rows")
     assert report["settings"]["buckets"] == 16 and report["settings"]["alphas"] == [1.0, 1.5]
     rows = report["results"]
     cfg = bench.CPU_QUICK

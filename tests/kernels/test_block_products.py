@@ -1,4 +1,5 @@
-"""The C++ block products (kernels.bucketed.block_products) against the batched matmul of gathered rows."""
+"""The C++ block products (attention_kernels.bucketed.block_products) against the batched matmul of
+gathered rows."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.bucketed import block_products, torch_path
-from kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
-from kernels.bucketed.planning import take
-from kernels.native import call
+from attention_kernels.bucketed import block_products, torch_path
+from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
+from attention_kernels.bucketed.planning import take
+from attention_kernels.native import call
 
 
 def _has_compiler() -> bool:
-    """The C++ compiler kernels.native builds with: where every C++ kernel must exist."""
+    """The C++ compiler attention_kernels.native builds with: where every C++ kernel must exist."""
     return shutil.which(os.environ.get("CXX") or "c++") is not None
 
 

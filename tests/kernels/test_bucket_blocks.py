@@ -1,6 +1,6 @@
-"""The single-bucket fast path (``kernels.bucketed.planning`` plans, ``BucketBlockAttention`` computes)
-against the dense reference: exact pair coverage, values and gradients at awkward shapes, gradcheck in
-float64."""
+"""The single-bucket fast path (``attention_kernels.bucketed.planning`` plans, ``BucketBlockAttention``
+computes) against the dense reference: exact pair coverage, values and gradients at awkward shapes, gradcheck
+in float64."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 from entmax import entmax15, sparsemax
 
+from attention_kernels.attended import attended_mask
+from attention_kernels.bucketed import bucketed_attention, planning, torch_path
+from attention_kernels.bucketed.planning import ladder, plan_blocks
+from attention_kernels.bucketed.reference import dense_bucketed_attention
+from attention_kernels.bucketed.torch_path import plan_attention
+from attention_kernels.native import call
 from benchmarks.attention import balanced_buckets
-from kernels.attended import attended_mask
-from kernels.bucketed import bucketed_attention, planning, torch_path
-from kernels.bucketed.planning import ladder, plan_blocks
-from kernels.bucketed.reference import dense_bucketed_attention
-from kernels.bucketed.torch_path import plan_attention
-from kernels.native import call
 from tests.kernels.test_block_products import needs_compiler
 from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64, pair_counts
 
@@ -374,8 +374,9 @@ def _fields(plan) -> list[torch.Tensor | None]:
     ],
 )
 def test_plans_from_the_cpp_passes_equal_the_tensor_reference(n, top, causal, pattern, monkeypatch):
-    """kernels/native/planning.cpp (sort, padded runs, tags) where it is built and the tensor operations give
-    the same plan, tensor for tensor: indices, limits, positions and tags, with tokens holding no id."""
+    """attention_kernels/native/planning.cpp (sort, padded runs, tags) where it is built and the tensor
+    operations give the same plan, tensor for tensor: indices, limits, positions and tags, with tokens holding
+    no id."""
     ids = balanced_buckets(2, 3, n, 8, top, seed=n)
     ids[..., :5, 0] = -1
     found = plan_attention(ids, ids, causal=causal, **pattern)

@@ -33,7 +33,7 @@ def test_variants_cover_every_pass_and_tile_configuration():
 
 
 def test_candidate_tiles_replace_the_defaults_in_every_variant_of_the_chosen_dtype():
-    from kernels.bucketed import triton_kernel as tb
+    from attention_kernels.bucketed import triton_kernel as tb
 
     candidates = [tb.Tiles(128, 64, num_warps=8, num_stages=3), tb.Tiles(64, 128, num_warps=4, num_stages=2)]
     built = [v for v in build_report.variants(candidates, "bf16") if v["kernel"] != "_tau_kernel"]

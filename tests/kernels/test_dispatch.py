@@ -1,4 +1,5 @@
-"""The public entry ``kernels.bucketed.bucketed_attention``: input validation and the choice of backend."""
+"""The public entry ``attention_kernels.bucketed.bucketed_attention``: input validation and the choice of
+backend."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import bucketed
-from kernels.bucketed import torch_path
-from kernels.bucketed.reference import dense_bucketed_attention
+from attention_kernels import bucketed
+from attention_kernels.bucketed import torch_path
+from attention_kernels.bucketed.reference import dense_bucketed_attention
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
@@ -50,10 +51,10 @@ def test_cpu_use_works_without_triton():
     code = (
         "import sys, torch\n"
         "sys.modules['triton'] = None  # any import of triton now fails\n"
-        "from kernels import bucketed\n"
+        "from attention_kernels import bucketed\n"
         "q = torch.randn(1, 1, 5, 4); b = torch.zeros(1, 1, 5, 1, dtype=torch.int32)\n"
         "bucketed.bucketed_attention(q, q, q, b, b)\n"
-        "assert 'kernels.bucketed.triton_kernel' not in sys.modules\n"
+        "assert 'attention_kernels.bucketed.triton_kernel' not in sys.modules\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env=env)
@@ -61,9 +62,9 @@ def test_cpu_use_works_without_triton():
 
 def test_triton_route_imports_the_kernel_lazily(monkeypatch):
     calls = []
-    fake = types.ModuleType("kernels.bucketed.triton_kernel")
+    fake = types.ModuleType("attention_kernels.bucketed.triton_kernel")
     fake.triton_bucketed_attention = lambda *args, **kwargs: calls.append(kwargs) or "triton"
-    monkeypatch.setitem(sys.modules, "kernels.bucketed.triton_kernel", fake)
+    monkeypatch.setitem(sys.modules, "attention_kernels.bucketed.triton_kernel", fake)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v, qb, kb = inputs()
     assert bucketed.bucketed_attention(q, k, v, qb, kb, scale=0.5, backend="triton") == "triton"
@@ -89,7 +90,7 @@ def test_forced_triton_backend_on_cpu_needs_the_interpreter(monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_cuda_tensors_run_triton_except_float64(monkeypatch):
-    from kernels.bucketed import triton_kernel
+    from attention_kernels.bucketed import triton_kernel
 
     calls = []
     original = triton_kernel.triton_bucketed_attention

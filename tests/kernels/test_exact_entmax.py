@@ -8,11 +8,11 @@ import pytest
 import torch
 from entmax import entmax15, sparsemax
 
-from kernels import native
-from kernels.bucketed import torch_path
-from kernels.bucketed.exact_entmax import exact_entmax
-from kernels.bucketed.planning import BlockMask
-from kernels.bucketed.torch_path import _MASKED, _exact_thresholds, _SpreadRows
+from attention_kernels import native
+from attention_kernels.bucketed import torch_path
+from attention_kernels.bucketed.exact_entmax import exact_entmax
+from attention_kernels.bucketed.planning import BlockMask
+from attention_kernels.bucketed.torch_path import _MASKED, _exact_thresholds, _SpreadRows
 
 ENTMAX = {1.5: entmax15, 2.0: sparsemax}
 

@@ -1,7 +1,7 @@
 """Grouped-query attention (fewer key/value heads than query heads) in both backends of
-``kernels.bucketed.bucketed_attention``: values and, above all, dk and dv, which must sum over the query heads
-that share a key/value head. The reference repeats k and v to every query head, which the backends must not
-do.
+``attention_kernels.bucketed.bucketed_attention``: values and, above all, dk and dv, which must sum over the
+query heads that share a key/value head. The reference repeats k and v to every query head, which the backends
+must not do.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the Triton kernels are decorated
 
-from kernels.bucketed import bucketed_attention, torch_path
-from kernels.bucketed.reference import dense_bucketed_attention
+from attention_kernels.bucketed import bucketed_attention, torch_path
+from attention_kernels.bucketed.reference import dense_bucketed_attention
 from tests.kernels.test_torch_bucketed import assert_close_to_truth, dense64
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -103,7 +103,7 @@ def test_torch_path_reads_each_key_where_it_is(monkeypatch):
 
 
 def test_triton_path_broadcasts_keys_without_copying(monkeypatch):
-    from kernels.bucketed import triton_kernel
+    from attention_kernels.bucketed import triton_kernel
 
     q, k, v, qb, kb = (x.to(TRITON_DEVICE) for x in grouped_inputs(9, 9, 4, 1, 1, seed=5))
     seen = {}

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.bucketed import huge_pages
-from kernels.bucketed.huge_pages import HUGE_PAGE, LARGE, advise_huge_pages, empty_large
+from attention_kernels.bucketed import huge_pages
+from attention_kernels.bucketed.huge_pages import HUGE_PAGE, LARGE, advise_huge_pages, empty_large
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.attention import scattered_inputs, structured_inputs
-from kernels.entmax.dense import entmax_normalize
-from kernels.entmax.threshold import entmax_threshold
-from kernels.indexed.attention import (
+from attention_kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.threshold import entmax_threshold
+from attention_kernels.indexed.attention import (
     RowEntmax,
     _bound_factors,
     _box_bounds,
@@ -27,6 +26,7 @@ from kernels.indexed.attention import (
     indexed_attention,
     predicted_sets,
 )
+from benchmarks.attention import scattered_inputs, structured_inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,13 +1,14 @@
-"""The C++ predictor maps (kernels.predictor_maps) against the tensor references they stand in for."""
+"""The C++ predictor maps (attention_kernels.predictor_maps) against the tensor references they stand in
+for."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import predictor_maps
-from kernels.native import call
-from kernels.predictor_maps import head_mlp, nearest_by_tensors, nearest_centroid_ids, wide_kernel
+from attention_kernels import predictor_maps
+from attention_kernels.native import call
+from attention_kernels.predictor_maps import head_mlp, nearest_by_tensors, nearest_centroid_ids, wide_kernel
 from pipeline.predictors.kmeans import nearest_centroids
 from pipeline.projection.model import HeadProjections
 from tests.kernels.test_block_products import needs_vectors

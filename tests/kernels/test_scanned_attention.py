@@ -1,22 +1,22 @@
-"""The scanned C++ kernel (``kernels/native/scanned_entmax.cpp``) against dense α-entmax attention, in float64
-— certified mode exact, approximate mode entmax over the predicted sets: outputs and gradients, causal and
-not, padding, ragged tile and chunk edges, rows without keys, flat rows (every key in the support), and
-chunks its bound rules out. The certified and approximate modes of
-:func:`kernels.indexed.attention.indexed_attention` run it on CPU (``backend="auto"``)."""
+"""The scanned C++ kernel (``attention_kernels/native/scanned_entmax.cpp``) against dense α-entmax attention,
+in float64 — certified mode exact, approximate mode entmax over the predicted sets: outputs and gradients,
+causal and not, padding, ragged tile and chunk edges, rows without keys, flat rows (every key in the support),
+and chunks its bound rules out. The certified and approximate modes of
+:func:`attention_kernels.indexed.attention.indexed_attention` run it on CPU (``backend="auto"``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.indexed import scanned
-from kernels.indexed.attention import (
+from attention_kernels.indexed import scanned
+from attention_kernels.indexed.attention import (
     dense_indexed_reference,
     index_needed,
     indexed_attention,
     predicted_sets,
 )
-from kernels.indexed.scanned import scanned_attention, scanned_kernel
+from attention_kernels.indexed.scanned import scanned_attention, scanned_kernel
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -164,14 +164,14 @@ def test_certified_mode_runs_the_scanned_kernel_on_cpu(monkeypatch):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr("kernels.indexed.attention.scanned_attention", counted)
+    monkeypatch.setattr("attention_kernels.indexed.attention.scanned_attention", counted)
     ref = dense_indexed_reference(q, k, v, causal=True, scale=0.25)
     out, stats = indexed_attention(q, k, v, index, index, causal=True, scale=0.25, return_stats=True)
     assert len(calls) == 1 and stats["recomputed"] == 0
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
     for alpha in (1.3,):
         indexed_attention(q, k, v, index, index, alpha=alpha, causal=True, scale=0.25)
-    monkeypatch.setattr("kernels.indexed.attention.scanned_kernel", lambda alpha, q: None)
+    monkeypatch.setattr("attention_kernels.indexed.attention.scanned_kernel", lambda alpha, q: None)
     out = indexed_attention(q, k, v, index, index, causal=True, scale=0.25)
     assert len(calls) == 1  # neither α = 1.3 nor a missing kernel ran it
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
@@ -194,7 +194,7 @@ def test_certified_mode_on_this_kernel_needs_no_index(monkeypatch):
     ]:
         with pytest.raises(ValueError, match=match):
             indexed_attention(q, k, v, None, None, causal=True, scale=0.25, **change)
-    monkeypatch.setattr("kernels.indexed.attention.scanned_kernel", lambda alpha, q: None)
+    monkeypatch.setattr("attention_kernels.indexed.attention.scanned_kernel", lambda alpha, q: None)
     assert index_needed(1.5, q, "certified")
     with pytest.raises(ValueError, match="may be omitted only"):
         indexed_attention(q, k, v, None, None, causal=True, scale=0.25)

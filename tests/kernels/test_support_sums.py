@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.entmax import support_sums as module
-from kernels.entmax.support_sums import support_sums
+from attention_kernels.entmax import support_sums as module
+from attention_kernels.entmax.support_sums import support_sums
 
 
 def by_definition(scores, shift, tau, candidate, scale):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.bucketed.torch_path import _newton_threshold, _SpreadRows
-from kernels.entmax.dense import entmax_normalize
-from kernels.entmax.threshold import (
+from attention_kernels.bucketed.torch_path import _newton_threshold, _SpreadRows
+from attention_kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.threshold import (
     entmax_threshold,
     exact_support_step,
     newton_threshold,

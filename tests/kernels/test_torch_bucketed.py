@@ -1,4 +1,4 @@
-"""The sub-quadratic PyTorch path against the dense reference in ``kernels/reference.py``.
+"""The sub-quadratic PyTorch path against the dense reference in ``attention_kernels/reference.py``.
 
 Tolerances are derived, not guessed: the PyTorch path and the reference, both run in the test dtype, are
 compared with a float64 evaluation of the same (rounded) inputs, and the PyTorch path may deviate by at most
@@ -16,14 +16,14 @@ import torch
 from entmax import entmax15, sparsemax
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels.attended import window_radius
-from kernels.bucketed import bucketed_attention, torch_path
-from kernels.bucketed.exact_entmax import exact_entmax
-from kernels.bucketed.planning import BlockPlan, attended
-from kernels.bucketed.reference import attended_mask, dense_bucketed_attention
-from kernels.bucketed.torch_path import _normalise, _SpreadRows, plan_attention
-from kernels.entmax.dense import entmax_normalize
-from kernels.entmax.gradient import entmax_gradient_weight
+from attention_kernels.attended import window_radius
+from attention_kernels.bucketed import bucketed_attention, torch_path
+from attention_kernels.bucketed.exact_entmax import exact_entmax
+from attention_kernels.bucketed.planning import BlockPlan, attended
+from attention_kernels.bucketed.reference import attended_mask, dense_bucketed_attention
+from attention_kernels.bucketed.torch_path import _normalise, _SpreadRows, plan_attention
+from attention_kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.gradient import entmax_gradient_weight
 
 # the PyTorch path through the public entry, which turns the window size into the band radius
 torch_bucketed_attention = functools.partial(bucketed_attention, backend="torch")

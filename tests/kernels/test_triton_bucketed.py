@@ -1,4 +1,4 @@
-"""Triton bucketed attention against the dense reference in ``kernels/reference.py``.
+"""Triton bucketed attention against the dense reference in ``attention_kernels/reference.py``.
 
 Without a GPU the Triton kernels run in the interpreter (``TRITON_INTERPRET=1``: fp32/fp16, small shapes);
 with one, the same checks run at larger shapes and in bf16 too. Tolerances are derived, not guessed: the
@@ -18,11 +18,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are decorated
 
-from kernels.attended import window_radius
-from kernels.bucketed import bucketed_attention
-from kernels.bucketed.reference import attended_mask, dense_bucketed_attention
-from kernels.bucketed.triton_kernel import Tiles, triton_bucketed_attention
-from kernels.entmax.dense import entmax_normalize
+from attention_kernels.attended import window_radius
+from attention_kernels.bucketed import bucketed_attention
+from attention_kernels.bucketed.reference import attended_mask, dense_bucketed_attention
+from attention_kernels.bucketed.triton_kernel import Tiles, triton_bucketed_attention
+from attention_kernels.entmax.dense import entmax_normalize
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -202,7 +202,7 @@ def test_other_tiles_match_reference(case: Case, tiles: Tiles):
 def test_causal_ranges_drop_only_masked_pairs_and_whole_tiles(n: int, m: int, key_major: bool):
     """A causal block's entry range ends (queries) or starts (keys) at its own positions: every pair sharing
     a bucket with j ≤ i stays inside, the start moves by whole tiles, and fewer tiles are visited."""
-    from kernels.bucketed import triton_kernel as tb
+    from attention_kernels.bucketed import triton_kernel as tb
 
     gen = torch.Generator().manual_seed(5)
     q_ids = torch.randint(-1, 4, (2, n, 2), generator=gen, dtype=torch.int32)
@@ -234,7 +234,7 @@ def test_causal_ranges_drop_only_masked_pairs_and_whole_tiles(n: int, m: int, ke
 )
 def test_tau_search_runs_in_kernel_exactly_when_rows_are_whole(monkeypatch, t, window, whole_rows):
     """Rows met by one program solve τ in one launch; rows split over programs step from the host."""
-    from kernels.bucketed import triton_kernel
+    from attention_kernels.bucketed import triton_kernel
 
     split_calls = []
     split = triton_kernel._solve_tau_split
@@ -255,7 +255,7 @@ def test_bisection_ends_on_the_last_float_with_mass_above_one(alpha: float, shif
     lower end, as entmax's bisection does: F(τ) = Σ_j [x_j − τ]₊^{1/(α−1)} ≥ 1 there (= 1: a root in fp32,
     accepted at once) and ≤ 1 at the next float up (the sums here are exact, rounded once to fp32, so the
     answer is determined)."""
-    from kernels.bucketed.triton_kernel import _host_tau_search, _make_config
+    from attention_kernels.bucketed.triton_kernel import _host_tau_search, _make_config
 
     rows, keys = 16, 40
     gen = torch.Generator().manual_seed(0)

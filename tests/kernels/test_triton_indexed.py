@@ -17,10 +17,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are decorated
 
+from attention_kernels.indexed import attention as indexed_module
+from attention_kernels.indexed import triton_kernel
+from attention_kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
 from benchmarks.attention import structured_inputs
-from kernels.indexed import attention as indexed_module
-from kernels.indexed import triton_kernel
-from kernels.indexed.attention import dense_indexed_reference, indexed_attention, predicted_sets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
+from attention_kernels.bucketed import triton_kernel
+from attention_kernels.bucketed.triton_kernel import Tiles
 from benchmarks import tune
-from kernels.bucketed import triton_kernel
-from kernels.bucketed.triton_kernel import Tiles
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attention_kernels.bucketed import torch_path
 from benchmarks.attention import balanced_buckets
-from kernels.bucketed import torch_path
 from tests.kernels.test_torch_bucketed import (
     _grads,
     assert_close_to_truth,

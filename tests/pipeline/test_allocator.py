@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the last ten steps; with argument 1 it keeps freed memory first.
 PROGRAM = """
 import resource, sys, torch
-from kernels.bucketed import bucketed_attention
+from attention_kernels.bucketed import bucketed_attention
 from pipeline.allocator import keep_freed_memory
 from benchmarks.attention import balanced_buckets
 if sys.argv[1] == "1":

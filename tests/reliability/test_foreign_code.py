@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import native
+from attention_kernels import native
 from pipeline.attention import load_model
 from pipeline.checkpoint import (
     MANIFEST,

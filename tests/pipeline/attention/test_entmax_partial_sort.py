@@ -7,7 +7,7 @@ import pytest
 import torch
 from entmax import entmax15, sparsemax
 
-from kernels.entmax.dense import PARTIAL_SORT, PARTIAL_SORT_ABOVE, entmax_normalize
+from attention_kernels.entmax.dense import PARTIAL_SORT, PARTIAL_SORT_ABOVE, entmax_normalize
 
 
 @pytest.mark.parametrize(("alpha", "full"), [(1.5, entmax15), (2.0, sparsemax)])

@@ -79,7 +79,8 @@ PREDICTOR_KIND = {
     "marian": "decoder_self",
 }
 WINDOW = 3
-# window 3 is the band |i − j| ≤ ⌊3/2⌋ = 1 around each query, in absolute positions (kernels/attended.py)
+# window 3 is the band |i − j| ≤ ⌊3/2⌋ = 1 around each query, in absolute positions
+# (attention_kernels/attended.py)
 RADIUS = 1
 TOLERANCE = dict(atol=1e-5, rtol=1e-4)
 

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import pipeline.attention.sparsefinder as sparsefinder
-from kernels.indexed.attention import index_needed
+from attention_kernels.indexed.attention import index_needed
 from pipeline.attention import ENTMAX, entmax_attention_forward, load_model
 from pipeline.attention.counting import measure_sparsity
 from pipeline.attention.sparsefinder import SPARSEFINDER, attach_sparsefinder, sparsefinder_attention_forward

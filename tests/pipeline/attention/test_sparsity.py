@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import MarianConfig, MarianMTModel
 
-from kernels.attended import valid_pairs
+from attention_kernels.attended import valid_pairs
 from pipeline.attention import ENTMAX, attention_sparsity, collect_marian_sparsity
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from kernels.attended import pattern_pairs, valid_pairs
+from attention_kernels.attended import pattern_pairs, valid_pairs
 from pipeline.errors import UserError
 from pipeline.predictors import (
     BigBirdPredictor,

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from kernels import bucketed
-from kernels.attended import pattern_pairs, valid_pairs
+from attention_kernels import bucketed
+from attention_kernels.attended import pattern_pairs, valid_pairs
 from pipeline.predictors import DistancePredictor, HeadInputs, Prediction, predicted_graph
 
 
 def kernel_attended(q_buckets, k_buckets, *, causal, window, global_tokens) -> torch.Tensor:
-    """(b, h, n, m) pairs ``kernels.bucketed.bucketed_attention`` gives weight, read off its output.
+    """(b, h, n, m) pairs ``attention_kernels.bucketed.bucketed_attention`` gives weight, read off its output.
 
     With softmax every attended pair gets a positive weight, and with v = the identity over keys the output
     row of query i is its weight vector, so the nonzero cells are the attended set the kernel computed.

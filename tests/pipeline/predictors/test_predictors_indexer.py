@@ -6,7 +6,7 @@ import pytest
 import torch
 from entmax import entmax15
 
-from kernels.entmax.threshold import threshold_from_probabilities
+from attention_kernels.entmax.threshold import threshold_from_probabilities
 from pipeline.errors import UserError
 from pipeline.graphs import GraphStore
 from pipeline.predictors import IndexerPredictor, make_predictor

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.attended import shared_bucket_pairs
+from attention_kernels.attended import shared_bucket_pairs
 from pipeline.errors import UserError
 from pipeline.predictors import HeadInputs, KMeansPredictor, make_predictor
 from pipeline.predictors.kmeans import nearest_centroids

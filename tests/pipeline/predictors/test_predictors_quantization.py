@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from kernels.attended import shared_bucket_pairs
+from attention_kernels.attended import shared_bucket_pairs
 from pipeline.predictors import HeadInputs, QuantizationPredictor
 from pipeline.predictors.quantization import quantile_bins, quantization_buckets
 

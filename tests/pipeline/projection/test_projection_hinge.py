@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.attended import valid_pairs
+from attention_kernels.attended import valid_pairs
 from pipeline.projection.hinge import hinge_loss, hinge_losses, sample_negatives
 
 

@@ -1,9 +1,9 @@
 """Planning of bucketed attention as a batch of small dense blocks (the PyTorch path's layout).
 
-The attended set of query i (:mod:`kernels.attended`) is the union of pairs that share a bucket id and the
-pattern pairs (window band, global rows and columns), cut to j ≤ i when causal. Every attended pair is placed
-in exactly one dense block, and every block is a contiguous run of queries facing a contiguous run of keys
-of a sorted token sequence, so attention needs no per-pair gather:
+The attended set of query i (:mod:`attention_kernels.attended`) is the union of pairs that share a bucket id
+and the pattern pairs (window band, global rows and columns), cut to j ≤ i when causal. Every attended pair is
+placed in exactly one dense block, and every block is a contiguous run of queries facing a contiguous run of
+keys of a sorted token sequence, so attention needs no per-pair gather:
 
 * **Bucket blocks.** Key copies (one per id a key holds) are sorted by (group, id, position), so each bucket
   is a contiguous run of keys, positions ascending; query copies are sorted the same way. Each bucket's
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.native import call, library
+from attention_kernels.native import call, library
 
 ROWS = 256
 """Most queries in one block (non-causal)."""
@@ -195,15 +195,16 @@ def ladder(x: torch.Tensor) -> torch.Tensor:
 
 
 def _planning(tensor: torch.Tensor) -> ctypes.CDLL | None:
-    """kernels/native/planning.cpp for planning passes over ``tensor``: on the CPU, where it builds."""
+    """attention_kernels/native/planning.cpp for planning passes over ``tensor``: on the CPU, where it
+    builds."""
     return library("planning") if tensor.device.type == "cpu" else None
 
 
 def distinct_ids(buckets: torch.Tensor) -> torch.Tensor:
     """Ids (G, tokens, T) as int64 with an id already held in an earlier slot of its token replaced by −1,
     in one slot (each token's id, or −1) when no token holds two. In C++ where it is built
-    (kernels/native/planning.cpp: one pass over the tokens, where the tensor path's slot-by-slot comparisons
-    of strided slices are a dozen slow operations), else by tensor operations."""
+    (attention_kernels/native/planning.cpp: one pass over the tokens, where the tensor path's slot-by-slot
+    comparisons of strided slices are a dozen slow operations), else by tensor operations."""
     ids = buckets.long().contiguous()
     G, tokens, T = ids.shape
     if T == 1:
@@ -277,7 +278,7 @@ def _padded_runs(
     """Blocks of runs (start, count (blocks,)) of the sequence (flat, pos) padded to ``width``: (blocks,
     width) int64 flat indices (0 on padding; None unless ``with_index``) and float32 positions
     pos · scale + shift for ``rule`` = (scale, shift, fill), ``fill`` on padding. In C++ where it is built
-    (kernels/native/planning.cpp: one pass, where these tensor operations are a dozen)."""
+    (attention_kernels/native/planning.cpp: one pass, where these tensor operations are a dozen)."""
     scale, shift, fill = rule
     kernel = _planning(start)
     if kernel is not None:
@@ -311,8 +312,8 @@ def _block_tags(
 ) -> torch.Tensor:
     """The ids of each entry's token index (blocks, width) of ``ids`` (tokens, T) int32: all of them, (T,
     blocks, width), when ``bucket`` is None; else (T − 1, blocks, width) the T − 1 largest of those below
-    the block's bucket (blocks,), largest first, ``none`` for the others (kernels/native/planning.cpp where it
-    is built).
+    the block's bucket (blocks,), largest first, ``none`` for the others
+    (attention_kernels/native/planning.cpp where it is built).
 
     The second form is for bucket blocks when both sides hold several ids (with one, a pair shares at most
     one bucket): the pair stays in the smallest bucket its tokens share, so an entry is dropped when they
@@ -397,8 +398,8 @@ def _bucket_runs(
     Returns the query copies' flat indices and positions, the key copies' (each (copies,) int64), and per
     chunk (chunks,) int64: its first query copy, rows, first key copy, keys (when causal those up to its
     last query's position, the bucket's short chunk first) and bucket id; chunks in (group, id, position)
-    order, none for a bucket without keys. In C++ where it is built (kernels/native/planning.cpp: a counting
-    sort and one pass over the buckets), else by tensor operations.
+    order, none for a bucket without keys. In C++ where it is built (attention_kernels/native/planning.cpp: a
+    counting sort and one pass over the buckets), else by tensor operations.
     """
     (G, n, T), (m, Tk) = q_ids.shape, k_ids.shape[1:]
     nid = max([0] + [int(ids.max()) for ids in (q_ids, k_ids) if ids.numel()]) + 1
@@ -513,8 +514,8 @@ def _block_classes(
     each class.
 
     Returns their first query copy, rows, first key copy, keys and bucket id, each (blocks,), and each
-    class's (kind, L, M, number of blocks) in order. In C++ where it is built (kernels/native/planning.cpp,
-    one pass and a sort of the blocks), else by tensor operations.
+    class's (kind, L, M, number of blocks) in order. In C++ where it is built
+    (attention_kernels/native/planning.cpp, one pass and a sort of the blocks), else by tensor operations.
     """
     kernel = _planning(runs)
     if kernel is not None:

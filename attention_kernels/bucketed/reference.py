@@ -1,14 +1,14 @@
 """Dense masked bucketed attention: the reference every kernel is tested against, and the PyTorch path's
-computation of short rows (:data:`kernels.bucketed.torch_path.SHORT_KEYS`); O(n · m) memory.
+computation of short rows (:data:`attention_kernels.bucketed.torch_path.SHORT_KEYS`); O(n · m) memory.
 
-The attended set A_i of query i is :func:`kernels.attended.attended_mask` (window size w: |i − j| ≤ w // 2;
-the first ``global_tokens`` positions global; j ≤ i when causal), and the output is
+The attended set A_i of query i is :func:`attention_kernels.attended.attended_mask` (window size w: |i − j| ≤
+w // 2; the first ``global_tokens`` positions global; j ≤ i when causal), and the output is
 
     o_i = Σ_{j∈A_i} p_ij v_j,   p_i = α-entmax(s_i) over A_i (softmax when α = 1),   s_ij = scale · q_i·k_j.
 
-with the normaliser of dense attention (:func:`kernels.entmax.dense.entmax_normalize`). A query with A_i = ∅
-outputs zeros. Masking is by −inf, never by a large finite constant, so a masked key can never enter the
-support. Grouped-query attention (fewer key/value heads than query heads) broadcasts each key/value head
+with the normaliser of dense attention (:func:`attention_kernels.entmax.dense.entmax_normalize`). A query with
+A_i = ∅ outputs zeros. Masking is by −inf, never by a large finite constant, so a masked key can never enter
+the support. Grouped-query attention (fewer key/value heads than query heads) broadcasts each key/value head
 over its query heads, with no copies (the query heads' rows stacked against its keys).
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attended import attended_mask
-from kernels.entmax.dense import compute_dtype, entmax_normalize
+from attention_kernels.attended import attended_mask
+from attention_kernels.entmax.dense import compute_dtype, entmax_normalize
 
 
 def dense_bucketed_attention(

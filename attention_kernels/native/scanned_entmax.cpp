@@ -31,7 +31,7 @@
 // thread count but not on the schedule.
 //
 // The scores are sums over the head dim in order (vectors.h), the same in the backward as in the forward, so
-// both see the same support. The reference is dense α-entmax attention (kernels/indexed/scanned.py).
+// both see the same support. The reference is dense α-entmax attention (attention_kernels/indexed/scanned.py).
 
 #include <algorithm>
 #include <atomic>

@@ -45,19 +45,19 @@ row groups are sorted by their block count and processed in chunks of about ``CH
 memory stays linear in what is computed and no (n × m) tensor exists beyond such chunks.
 
 Backends. ``backend="auto"`` runs certified mode on CUDA tensors in fp16, bf16 or fp32 through the Triton
-forward of :mod:`kernels.indexed.triton_kernel` (imported only then) when no gradient is needed; on CPU
-tensors with α = 1.5 or 2 through the scanned C++ kernel of :mod:`kernels.indexed.scanned`, forward and
-backward (every pair scored by a register-tiled product, the entmax over the keys within β = 1/(α − 1) of each
-row's maximum: on a trained model's scattered supports, where no bound rules out a block, that is what beats
-softmax SDPA), and approximate mode there too (its low-rank rows scanned the same way); and everything else
-(other α, approximate mode or gradients on a GPU, a machine where the C++ kernel cannot be built) through the
-PyTorch code here. ``backend="triton"`` forces the Triton forward (certified mode
+forward of :mod:`attention_kernels.indexed.triton_kernel` (imported only then) when no gradient is needed; on
+CPU tensors with α = 1.5 or 2 through the scanned C++ kernel of :mod:`attention_kernels.indexed.scanned`,
+forward and backward (every pair scored by a register-tiled product, the entmax over the keys within β = 1/(α
+− 1) of each row's maximum: on a trained model's scattered supports, where no bound rules out a block, that is
+what beats softmax SDPA), and approximate mode there too (its low-rank rows scanned the same way); and
+everything else (other α, approximate mode or gradients on a GPU, a machine where the C++ kernel cannot be
+built) through the PyTorch code here. ``backend="triton"`` forces the Triton forward (certified mode
 only; CPU tensors only under ``TRITON_INTERPRET=1``) and refuses, with a ValueError, a call that needs
 gradients: it is forward-only, for inference (use ``"auto"`` or ``"torch"`` to train). ``backend="torch"``
 forces this module's path.
 
 The dense reference is :func:`dense_indexed_reference` (entmax of all masked scores, by
-`kernels.entmax.dense.entmax_normalize`), for tests.
+`attention_kernels.entmax.dense.entmax_normalize`), for tests.
 """
 
 from __future__ import annotations
@@ -68,13 +68,13 @@ from numbers import Integral, Real
 
 import torch
 
-from kernels.bucketed.torch_path import exact_row_thresholds
-from kernels.checks import check_backend, check_causal, check_qkv, check_scale
-from kernels.entmax.dense import entmax_normalize
-from kernels.entmax.gradient import entmax_gradient_weight
-from kernels.entmax.support_sums import support_sums
-from kernels.entmax.threshold import entmax_threshold, mass_and_slope, newton_step
-from kernels.indexed.scanned import scanned_attention, scanned_kernel
+from attention_kernels.bucketed.torch_path import exact_row_thresholds
+from attention_kernels.checks import check_backend, check_causal, check_qkv, check_scale
+from attention_kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.gradient import entmax_gradient_weight
+from attention_kernels.entmax.support_sums import support_sums
+from attention_kernels.entmax.threshold import entmax_threshold, mass_and_slope, newton_step
+from attention_kernels.indexed.scanned import scanned_attention, scanned_kernel
 
 __all__ = [
     "MODES",
@@ -508,8 +508,8 @@ def _threshold_lower_bound(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
     For α ≤ 2, ``_LOWER_STEPS`` Newton steps on F^{α−1} − 1 from max − 1: that function is convex, so
     steps from below stay below τ (:func:`entmax_threshold`). For α = 1.5 and 2 each step is one fused read
-    of x (:func:`kernels.entmax.support_sums.support_sums`: F and F′ from Σ (x − τ)₊, Σ (x − τ)₊² and the
-    count). For α > 2, τ itself (x is then shifted in place).
+    of x (:func:`attention_kernels.entmax.support_sums.support_sums`: F and F′ from Σ (x − τ)₊, Σ (x − τ)₊²
+    and the count). For α > 2, τ itself (x is then shifted in place).
     """
     if alpha > 2.0:
         tau, top = entmax_threshold(x, None, alpha)
@@ -591,9 +591,9 @@ def _exact_threshold(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """τ (N,) of each row of scores (N, L) (−inf masked) in (α − 1)·score units; +inf on empty rows.
 
     α = 1.5 and 2: the bucketed path's exact search
-    (:func:`kernels.bucketed.torch_path.exact_row_thresholds`). Other α: τ ≥ max − 1 (the maximum alone has
-    mass 1), so only entries x = (α − 1)·z ≥ max − 1 can be in the support: the rows are packed to those
-    (:func:`_compact`) and solved there.
+    (:func:`attention_kernels.bucketed.torch_path.exact_row_thresholds`). Other α: τ ≥ max − 1 (the maximum
+    alone has mass 1), so only entries x = (α − 1)·z ≥ max − 1 can be in the support: the rows are packed to
+    those (:func:`_compact`) and solved there.
     """
     if alpha in (1.5, 2.0):
         return exact_row_thresholds(scores, alpha)
@@ -892,7 +892,7 @@ def indexed_attention(
         backend,
     )
     if _resolve_backend(backend, q, k, v, mode, order) == "triton":
-        from kernels.indexed.triton_kernel import triton_indexed_attention
+        from attention_kernels.indexed.triton_kernel import triton_indexed_attention
 
         return triton_indexed_attention(
             q,

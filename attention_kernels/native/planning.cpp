@@ -1,4 +1,4 @@
-// The passes of kernels/bucket_blocks.py's planning over token copies and block entries, each one loop where
+// The passes of attention_kernels/bucket_blocks.py's planning over token copies and block entries, each one loop where
 // the tensor reference beside it there (`_bucket_runs`, `_padded_runs`, `_block_tags`) is a dozen small
 // tensor operations, which cost more in dispatch than in arithmetic at the blocks' sizes. Results equal the
 // reference's exactly (integer work, and whole-number positions below 2²⁴ converted to float). One thread:

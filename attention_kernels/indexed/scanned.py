@@ -1,5 +1,5 @@
 """Exact α-entmax attention on CPU that scores every allowed pair and spends the entmax on the keys that can
-carry weight (C++: ``kernels/native/scanned_entmax.cpp``).
+carry weight (C++: ``attention_kernels/native/scanned_entmax.cpp``).
 
 For a query with scores s_j = scale · q·k_j and maximum m, write x_j = (s_j − m)/β with β = 1/(α − 1). Its
 threshold solves Σ_j [x_j − τ]₊^β = 1 and lies in [−1, 0) (the maximum alone gives (0 − τ)^β ≤ 1), so
@@ -15,9 +15,9 @@ SDPA exponentiates every pair and multiplies all of them into the values, this k
 touches a few percent.
 
 Backward: the scores are computed again (the chunks that cannot reach m + β·τ skipped) and the gradient
-runs over the support only (``kernels/native/scanned_entmax.cpp``), from the m and τ the forward kept per
-query. Exact for every input, up to the round-off of the sums' order; α = 1.5 and α = 2 only (β = 2, 1).
-The reference is :func:`kernels.indexed.attention.dense_indexed_reference`.
+runs over the support only (``attention_kernels/native/scanned_entmax.cpp``), from the m and τ the forward
+kept per query. Exact for every input, up to the round-off of the sums' order; α = 1.5 and α = 2 only (β = 2,
+1). The reference is :func:`attention_kernels.indexed.attention.dense_indexed_reference`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import ctypes
 
 import torch
 
-from kernels.native import call, library, wide
+from attention_kernels.native import call, library, wide
 
 __all__ = ["CHUNK", "scanned_attention", "scanned_kernel"]
 
@@ -107,12 +107,13 @@ def scanned_attention(
     None): exact. Approximate (``index`` = (q_index (b, h, n, r), k_index (b, h, m, r)), constants): entmax
     with the exact scores over each query's predicted set Ŝ = {j : (α − 1) z′_j ≥ τ′ − margin} of its
     low-rank scores z′ (the ``candidates`` largest where more), as
-    :func:`kernels.indexed.attention.predicted_sets` defines it. With its counts: ``chunks_skipped`` (share
-    of the (48-query tile, 128-key chunk) pairs a query could see whose scores were never computed),
+    :func:`attention_kernels.indexed.attention.predicted_sets` defines it. With its counts: ``chunks_skipped``
+    (share of the (48-query tile, 128-key chunk) pairs a query could see whose scores were never computed),
     ``kept_mean`` (mean over queries with a key of the keys entmax ran over: certified, those its floor
     kept; approximate, |Ŝ|) and ``filled`` (share of those whose Ŝ was capped). q (b, h, n, d),
     k (b, h, m, d), v (b, h, m, d_v), key_valid (b, m) bool or None; arguments checked by the caller
-    (:func:`kernels.indexed.attention.indexed_attention`), and :func:`scanned_kernel` not None for them."""
+    (:func:`attention_kernels.indexed.attention.indexed_attention`), and :func:`scanned_kernel` not None for
+    them."""
     b, h, n, _ = q.shape
     m, dtype = k.shape[2], q.dtype
     compute = torch.float64 if dtype == torch.float64 else torch.float32

@@ -12,9 +12,9 @@ overshoots and a step from above lands below. Its step from τ is
 
 :func:`newton_threshold` keeps a bracket [lo, hi] around τ* and bisects whenever the step would leave it,
 so it converges for every α > 1 and every row; callers give F and −F′ as a function of τ (dense rows here,
-rows spread over several blocks in :mod:`kernels.bucketed.torch_path`). For α = 1.5 and α = 2, Newton only
-has to find the support: on it, F(τ) = 1 is a quadratic or linear equation that :func:`exact_support_step`
-solves exactly, which is the sort-based value.
+rows spread over several blocks in :mod:`attention_kernels.bucketed.torch_path`). For α = 1.5 and α = 2,
+Newton only has to find the support: on it, F(τ) = 1 is a quadratic or linear equation that
+:func:`exact_support_step` solves exactly, which is the sort-based value.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.entmax.dense import entmax_normalize
+from attention_kernels.entmax.dense import entmax_normalize
 
 MAX_NEWTON_STEPS = 100
 """Bisection alone halves the unit bracket each step; 100 steps exhaust float64."""
@@ -140,8 +140,8 @@ def threshold_from_probabilities(scores: torch.Tensor, alpha: float) -> torch.Te
     """(…, 1) τ of α-entmax over the last dim of ``scores`` (−inf marks excluded keys; −inf for a row with
     none), so that p_j = [(α − 1) z_j − τ]₊^{1/(α−1)}.
 
-    The probabilities come from the dense normaliser (:func:`kernels.entmax.dense.entmax_normalize`: sort
-    for α = 1.5 and 2, bisection otherwise); τ is read off the row's top key, which is always in the
+    The probabilities come from the dense normaliser (:func:`attention_kernels.entmax.dense.entmax_normalize`:
+    sort for α = 1.5 and 2, bisection otherwise); τ is read off the row's top key, which is always in the
     support: τ = (α − 1) z_max − p_max^{α−1}.
     """
     probs = entmax_normalize(scores, alpha)

@@ -1,4 +1,5 @@
-"""Triton forward of certified indexed α-entmax attention (:mod:`kernels.indexed.attention`), inference only.
+"""Triton forward of certified indexed α-entmax attention (:mod:`attention_kernels.indexed.attention`),
+inference only.
 
 Same math and result as ``indexed_attention(..., mode="certified")``: for scores z_ij = scale · q_i·k_j over
 the valid keys of query i (j ≤ i when causal), x_ij = (α − 1) z_ij,
@@ -70,7 +71,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.bucketed.triton_kernel import (
+from attention_kernels.bucketed.triton_kernel import (
     _KIND_ENTMAX15,
     _KIND_SPARSEMAX,
     _MAX_TAU_ITERS,
@@ -602,8 +603,8 @@ def triton_indexed_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
     """Certified indexed α-entmax attention (α > 1) in Triton, forward only; (b, h, n, d_v) in q's dtype.
 
-    Arguments as :func:`kernels.indexed.attention.indexed_attention` (which validates them: call it with
-    ``backend="triton"``); tiles are ``tile_size(block)``. CUDA tensors in fp16/bf16/fp32, or CPU tensors
+    Arguments as :func:`attention_kernels.indexed.attention.indexed_attention` (which validates them: call it
+    with ``backend="triton"``); tiles are ``tile_size(block)``. CUDA tensors in fp16/bf16/fp32, or CPU tensors
     under ``TRITON_INTERPRET=1``. With ``return_stats`` also the torch path's statistics (``blocks_skipped``:
     share of the allowed (row group, key block) pairs whose exact scores were never computed: neither
     needed nor checked in step 4; ``recomputed``: share of row groups redone;

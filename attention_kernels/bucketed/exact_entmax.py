@@ -2,17 +2,18 @@
 query, in C++.
 
 A query's keys may be spread over rows of several parts (tensors (…, W), one query per row, as
-:mod:`kernels.bucketed.torch_path` lays out the attended pairs). Per query, with m its largest score,
+:mod:`attention_kernels.bucketed.torch_path` lays out the attended pairs). Per query, with m its largest
+score,
 
     α-entmax(s)_j = ((α − 1)(s_j − m) − τ)₊^{1/(α−1)},   Σ_j α-entmax(s)_j = 1,
 
-τ the sort-based value. ``kernels/native/exact_entmax.cpp`` finds τ one query at a time, its entries read from
-memory once and searched in the first-level cache, and writes the probabilities over the scores while they
-are still there; :func:`kernels.bucketed.torch_path._support_threshold` is the PyTorch reference it must
-match.
+τ the sort-based value. ``attention_kernels/native/exact_entmax.cpp`` finds τ one query at a time, its entries
+read from memory once and searched in the first-level cache, and writes the probabilities over the scores
+while they are still there; :func:`attention_kernels.bucketed.torch_path._support_threshold` is the PyTorch
+reference it must match.
 Softmax, p_j = e^{s_j − m} / Σ_k e^{s_k − m}, takes the same way through the rows (its reference:
-:func:`kernels.bucketed.torch_path._normalise`), with an exponential of its own (Cephes' expf, relative error
-about 1e-7 in float32; the C library's in float64).
+:func:`attention_kernels.bucketed.torch_path._normalise`), with an exponential of its own (Cephes' expf,
+relative error about 1e-7 in float32; the C library's in float64).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import ctypes
 
 import torch
 
-from kernels.bucketed.planning import BlockMask
-from kernels.native import library
+from attention_kernels.bucketed.planning import BlockMask
+from attention_kernels.native import library
 
 _FUNCTIONS = {torch.float32: "exact_entmax_float", torch.float64: "exact_entmax_double"}
 _BETA = {1.0: 0, 1.5: 2, 2.0: 1}
@@ -30,7 +31,8 @@ _BETA = {1.0: 0, 1.5: 2, 2.0: 1}
 
 
 class _PartMask(ctypes.Structure):
-    """``PartMask`` of the C++ kernel: a part's :class:`~kernels.bucketed.planning.BlockMask` as pointers."""
+    """``PartMask`` of the C++ kernel: a part's :class:`~attention_kernels.bucketed.planning.BlockMask` as
+    pointers."""
 
     _fields_ = [
         ("key_pos", ctypes.c_void_p),
@@ -113,13 +115,13 @@ def exact_entmax(
     """Per query (num_queries,) the shift m and the threshold τ over the rows of ``parts`` (each (…, W),
     contiguous, CPU, float32 or float64, one dtype) whose owners (…) are queries in [0, num_queries); entries
     off the mask −inf or below −max float / 2. ``masks`` may give a part of blocks (blocks, L, W) the rule
-    that says which of its entries are keys (:class:`~kernels.bucketed.planning.BlockMask`: positions and
-    limits for a causal cut, a window band or padding, tags for pairs another block holds), applied as the
-    entries are read, with no mask written into the scores. With ``write``, the probabilities replace the
-    scores (0 off the keys). A query without rows gets m = 0 and τ = −1, one without keys m = 0. For softmax
-    (α = 1), τ is log Σ_j e^{s_j − m} (−inf without keys). None where the C++ kernel cannot run (no compiler,
-    see
-    :mod:`kernels.native`; GPU tensors), and then nothing is written."""
+    that says which of its entries are keys (:class:`~attention_kernels.bucketed.planning.BlockMask`:
+    positions and limits for a causal cut, a window band or padding, tags for pairs another block holds),
+    applied as the entries are read, with no mask written into the scores. With ``write``, the probabilities
+    replace the scores (0 off the keys). A query without rows gets m = 0 and τ = −1, one without keys m = 0.
+    For softmax (α = 1), τ is log Σ_j e^{s_j − m} (−inf without keys). None where the C++ kernel cannot run
+    (no compiler, see
+    :mod:`attention_kernels.native`; GPU tensors), and then nothing is written."""
     if alpha not in _BETA:
         raise ValueError(f"exact α-entmax takes α = 1 (softmax), 1.5 or 2; got {alpha}")
     masks = [None] * len(parts) if masks is None else masks

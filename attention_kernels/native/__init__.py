@@ -44,15 +44,28 @@ def cache_folder() -> Path:
     return Path(base) / "sparsefinder-native"
 
 
+def _cpuinfo() -> list[str]:
+    """The lines of /proc/cpuinfo (Linux); none elsewhere."""
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
 def _processor() -> str:
     """The processor's model and features (Linux), else the architecture: -march=native code may use any
     feature of the machine that built it."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    described = {line for line in lines if line.startswith(("model name", "flags", "Features", "CPU part"))}
+    features = ("model name", "flags", "Features", "CPU part")
+    described = {line for line in _cpuinfo() if line.startswith(features)}
     return "\n".join(sorted(described)) or platform.machine()
+
+
+def processor_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what the platform module knows of it."""
+    for line in _cpuinfo():
+        if line.startswith("model name") and ":" in line:
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def _private_folder(folder: Path) -> None:
@@ -132,9 +145,9 @@ def _build(source: Path, compiler: str, target: Path, record: Path, key: str) ->
 
 
 def cache_entry(name: str, compiler: str) -> tuple[Path, Path, str]:
-    """(library, record, key) of ``kernels/native/<name>.cpp`` built with ``compiler``: the key hashes the
-    source, the headers beside it, the compiler, the flags and the processor; the file names hold its first 16
-    digits."""
+    """(library, record, key) of ``attention_kernels/native/<name>.cpp`` built with ``compiler``: the key
+    hashes the source, the headers beside it, the compiler, the flags and the processor; the file names hold
+    its first 16 digits."""
     source = Path(__file__).with_name(f"{name}.cpp")
     headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]
     described = [compiler.encode(), " ".join(FLAGS).encode(), _processor().encode()]
@@ -145,9 +158,9 @@ def cache_entry(name: str, compiler: str) -> tuple[Path, Path, str]:
 
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
-    """The compiled ``kernels/native/<name>.cpp``, built once per source, compiler and processor and loaded
-    only when its record vouches for it (:func:`_verified`, once per process); None (with one warning) where
-    it cannot be built, trusted or loaded."""
+    """The compiled ``attention_kernels/native/<name>.cpp``, built once per source, compiler and processor and
+    loaded only when its record vouches for it (:func:`_verified`, once per process); None (with one warning)
+    where it cannot be built, trusted or loaded."""
     source = Path(__file__).with_name(f"{name}.cpp")
     compiler = os.environ.get("CXX") or "c++"
     target, record, key = cache_entry(name, compiler)
@@ -170,8 +183,8 @@ def library(name: str) -> ctypes.CDLL | None:
 
 def wide(kernel: ctypes.CDLL | None, min_bytes: int) -> ctypes.CDLL | None:
     """``kernel`` where it was built for vectors of at least ``min_bytes`` with fused multiply-add
-    (``vector_bytes`` of kernels/native/vectors.h: 64 with AVX-512, 32 with AVX2), else None: elsewhere its
-    register tiles would spill, and the tensor reference is as fast."""
+    (``vector_bytes`` of attention_kernels/native/vectors.h: 64 with AVX-512, 32 with AVX2), else None:
+    elsewhere its register tiles would spill, and the tensor reference is as fast."""
     return kernel if kernel is not None and kernel.vector_bytes() >= min_bytes else None
 
 
@@ -192,4 +205,6 @@ def call(kernel: ctypes.CDLL, name: str, *args: torch.Tensor | int | float | Non
     if status == -1:
         raise MemoryError(f"{name} ran out of memory")
     if status != 0:
-        raise ValueError(f"{name} refused its arguments (status {status}; see kernels/native/*.cpp)")
+        raise ValueError(
+            f"{name} refused its arguments (status {status}; see attention_kernels/native/*.cpp)"
+        )

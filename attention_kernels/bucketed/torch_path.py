@@ -5,22 +5,24 @@ Math. For each (batch, head) the attended set of query i is
     A_i = {j : q_buckets[i] ∩ k_buckets[j] ∖ {−1} ≠ ∅} ∪ {j : |i − j| ≤ radius} ∪ {j : i < g or j < g},
 
 intersected with {j ≤ i} when causal (g = global_tokens; radius = w // 2 of the window size w, −1 for no
-window: :mod:`kernels.attended` is the definition), and the output is o_i = Σ_{j∈A_i} p_ij v_j with
+window: :mod:`attention_kernels.attended` is the definition), and the output is o_i = Σ_{j∈A_i} p_ij v_j with
 p_i = α-entmax(s_i) restricted to A_i, s_ij = scale · q_i·k_j:
 
     α-entmax(s)_j = [(α − 1) s_j − τ]₊^{1/(α−1)},   τ such that Σ_j p_j = 1   (softmax when α = 1).
 
 A query with A_i = ∅ outputs zeros. Each pair counts once however many buckets it shares.
 
-Layout. :mod:`kernels.bucketed.planning` places every attended pair in exactly one dense block, a contiguous
-run of sorted queries against a contiguous run of sorted keys, so scores and outputs are products of dense
-blocks with no per-pair gather (:mod:`kernels.bucketed.block_products`: each block's keys transposed once into
-a panel, its values read where they lie, multiplied on 512-bit vectors in C++ where it can run, else batched
-matmuls of the gathered rows) and nothing of size n × m is built but for short rows (the first case).
+Layout. :mod:`attention_kernels.bucketed.planning` places every attended pair in exactly one dense block, a
+contiguous run of sorted queries against a contiguous run of sorted keys, so scores and outputs are products
+of dense blocks with no per-pair gather (:mod:`attention_kernels.bucketed.block_products`: each block's keys
+transposed once into a panel, its values read where they lie, multiplied on 512-bit vectors in C++ where it
+can run, else batched matmuls of the gathered rows) and nothing of size n × m is built but for short rows (the
+first case).
 
-* Short rows (at most ``SHORT_KEYS`` keys): the dense masked computation of :mod:`kernels.bucketed.reference`,
-  scores (groups, n, m) masked to the attended set. There a class of blocks costs a few dozen small
-  operations for a few hundred entries, and the n × m scores are fewer than the blocks' padded entries.
+* Short rows (at most ``SHORT_KEYS`` keys): the dense masked computation of
+  :mod:`attention_kernels.bucketed.reference`, scores (groups, n, m) masked to the attended set. There a class
+  of blocks costs a few dozen small operations for a few hundred entries, and the n × m scores are fewer than
+  the blocks' padded entries.
 * Softmax over whole buckets (not causal, one id slot per query, no pattern: the common learned-bucket case)
   where the block products cannot run on 512-bit vectors: each block is a small dense attention of its
   own, a whole bucket's queries against its keys, and each class of blocks is one call of
@@ -35,7 +37,7 @@ matmuls of the gathered rows) and nothing of size n × m is built but for short 
   groups at a time (a query's rows all lie in its own group's blocks), so without gradients the scores
   take one slab's memory, not all of them.
 
-For softmax and α = 1.5 and 2 a C++ kernel (:mod:`kernels.bucketed.exact_entmax`) turns scores into
+For softmax and α = 1.5 and 2 a C++ kernel (:mod:`attention_kernels.bucketed.exact_entmax`) turns scores into
 probabilities a few queries at a time, each query's entries read from memory once, the blocks' masks applied
 as they are read; other α take the tolerance search below, by row reductions gathered per query.
 
@@ -63,15 +65,22 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
-from kernels.bucketed.exact_entmax import exact_entmax
-from kernels.bucketed.huge_pages import empty_large
-from kernels.bucketed.planning import BlockClass, BlockMask, BlockPlan, distinct_ids, plan_blocks, take
-from kernels.bucketed.reference import dense_bucketed_attention
-from kernels.entmax.dense import compute_dtype
-from kernels.entmax.gradient import entmax_gradient_weight, support_power
-from kernels.entmax.support_sums import support_sums
-from kernels.entmax.threshold import MAX_NEWTON_STEPS, newton_threshold
+from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
+from attention_kernels.bucketed.exact_entmax import exact_entmax
+from attention_kernels.bucketed.huge_pages import empty_large
+from attention_kernels.bucketed.planning import (
+    BlockClass,
+    BlockMask,
+    BlockPlan,
+    distinct_ids,
+    plan_blocks,
+    take,
+)
+from attention_kernels.bucketed.reference import dense_bucketed_attention
+from attention_kernels.entmax.dense import compute_dtype
+from attention_kernels.entmax.gradient import entmax_gradient_weight, support_power
+from attention_kernels.entmax.support_sums import support_sums
+from attention_kernels.entmax.threshold import MAX_NEWTON_STEPS, newton_threshold
 
 SHORT_KEYS = 48
 """Up to this many keys the dense masked computation runs (see the module docstring). Measured on one
@@ -188,7 +197,7 @@ def _support_sums(
 ) -> list[torch.Tensor]:
     """Per row of scores (…, W), with x = (α − 1)(s − shift): Σ (x − τ)₊, Σ (x − τ)₊² (α = 1.5 only) and
     |{x > τ}|, then |{x > candidate}| when one is given; shift, τ and candidate (…, 1), all of them in one
-    read of the scores (:mod:`kernels.entmax.support_sums`)."""
+    read of the scores (:mod:`attention_kernels.entmax.support_sums`)."""
     check = torch.full_like(tau, torch.inf) if candidate is None else candidate
     s1, s2, k, k_check = support_sums(scores, shift, tau, check, alpha - 1.0)
     sums = [s1, s2, k] if alpha == 1.5 else [s1, k]
@@ -288,7 +297,8 @@ def _exact_thresholds(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For α = 1.5 or 2, per query the shift (its largest score) and the τ over the parts ``scores``:
     α-entmax is then p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`). The C++
-    kernel's reference (:mod:`kernels.bucketed.exact_entmax`), and its stand-in where it cannot run."""
+    kernel's reference (:mod:`attention_kernels.bucketed.exact_entmax`), and its stand-in where it cannot
+    run."""
     q_max = _query_max([s.amax(-1) for s in scores], red)
     tau = _support_threshold(scores, q_max, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
     return q_max, tau
@@ -317,7 +327,8 @@ def _exact_probabilities(
 
 
 _NATIVE = (1.0, 1.5, 2.0)
-"""The α the C++ normaliser takes (:mod:`kernels.bucketed.exact_entmax`): softmax and exact α-entmax."""
+"""The α the C++ normaliser takes (:mod:`attention_kernels.bucketed.exact_entmax`): softmax and exact
+α-entmax."""
 
 
 def _normalise(
@@ -334,9 +345,9 @@ def _normalise(
 
     Entries off the mask hold −inf or ``_MASKED`` or less; ``masks`` (one per part, for parts of blocks)
     leaves out more entries by their blocks' rule, where their scores are not masked. For α = 1, 1.5 and 2
-    the C++ kernel (:mod:`kernels.bucketed.exact_entmax`) runs where it can, each query's entries read from
-    memory once; elsewhere, and for other α, the PyTorch normaliser below, which reads the masks as masked
-    scores.
+    the C++ kernel (:mod:`attention_kernels.bucketed.exact_entmax`) runs where it can, each query's entries
+    read from memory once; elsewhere, and for other α, the PyTorch normaliser below, which reads the masks as
+    masked scores.
 
     Each row is shifted by its own maximum r; a query whose maximum m lies in another row sees the row's
     entries lowered by (α − 1)(m − r) (softmax: scaled by exp(r − m)). With ``on`` (1 on the mask, 0 off
@@ -610,7 +621,7 @@ def _spread_forward(
 
 
 class BucketBlockAttention(torch.autograd.Function):
-    """Attention over a :class:`~kernels.bucketed.planning.BlockPlan`.
+    """Attention over a :class:`~attention_kernels.bucketed.planning.BlockPlan`.
 
     q (N, d) already scaled, k (M, d), v (M, d_v) flat over groups; returns o (N, d_v). Saves p (the
     attended pairs plus padding) and, where a query's keys are spread over several rows, U = Σ_j g_ij v_j
@@ -709,7 +720,7 @@ def torch_bucketed_attention(
 
     q (batch, heads, n, d), k (batch, kv_heads, m, d), v (batch, kv_heads, m, d_v) with kv_heads dividing
     heads; buckets int (batch, heads, n|m, T) with −1 for none. Inputs are not validated here
-    (``kernels.bucketed.bucketed_attention`` does that).
+    (``attention_kernels.bucketed.bucketed_attention`` does that).
     """
     b, h, n, d = q.shape
     m, dv = k.shape[2], v.shape[3]

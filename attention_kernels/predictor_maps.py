@@ -1,5 +1,5 @@
-"""A learned bucket predictor's per-token maps in C++ (``kernels/native/predictor_maps.cpp``), for inference
-on CPU.
+"""A learned bucket predictor's per-token maps in C++ (``attention_kernels/native/predictor_maps.cpp``), for
+inference on CPU.
 
     head MLP           y = W tanh(V x + c) + b   per head (or y = W x + b)
     nearest centroids  the top-k of −‖y − c_j‖², nearest first, ties to the lower index
@@ -7,8 +7,8 @@ on CPU.
 The tensor references are :class:`pipeline.projection.model.HeadProjections` and :func:`nearest_by_tensors`
 (beside the kernel; :func:`nearest_centroids` takes whichever runs), which run where these return None: where
 gradients are asked for, off the CPU, in another dtype than float32, or where no wide kernel was built (no
-compiler, or neither AVX-512 nor AVX2 with FMA; see :mod:`kernels.native`). A tile of tokens goes through
-every step of a map while it sits in registers or the cache, where the references pass over the whole
+compiler, or neither AVX-512 nor AVX2 with FMA; see :mod:`attention_kernels.native`). A tile of tokens goes
+through every step of a map while it sits in registers or the cache, where the references pass over the whole
 sequence once per step: projecting queries and keys of 1k-8k tokens and 8 heads (64 → 32 → 4) and giving each
 its nearest of 16 centroids takes 0.33-0.41× their time on an AVX-512 core and 0.4-0.7× on an AVX2 one, most
 of it the MLP's first product (``python -m benchmarks.attention`` prints the whole as ``predict_ms``).
@@ -20,7 +20,7 @@ import ctypes
 
 import torch
 
-from kernels.native import call, library, wide
+from attention_kernels.native import call, library, wide
 
 
 def wide_kernel() -> ctypes.CDLL | None:

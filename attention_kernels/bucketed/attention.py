@@ -6,15 +6,15 @@ computes, per (batch, head), o_i = Σ_{j∈A_i} p_ij v_j with p_i = α-entmax(sc
     A_i = {j : i and j share a bucket id ≥ 0} ∪ {j : |i − j| ≤ w // 2} ∪ {j : i < g or j < g}
           (∩ {j ≤ i} when causal, w = window: 0 or an odd size, g = global_tokens),
 
-as :mod:`kernels.attended` defines it for the whole project; softmax when α = 1, zeros for a query with
-no key, each pair counted once however many buckets it shares.
+as :mod:`attention_kernels.attended` defines it for the whole project; softmax when α = 1, zeros for a query
+with no key, each pair counted once however many buckets it shares.
 With ``backend="auto"``, CUDA tensors in float16, bfloat16 or float32 run the Triton kernel (imported only
 then, so CPU use never needs Triton) and everything else runs the sub-quadratic PyTorch path, which also
 accepts float64. ``backend="triton"`` or ``"torch"`` forces one; the Triton kernel takes CPU tensors only
 under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests and debugging). Arguments are validated here
 once, for both backends.
 
-:func:`kernels.indexed.attention.indexed_attention` is α-entmax attention whose keys are chosen by a
+:func:`attention_kernels.indexed.attention.indexed_attention` is α-entmax attention whose keys are chosen by a
 low-rank indexer, exact in its ``"certified"`` mode; import it from its module (the pipeline's stages do not
 need it, so importing this package does not load it).
 """
@@ -26,9 +26,9 @@ from numbers import Integral, Real
 
 import torch
 
-from kernels.attended import window_radius
-from kernels.bucketed import torch_path
-from kernels.checks import check_backend, check_causal, check_qkv, check_scale
+from attention_kernels.attended import window_radius
+from attention_kernels.bucketed import torch_path
+from attention_kernels.checks import check_backend, check_causal, check_qkv, check_scale
 
 __all__ = ["bucketed_attention"]
 
@@ -118,7 +118,7 @@ def bucketed_attention(
     )
     options = dict(alpha=alpha, causal=causal, radius=radius, global_tokens=global_tokens, scale=scale)
     if backend == "triton":
-        from kernels.bucketed.triton_kernel import triton_bucketed_attention
+        from attention_kernels.bucketed.triton_kernel import triton_bucketed_attention
 
         return triton_bucketed_attention(q, k, v, q_buckets, k_buckets, **options)
     return torch_path.torch_bucketed_attention(q, k, v, q_buckets, k_buckets, **options)

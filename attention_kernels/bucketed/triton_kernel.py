@@ -8,7 +8,7 @@ buckets it shares. With s_ij = scale · q_i·k_j over that set A_i:
     α-entmax (α > 1): p_ij = [(α − 1) s_ij − τ_i]₊^{1/(α−1)},  τ_i such that Σ_{j∈A_i} p_ij = 1
     o_i = Σ_{j∈A_i} p_ij v_j   (zeros when A_i = ∅)
 
-The dense O(n²) reference is ``kernels.bucketed.reference.dense_bucketed_attention``.
+The dense O(n²) reference is ``attention_kernels.bucketed.reference.dense_bucketed_attention``.
 
 Work layout (per batch × head). Every token is duplicated into each of its ≤ T distinct bucket ids and the
 copies ("entries") are sorted by (bucket, position), separately for queries and keys. The attended set of a
@@ -1084,8 +1084,8 @@ def triton_bucketed_attention(
     (batch, heads, m, T') integer bucket ids, −1 for none. Returns (batch, heads, n, d) in q's dtype;
     differentiable in q, k and v. Runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``.
     ``tiles`` overrides :func:`default_tiles` (the results differ by the order of fp32 sums only).
-    Arguments are not validated here: ``kernels.bucketed.bucketed_attention(..., backend="triton")`` does
-    that.
+    Arguments are not validated here: ``attention_kernels.bucketed.bucketed_attention(..., backend="triton")``
+    does that.
     """
     batch, heads, n, d = q.shape
     kv_heads, m = k.shape[1], k.shape[2]
