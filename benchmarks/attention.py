@@ -7,22 +7,21 @@ and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 use
 id space (a token may draw the same id twice, which counts once). Queries and keys share the ids.
 Density = attended pairs / valid pairs (n² per head, n(n+1)/2 when causal).
 
-CPU (the PyTorch path, one thread). For n ∈ {1k, 2k, 4k, 8k, 16k}, causal or not, 16 buckets, top-1 and
-top-2, with and without the pattern (window ``CPU_WINDOW`` and ``CPU_GLOBAL`` global tokens), 8 heads, d = 64,
-batch 1, float32: ours (``attention_kernels.bucketed.bucketed_attention`` with ``backend="torch"``) at α = 1
-(softmax) and
-α = 1.5 against SDPA (``torch.nn.functional.scaled_dot_product_attention``, dense softmax) and the dense
-masked α-entmax reference ``attention_kernels.bucketed.reference.dense_bucketed_attention`` (only up to
-``CPU_DENSE_MAX`` tokens: it holds n × n scores), and compiled FlexAttention (softmax; forward only, it has no
-backward on CPU tensors) on the same pairs with the tokens sorted by (first bucket id, position), sorting and
-block-mask building timed with it. Speed-up = SDPA time / our time; efficiency = speed-up × density (1: ours
-turns sparsity into speed as well as SDPA uses dense FLOPs); pair GFLOP/s = 4·d·attended pairs / forward
-time (the pairs' q·k and p·v, for SDPA every valid pair): the same comparison in the machine's units, which
-shows what a BLAS's own path contributes (MKL takes its AVX2 kernels on AMD processors, for SDPA's products
-as for ``torch.bmm``, while the block products use AVX-512); ent/sm = our α = 1.5 time over our α = 1 time;
-overhead = what a learned predictor adds (projecting q and k to rank 4 through the default profile's tanh
-MLP, assigning each its nearest centroids, planning the blocks) over our forward time; ovh lin = the same
-with the paper's linear projector.
+CPU (the PyTorch path, one thread). For n ∈ {1k, 2k, 4k, 8k, 16k}, causal or not, 16 buckets, top-1 and top-2,
+with and without the pattern (window ``CPU_WINDOW`` and ``CPU_GLOBAL`` global tokens), 8 heads, d = 64,
+batch 1, float32: ours (``attention_kernels.bucketed.bucketed_attention`` with ``backend="torch"``) at
+α = 1 (softmax) and α = 1.5 against SDPA (``torch.nn.functional.scaled_dot_product_attention``, dense softmax)
+and the dense masked α-entmax reference ``attention_kernels.bucketed.reference.dense_bucketed_attention``
+(only up to ``CPU_DENSE_MAX`` tokens: it holds n × n scores), and compiled FlexAttention (softmax; forward
+only, it has no backward on CPU tensors) on the same pairs with the tokens sorted by (first bucket id,
+position), sorting and block-mask building timed with it. Speed-up = SDPA time / our time; efficiency =
+speed-up × density (1: ours turns sparsity into speed as well as SDPA uses dense FLOPs); pair GFLOP/s =
+4·d·attended pairs / forward time (the pairs' q·k and p·v, for SDPA every valid pair): the same comparison in
+the machine's units, which shows what a BLAS's own path contributes (MKL takes its AVX2 kernels on AMD
+processors, for SDPA's products as for ``torch.bmm``, while the block products use AVX-512); ent/sm = our
+α = 1.5 time over our α = 1 time; overhead = what a learned predictor adds (projecting q and k to rank 4
+through the default profile's tanh MLP, assigning each its nearest centroids, planning the blocks) over our
+forward time; ovh lin = the same with the paper's linear projector.
 Forward time is measured under ``torch.no_grad`` (inference), forward+backward with gradients for q, k, v;
 each is the median over repetitions after one warm-up (on CPU at least ``reps`` of them, and more, up to
 ``CPU_MAX_REPS``, while they take under ``budget_s`` in all: a second in the full suite).

@@ -183,8 +183,8 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _dense_probs(q: Tensor, k: Tensor, alpha: float, scale: float) -> Tensor:
     """(1, h, n, n) dense causal α-entmax weights (as
-    :func:`attention_kernels.indexed.dense_indexed_reference` computes them, kept here for the support as well
-    as the output)."""
+    :func:`attention_kernels.indexed.attention.dense_indexed_reference` computes them, kept here for the
+    support as well as the output)."""
     n = q.shape[2]
     future = torch.ones(n, n, dtype=torch.bool).triu(1)
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(future, float("-inf"))  # (1, h, n, n)

@@ -203,6 +203,5 @@ def test_walker_sees_function_level_and_package_imports() -> None:
     assert Path("pipeline/attention/entmax.py") in files  # extract runs the teacher's entmax attention
     assert not native_sources(files)  # the teacher's entmax runs no C++ kernel
     evaluated = stage_files("stages.evaluate")
-    assert Path("attention_kernels/native/planning.cpp") in native_sources(
-        evaluated
-    )  # bucketed attention plans in C++
+    # bucketed attention plans in C++
+    assert Path("attention_kernels/native/planning.cpp") in native_sources(evaluated)

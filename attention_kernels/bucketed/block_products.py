@@ -1,8 +1,7 @@
 """The two products of attention blocks whose rows and columns are read through index lists, in C++.
 
-For blocks of L rows against M columns (:class:`~attention_kernels.bucketed.planning.BlockClass`: ``rows``
-(blocks, L) and
-``cols`` (blocks, M) index the flat tensors):
+For blocks of L rows against M columns (:class:`~attention_kernels.bucketed.planning.BlockClass`:
+``rows`` (blocks, L) and ``cols`` (blocks, M) index the flat tensors):
 
     scores   S[b, r, c] = x[rows[b, r]] · y[cols[b, c]]         (blocks, L, M)
     outputs  O[b, r]    = Σ_c P[b, r, c] · y[cols[b, c]]         (blocks, L, d_y)
@@ -12,9 +11,9 @@ For blocks of L rows against M columns (:class:`~attention_kernels.bucketed.plan
 
 The reference is a batched matmul of the gathered rows (``take`` then ``bmm``), which runs where the C++
 kernel cannot (no compiler, see :mod:`attention_kernels.native`; no AVX-512; GPU tensors; other dtypes).
-``attention_kernels/ block_products.cpp`` transposes each block's keys once into a panel the cache holds,
-reads its values where they lie, and multiplies on 512-bit vectors; where the BLAS behind ``bmm`` takes a
-narrower path than the processor has (MKL on AMD processors: AVX2), it runs about 1.4× (scores) and 2×
+``attention_kernels/native/block_products.cpp`` transposes each block's keys once into a panel the cache
+holds, reads its values where they lie, and multiplies on 512-bit vectors; where the BLAS behind ``bmm`` takes
+a narrower path than the processor has (MKL on AMD processors: AVX2), it runs about 1.4× (scores) and 2×
 (outputs) the batched matmul's rate. On an AVX2 processor the same code on 256-bit tiles is slower than MKL's
 own AVX2 kernels, gather included (an attention forward of 4k tokens, top-1: 1.4–1.6× the time), so there the
 batched matmul runs. The two differ by round-off only (the sums' order).

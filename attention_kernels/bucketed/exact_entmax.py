@@ -2,8 +2,7 @@
 query, in C++.
 
 A query's keys may be spread over rows of several parts (tensors (…, W), one query per row, as
-:mod:`attention_kernels.bucketed.torch_path` lays out the attended pairs). Per query, with m its largest
-score,
+:mod:`attention_kernels.bucketed.torch_path` lays out the attended pairs). With m a query's largest score,
 
     α-entmax(s)_j = ((α − 1)(s_j − m) − τ)₊^{1/(α−1)},   Σ_j α-entmax(s)_j = 1,
 
@@ -31,8 +30,7 @@ _BETA = {1.0: 0, 1.5: 2, 2.0: 1}
 
 
 class _PartMask(ctypes.Structure):
-    """``PartMask`` of the C++ kernel: a part's :class:`~attention_kernels.bucketed.planning.BlockMask` as
-    pointers."""
+    """The C++ kernel's ``PartMask``: a part's :class:`~attention_kernels.bucketed.planning.BlockMask`."""
 
     _fields_ = [
         ("key_pos", ctypes.c_void_p),
@@ -120,8 +118,7 @@ def exact_entmax(
     applied as the entries are read, with no mask written into the scores. With ``write``, the probabilities
     replace the scores (0 off the keys). A query without rows gets m = 0 and τ = −1, one without keys m = 0.
     For softmax (α = 1), τ is log Σ_j e^{s_j − m} (−inf without keys). None where the C++ kernel cannot run
-    (no compiler, see
-    :mod:`attention_kernels.native`; GPU tensors), and then nothing is written."""
+    (no compiler, see :mod:`attention_kernels.native`; GPU tensors), and then nothing is written."""
     if alpha not in _BETA:
         raise ValueError(f"exact α-entmax takes α = 1 (softmax), 1.5 or 2; got {alpha}")
     masks = [None] * len(parts) if masks is None else masks

@@ -195,8 +195,7 @@ def ladder(x: torch.Tensor) -> torch.Tensor:
 
 
 def _planning(tensor: torch.Tensor) -> ctypes.CDLL | None:
-    """attention_kernels/native/planning.cpp for planning passes over ``tensor``: on the CPU, where it
-    builds."""
+    """The C++ planning passes (attention_kernels/native/planning.cpp) for ``tensor``: CPU, if built."""
     return library("planning") if tensor.device.type == "cpu" else None
 
 

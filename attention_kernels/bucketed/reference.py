@@ -1,8 +1,8 @@
 """Dense masked bucketed attention: the reference every kernel is tested against, and the PyTorch path's
 computation of short rows (:data:`attention_kernels.bucketed.torch_path.SHORT_KEYS`); O(n · m) memory.
 
-The attended set A_i of query i is :func:`attention_kernels.attended.attended_mask` (window size w: |i − j| ≤
-w // 2; the first ``global_tokens`` positions global; j ≤ i when causal), and the output is
+The attended set A_i of query i is :func:`attention_kernels.attended.attended_mask` (window size w:
+|i − j| ≤ w // 2; the first ``global_tokens`` positions global; j ≤ i when causal), and the output is
 
     o_i = Σ_{j∈A_i} p_ij v_j,   p_i = α-entmax(s_i) over A_i (softmax when α = 1),   s_ij = scale · q_i·k_j.
 

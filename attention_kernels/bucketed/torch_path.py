@@ -296,9 +296,8 @@ def _exact_thresholds(
     scores: list[torch.Tensor], alpha: float, red: _SpreadRows
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For α = 1.5 or 2, per query the shift (its largest score) and the τ over the parts ``scores``:
-    α-entmax is then p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`). The C++
-    kernel's reference (:mod:`attention_kernels.bucketed.exact_entmax`), and its stand-in where it cannot
-    run."""
+    α-entmax is then p = ((α − 1)(s − shift) − τ)₊^{1/(α−1)} (:func:`_exact_probabilities`). The reference
+    of the C++ kernel (:mod:`attention_kernels.bucketed.exact_entmax`), and its stand-in where it fails."""
     q_max = _query_max([s.amax(-1) for s in scores], red)
     tau = _support_threshold(scores, q_max, alpha, red, torch.full_like(q_max, -1.0), check_first=False)
     return q_max, tau
@@ -327,8 +326,7 @@ def _exact_probabilities(
 
 
 _NATIVE = (1.0, 1.5, 2.0)
-"""The α the C++ normaliser takes (:mod:`attention_kernels.bucketed.exact_entmax`): softmax and exact
-α-entmax."""
+"""The α of the C++ normaliser (:mod:`attention_kernels.bucketed.exact_entmax`): softmax, exact α-entmax."""
 
 
 def _normalise(

@@ -47,11 +47,11 @@ memory stays linear in what is computed and no (n × m) tensor exists beyond suc
 Backends. ``backend="auto"`` runs certified mode on CUDA tensors in fp16, bf16 or fp32 through the Triton
 forward of :mod:`attention_kernels.indexed.triton_kernel` (imported only then) when no gradient is needed; on
 CPU tensors with α = 1.5 or 2 through the scanned C++ kernel of :mod:`attention_kernels.indexed.scanned`,
-forward and backward (every pair scored by a register-tiled product, the entmax over the keys within β = 1/(α
-− 1) of each row's maximum: on a trained model's scattered supports, where no bound rules out a block, that is
-what beats softmax SDPA), and approximate mode there too (its low-rank rows scanned the same way); and
-everything else (other α, approximate mode or gradients on a GPU, a machine where the C++ kernel cannot be
-built) through the PyTorch code here. ``backend="triton"`` forces the Triton forward (certified mode
+forward and backward (every pair scored by a register-tiled product, the entmax over the keys within
+β = 1/(α − 1) of each row's maximum: on a trained model's scattered supports, where no bound rules out a
+block, that is what beats softmax SDPA), and approximate mode there too (its low-rank rows scanned the same
+way); and everything else (other α, approximate mode or gradients on a GPU, a machine where the C++ kernel
+cannot be built) through the PyTorch code here. ``backend="triton"`` forces the Triton forward (certified mode
 only; CPU tensors only under ``TRITON_INTERPRET=1``) and refuses, with a ValueError, a call that needs
 gradients: it is forward-only, for inference (use ``"auto"`` or ``"torch"`` to train). ``backend="torch"``
 forces this module's path.

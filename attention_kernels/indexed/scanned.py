@@ -16,8 +16,8 @@ touches a few percent.
 
 Backward: the scores are computed again (the chunks that cannot reach m + β·τ skipped) and the gradient
 runs over the support only (``attention_kernels/native/scanned_entmax.cpp``), from the m and τ the forward
-kept per query. Exact for every input, up to the round-off of the sums' order; α = 1.5 and α = 2 only (β = 2,
-1). The reference is :func:`attention_kernels.indexed.attention.dense_indexed_reference`.
+kept per query. Exact for every input, up to the round-off of the sums' order; α = 1.5 and α = 2 only
+(β = 2, 1). The reference is :func:`attention_kernels.indexed.attention.dense_indexed_reference`.
 """
 
 from __future__ import annotations
@@ -112,8 +112,7 @@ def scanned_attention(
     ``kept_mean`` (mean over queries with a key of the keys entmax ran over: certified, those its floor
     kept; approximate, |Ŝ|) and ``filled`` (share of those whose Ŝ was capped). q (b, h, n, d),
     k (b, h, m, d), v (b, h, m, d_v), key_valid (b, m) bool or None; arguments checked by the caller
-    (:func:`attention_kernels.indexed.attention.indexed_attention`), and :func:`scanned_kernel` not None for
-    them."""
+    (:func:`attention_kernels.indexed.attention.indexed_attention`), :func:`scanned_kernel` not None."""
     b, h, n, _ = q.shape
     m, dtype = k.shape[2], q.dtype
     compute = torch.float64 if dtype == torch.float64 else torch.float32

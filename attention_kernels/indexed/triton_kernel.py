@@ -1,5 +1,5 @@
-"""Triton forward of certified indexed α-entmax attention (:mod:`attention_kernels.indexed.attention`),
-inference only.
+"""Triton forward of certified indexed α-entmax attention, inference only (see
+:mod:`attention_kernels.indexed.attention`).
 
 Same math and result as ``indexed_attention(..., mode="certified")``: for scores z_ij = scale · q_i·k_j over
 the valid keys of query i (j ≤ i when causal), x_ij = (α − 1) z_ij,

@@ -1,5 +1,5 @@
 // The two products of a block of attention, its rows and columns read through index lists (the blocks of
-// attention_kernels/bucket_blocks.py: L sorted queries against M sorted keys):
+// attention_kernels/bucketed/planning.py: L sorted queries against M sorted keys):
 //
 //     scores   S_rc = q_{queries_r} · k_{keys_c}                    (L × M, over d)
 //     outputs  O_r  = Σ_c P_rc v_{keys_c}                           (L × d_v, over M)
@@ -9,8 +9,8 @@
 // values where they lie. No gather a batched matmul would need, and the product runs on 512-bit vectors: on
 // machines whose BLAS takes a narrower path (MKL on AMD processors), 1.4 to 2 times the matmul's rate.
 //
-// The reference is the batched matmul of the gathered rows (attention_kernels/block_products.py); the sums run over
-// the inner dimension in order, so the results differ from it by round-off only.
+// The reference is the batched matmul of the gathered rows (attention_kernels/bucketed/block_products.py);
+// the sums run over the inner dimension in order, so the results differ from it by round-off only.
 
 #include <atomic>
 #include <new>

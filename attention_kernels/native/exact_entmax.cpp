@@ -11,18 +11,20 @@
 // {x > τ′} still has |S| elements: then it is S itself, and τ′ is the sort-based value. Otherwise a Newton
 // step on F^{1/β} − 1 from below (a norm of (x − τ)₊: convex, so it never overshoots) brings τ closer.
 //
-// This is the search of attention_kernels/torch_bucketed.py (`_support_threshold`, the reference beside it) done one
-// query at a time: a query's entries come from memory once, for its maximum, and every later pass over them,
-// the probabilities' included, runs in the first-level cache, where the tensor version reads all the scores
-// from memory at each step. Each query's arithmetic is the same whatever the number of threads.
+// This is the search of attention_kernels/bucketed/torch_path.py (`_support_threshold`, the reference beside
+// it) done one query at a time: a query's entries come from memory once, for its maximum, and every later
+// pass over them, the probabilities' included, runs in the first-level cache, where the tensor version reads
+// all the scores from memory at each step. Each query's arithmetic is the same whatever the number of
+// threads.
 //
 // Softmax (α = 1, β = 0) takes the same way through the rows: p_j = e^{s_j − m} / Σ_k e^{s_k − m}, one pass
 // for the exponentials (written over the scores) and their sum, one for the division.
 //
 // Which entries of a part are keys may be given by a rule instead of masked scores (`PartMask`, the blocks'
-// mask of attention_kernels/bucket_blocks.py): entry (r, c) of block b is one when low_r ≤ key_pos_bc ≤ limit_r (a
-// causal cut, a window band, padding) and no tag of row r equals a tag of column c (a pair another block
-// holds). The rule is applied where the entries are loaded, so no mask is written or read.
+// mask of attention_kernels/bucketed/planning.py): entry (r, c) of block b is one when
+// low_r ≤ key_pos_bc ≤ limit_r (a causal cut, a window band, padding) and no tag of row r equals a tag of
+// column c (a pair another block holds). The rule is applied where the entries are loaded, so no mask is
+// written or read.
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
-// The passes of attention_kernels/bucket_blocks.py's planning over token copies and block entries, each one loop where
-// the tensor reference beside it there (`_bucket_runs`, `_padded_runs`, `_block_tags`) is a dozen small
+// The passes of attention_kernels/bucketed/planning.py over token copies and block entries, each one loop
+// where the tensor reference beside it there (`_bucket_runs`, `_padded_runs`, `_block_tags`) is a dozen small
 // tensor operations, which cost more in dispatch than in arithmetic at the blocks' sizes. Results equal the
 // reference's exactly (integer work, and whole-number positions below 2²⁴ converted to float). One thread:
 // the passes are short and bound by memory.
@@ -125,7 +125,7 @@ extern "C" int bucket_chunks(const int64_t* q_ids, int64_t n, int64_t q_slots, c
 
 namespace {
 
-// x ≥ 1 rounded up to a whole multiple of 2^max(⌊log₂ x⌋ − 2, 0): four sizes per octave (bucket_blocks.py's
+// x ≥ 1 rounded up to a whole multiple of 2^max(⌊log₂ x⌋ − 2, 0): four sizes per octave (planning.py's
 // `ladder`).
 int64_t ladder(int64_t x) {
     const int64_t step = int64_t(1) << std::max(63 - __builtin_clzll(uint64_t(x)) - 2, 0);
@@ -134,7 +134,7 @@ int64_t ladder(int64_t x) {
 
 int64_t round_up(int64_t x, int64_t step) { return (x + step - 1) / step * step; }
 
-constexpr int64_t kBucket = 0;  // a block's kind: a bucket's chunk (bucket_blocks.py's _BUCKET)
+constexpr int64_t kBucket = 0;  // a block's kind: a bucket's chunk (planning.py's _BUCKET)
 
 }  // namespace
 

@@ -1,5 +1,4 @@
-"""The C++ block products (attention_kernels.bucketed.block_products) against the batched matmul of
-gathered rows."""
+"""The C++ block products (attention_kernels.bucketed.block_products) against gathered rows' bmm."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The public entry ``attention_kernels.bucketed.bucketed_attention``: input validation and the choice of
-backend."""
+"""The public entry ``attention_kernels.bucketed.bucketed_attention``: input checks, choice of backend."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The C++ predictor maps (attention_kernels.predictor_maps) against the tensor references they stand in
-for."""
+"""The C++ predictor maps (attention_kernels.predictor_maps) against their tensor references."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The sub-quadratic PyTorch path against the dense reference in ``attention_kernels/reference.py``.
+"""The sub-quadratic PyTorch path against the dense reference in ``attention_kernels/bucketed/reference.py``.
 
 Tolerances are derived, not guessed: the PyTorch path and the reference, both run in the test dtype, are
 compared with a float64 evaluation of the same (rounded) inputs, and the PyTorch path may deviate by at most

@@ -1,4 +1,4 @@
-"""Triton bucketed attention against the dense reference in ``attention_kernels/reference.py``.
+"""Triton bucketed attention against the dense reference in ``attention_kernels/bucketed/reference.py``.
 
 Without a GPU the Triton kernels run in the interpreter (``TRITON_INTERPRET=1``: fp32/fp16, small shapes);
 with one, the same checks run at larger shapes and in bf16 too. Tolerances are derived, not guessed: the
