@@ -764,11 +764,8 @@ def cpu_table(report: dict[str, Any]) -> str:
     if not report["results"]:  # --only indexed
         lines = []
     if "block_products" in report:
-        bits = report["vector_bits"]
-        lines += [
-            f"on {report['device_name']} ({f'{bits}-bit vectors' if bits else 'no C++ kernels'}): block "
-            f"products by {report['block_products']}"
-        ]
+        width = f"{report['vector_bits']}-bit vectors" if report["vector_bits"] else "no C++ kernels"
+        lines.append(f"on {report['device_name']} ({width}): block products by {report['block_products']}")
     if "indexed" in report:
         lines += ["", "indexed attention (one thread; ms; skip = share of key blocks skipped)"]
         lines.append(indexed_table(report["indexed"]))
