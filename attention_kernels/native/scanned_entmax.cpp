@@ -34,6 +34,7 @@
 // both see the same support. The reference is dense α-entmax attention (attention_kernels/indexed/scanned.py).
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -98,12 +99,13 @@ struct Problem {
     bool causal;
 
     int64_t chunks() const { return (m + kChunk - 1) / kChunk; }
-    int64_t stride() const { return whole_vectors<Real>(m); }
     // Keys [0, keys) that a tile's rows from `first` may see.
     int64_t keys(int64_t first, int64_t rows) const { return causal ? std::min(m, first + rows) : m; }
 };
 
-// Per group: kᵀ (d × stride, zero past m), and per chunk the centroid of its valid keys, its norm, their
+// Per group and chunk: kᵀ of the chunk's keys (d × kChunk, zero past m; a chunk's own block, as the product
+// reads it: rows of kᵀ over all m keys lie 4·m bytes apart, and at m = 4096 every row of a chunk fell in the
+// same set of the first-level cache), and per chunk the centroid of its valid keys, its norm, their
 // radius around it and whether it holds any.
 template <typename Real>
 struct Keys {
@@ -111,8 +113,8 @@ struct Keys {
     std::vector<uint8_t> any, whole;  // a valid key; every key valid
 
     void build(const Problem<Real>& p, int threads) {
-        const int64_t stride = p.stride(), chunks = p.chunks(), d = p.d;
-        panel.assign(p.G * d * stride, Real(0));
+        const int64_t chunks = p.chunks(), d = p.d;
+        panel.assign(p.G * chunks * d * kChunk, Real(0));
         centroid.assign(p.G * chunks * d, Real(0));
         radius.assign(p.G * chunks, Real(0)), center_norm.assign(p.G * chunks, Real(0));
         any.assign(p.G * chunks, 0), whole.assign(p.G * chunks, 0);
@@ -120,11 +122,11 @@ struct Keys {
         for (int64_t gc = 0; gc < p.G * chunks; ++gc) {
             const int64_t g = gc / chunks, c0 = (gc % chunks) * kChunk, c1 = std::min(p.m, c0 + kChunk);
             const Real* k = p.k + g * p.m * d;
-            Real* panel_g = panel.data() + g * d * stride;
+            Real* block = panel.data() + gc * d * kChunk;
             Real* center = centroid.data() + gc * d;
             int64_t count = 0;
             for (int64_t j = c0; j < c1; ++j) {
-                for (int64_t t = 0; t < d; ++t) panel_g[t * stride + j] = k[j * d + t];
+                for (int64_t t = 0; t < d; ++t) block[t * kChunk + j - c0] = k[j * d + t];
                 if (p.key_valid != nullptr && !p.key_valid[g * p.m + j]) continue;
                 for (int64_t t = 0; t < d; ++t) center[t] += k[j * d + t];
                 ++count;
@@ -159,12 +161,29 @@ Vec<Real> lanes_or(const Real* from, int64_t valid, Real rest) {
     return v;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// Per mask of 8 lanes, the indices of its set lanes in order, a byte each (the rest 0): AVX2's stand-in for
+// AVX-512's compress, a permutation that moves the kept lanes to the front.
+constexpr std::array<uint64_t, 256> left_packs() {
+    std::array<uint64_t, 256> table{};
+    for (uint32_t mask = 0; mask < 256; ++mask) {
+        int at = 0;
+        for (uint32_t lane = 0; lane < 8; ++lane)
+            if (mask >> lane & 1u) table[mask] |= uint64_t(lane) << (8 * at++);
+    }
+    return table;
+}
+constexpr std::array<uint64_t, 256> kLeftPack = left_packs();
+#endif
+
 // The entries of s (count of them) above `floor`, as (s − shift)·factor into `to` and their keys (keys[i], or
 // first + i where keys is null) into `to_key`, in order; returns how many. `to` and `to_key` may be s and keys
 // themselves (each write lands at or before what it replaces) and must have room for a vector past the last
 // entry written. With AVX-512 (float) every vector is compressed in registers and stored whole, with no branch
 // at all: hits are scattered at random, so a branch per entry, or even per vector, is mispredicted often (a
-// test for an empty vector cost 10–20 % on a trained model's rows).
+// test for an empty vector cost 10–20 % on a trained model's rows). AVX2 (float) does the same with a
+// permutation from a table (kLeftPack): on a trained model's rows the branch per kept lane it replaces was
+// half of the forward's time outside the products.
 template <typename Real>
 int64_t filter(const Real* s, const int32_t* keys, int32_t first, int64_t count, Real floor, Real shift,
                Real factor, Real* to, int32_t* to_key) {
@@ -185,6 +204,20 @@ int64_t filter(const Real* s, const int32_t* keys, int32_t first, int64_t count,
             const Vec<Real> x = (v - shift) * factor;
             _mm512_storeu_ps(to + n, _mm512_maskz_compress_ps(static_cast<__mmask16>(bits), reinterpret_cast<const __m512&>(x)));
             _mm512_storeu_si512(to_key + n, _mm512_maskz_compress_epi32(static_cast<__mmask16>(bits), index));
+            n += __builtin_popcount(bits);
+            continue;
+        }
+#elif defined(__AVX2__)
+        if constexpr (sizeof(Real) == 4) {
+            const __m256i order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(kLeftPack[bits])));
+            const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            const __m256i index =
+                keys != nullptr
+                    ? _mm256_maskload_epi32(keys + j, _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(valid)), lanes))
+                    : _mm256_add_epi32(_mm256_set1_epi32(first + int32_t(j)), lanes);
+            const Vec<Real> x = (v - shift) * factor;
+            _mm256_storeu_ps(to + n, _mm256_permutevar8x32_ps(reinterpret_cast<const __m256&>(x), order));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to_key + n), _mm256_permutevar8x32_epi32(index, order));
             n += __builtin_popcount(bits);
             continue;
         }
@@ -350,8 +383,8 @@ struct Tile {
     // later keys −∞ in the row's first `c1 − c0` entries).
     void score(const Problem<Real>& p, const Keys<Real>& keys, int64_t g, int64_t first, int64_t rows,
                int64_t c0, int64_t c1) {
-        const int64_t stride = p.stride();
-        for (int64_t t = 0; t < p.d; ++t) b[t] = keys.panel.data() + (g * p.d + t) * stride + c0;
+        const Real* block = keys.panel.data() + (g * p.chunks() + c0 / kChunk) * p.d * kChunk;
+        for (int64_t t = 0; t < p.d; ++t) b[t] = block + t * kChunk;
         product(a.data(), 1, rows, b.data(), p.d, c1 - c0, c.data());
         const Real inf = std::numeric_limits<Real>::infinity();
         const bool whole = keys.whole[g * p.chunks() + c0 / kChunk];

@@ -86,6 +86,28 @@ def test_flat_rows_keep_every_key(alpha):
     assert counts["kept_mean"] == pytest.approx(float(mean_keys))  # every causal key kept, none more
 
 
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+def test_float32_keeps_every_key_of_flat_rows_and_matches_dense_entmax(alpha):
+    """float32 has a filter of its own (AVX2: a permutation per vector in place of AVX-512's compress): on
+    flat padded rows every valid causal key passes it, first from the scores, then again from the kept list
+    each time the list is tightened; on scattered rows the output is dense entmax's to float round-off."""
+    _, k, v = inputs(300, seed=5)
+    k, v = k.float(), v.float()
+    valid = padding(300, seed=5)
+    q = torch.zeros_like(k)
+    out, counts = scanned_attention(q, k, v, alpha=alpha, causal=True, key_valid=valid, scale=0.25)
+    seen = valid.cumsum(-1)[:, None].expand(2, 3, 300)  # valid keys each query sees
+    assert counts["kept_mean"] == pytest.approx(float(seen[seen > 0].double().mean()))
+    mean_values = (v * valid[:, None, :, None]).cumsum(2) / seen.clamp(min=1)[..., None]
+    torch.testing.assert_close(out, mean_values * (seen > 0)[..., None], atol=2e-6, rtol=2e-6)
+    q, k, v = (x.float() for x in inputs(300, seed=10, d=32, spread=0.8))
+    out, _ = scanned_attention(q, k, v, alpha=alpha, causal=True, key_valid=valid, scale=32**-0.5)
+    ref = dense_indexed_reference(
+        q.double(), k.double(), v.double(), alpha=alpha, causal=True, key_valid=valid, scale=32**-0.5
+    )
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+
+
 def test_kept_entries_hold_the_support_and_lie_within_beta_of_the_maximum():
     """support ⊆ kept ⊆ {s > m − β}: the kernel's running floor never passes the threshold."""
     q, k, v = inputs(256, seed=6, d=32, spread=0.7)
