@@ -18,7 +18,9 @@ the share of key blocks whose exact scores were never computed, the phase times 
 teacher's density over the causal pairs, and the share of causal blocks holding any of its support (what an
 exact block-sparse kernel cannot skip); against dense α-entmax o (one forward per layer) each output's largest
 deviation over max |o| (certified: round-off), with the share of the teacher's support the approximate call's
-predicted sets hold. ``× SDPA`` is SDPA's time over the method's, measured side by side.
+predicted sets hold; and what skipping could save at best (:func:`skipping_ceilings`: the causal blocks
+holding support in the indexer's cluster order, the pairs whose certified low-rank bound passes the teacher's
+threshold). ``× SDPA`` is SDPA's time over the method's, measured side by side.
 Writes a JSON report and prints one table per layer and the sums over layers.
 """
 
@@ -35,7 +37,8 @@ import torch
 from torch import Tensor
 
 from attention_kernels.entmax.dense import entmax_normalize
-from attention_kernels.indexed.attention import indexed_attention, predicted_sets
+from attention_kernels.entmax.threshold import threshold_from_probabilities
+from attention_kernels.indexed.attention import clustered_orders, indexed_attention, predicted_sets
 from pipeline.atomic import write_json
 from pipeline.attention.entmax import checked_alpha
 from pipeline.attention.loading import load_model
@@ -117,6 +120,7 @@ def model_inputs(model_dir: str, data_dir: str, n: int, rank: int) -> tuple[list
         heads = HeadInputs(q=fit["q"], k=fit["k"], q_valid=everyone, k_valid=everyone, causal=True)
         basis = principal_basis([heads], rank)  # (h, rank, d)
         layer["q_index"], layer["k_index"] = low_rank(layer["q"], basis), low_rank(layer["k"], basis)
+        layer["basis"] = basis
     return timed, alpha
 
 
@@ -145,6 +149,7 @@ def layer_rows(
         )
     recall = float((predicted & support).sum() / support.sum())
     occupancy = support_occupancy(support, block)
+    occupancy |= skipping_ceilings(inputs, support, alpha=alpha, block=block)
     rows = []
     for name, fn in methods.items():
         row: dict[str, Any] = {"layer": inputs["layer"], "method": name}
@@ -198,14 +203,61 @@ def support_occupancy(support: Tensor, block: int) -> dict[str, float]:
     must compute."""
     h, n = support.shape[1], support.shape[2]
     nb = -(-n // block)
-    pad = nb * block - n
-    blocks = torch.nn.functional.pad(support, (0, pad, 0, pad)).view(h, nb, block, nb, block).any(-1).any(2)
+    blocks = _blocks(support, block)
     causal_pairs = h * n * (n + 1) / 2
     causal_blocks = h * nb * (nb + 1) / 2  # (h, nb, nb) lower triangle with the diagonal
     return {
         "teacher_density": float(support.sum()) / causal_pairs,
         "block_density": float(blocks.sum()) / causal_blocks,
     }
+
+
+def skipping_ceilings(inputs: LayerInputs, support: Tensor, *, alpha: float, block: int) -> dict[str, float]:
+    """What skipping exact scores could save at best on this layer, given the teacher's own thresholds θ_i
+    (a kernel's running floor only approaches them from below, so it skips less):
+
+    - ``clustered_block_density``: as ``block_density`` (:func:`support_occupancy`), with queries and keys
+      laid out by :func:`attention_kernels.indexed.attention.clustered_orders` (the indexer's k-d tree, so
+      that a key block holds keys of one direction), over the (query block, key block) pairs that hold a
+      causal pair: the least share of blocks a block-sparse kernel in that order must score;
+    - ``bound_keeps``: the share of causal pairs whose certified per-key bound
+      scale·((Pq)·(Pk) + ‖q − PᵀPq‖·‖k − PᵀPk‖) ≥ s = scale·q·k (P the indexer's orthonormal basis, Cauchy–
+      Schwarz on the rest) exceeds θ_i: the least share a scan over those (rank + 1)-wide bounds must score
+      again exactly to stay exact.
+    """
+    q, k, scale = inputs["q"], inputs["k"], inputs["scaling"]  # (1, h, n, d)
+    basis = inputs["basis"]  # (h, r, d)
+    n = q.shape[2]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()  # (n, n)
+    q_order, k_order = clustered_orders(inputs["q_index"], inputs["k_index"], block=block)  # (h, n) each
+    laid_out = [
+        torch.stack([x[0, head][q_order[head]][:, k_order[head]] for head in range(x.shape[1])])[None]
+        for x in (support, causal.expand_as(support))
+    ]  # (1, h, n, n): the support and the causal pairs in the clustered order
+    touched, visible = (_blocks(x, block).sum() for x in laid_out)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # (1, h, n, n)
+    theta = threshold_from_probabilities(scores, alpha) / (alpha - 1.0)  # (1, h, n, 1) in score units
+    bounds = torch.zeros_like(scores)
+    for head in range(q.shape[1]):
+        projector = basis[head]  # (r, d), orthonormal rows
+        parts = []
+        for x in (q[0, head], k[0, head]):  # (n, d)
+            low = x @ projector.T  # (n, r)
+            parts.append((low, (x - low @ projector).norm(dim=-1)))
+        (q_low, q_rest), (k_low, k_rest) = parts
+        bounds[0, head] = (q_low @ k_low.T + q_rest[:, None] * k_rest[None, :]) * scale
+    return {
+        "clustered_block_density": float(touched) / float(visible),
+        "bound_keeps": float((bounds > theta)[:, :, causal].sum()) / (q.shape[1] * n * (n + 1) / 2),
+    }
+
+
+def _blocks(pairs: Tensor, block: int) -> Tensor:
+    """(h, nb, nb) bool: the ``block`` × ``block`` blocks of pairs (1, h, n, n) holding any (last padded)."""
+    h, n = pairs.shape[1], pairs.shape[2]
+    nb = -(-n // block)
+    pad = nb * block - n
+    return torch.nn.functional.pad(pairs, (0, pad, 0, pad)).view(h, nb, block, nb, block).any(-1).any(2)
 
 
 def summed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,7 +269,14 @@ def summed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in ("forward_ms", "forward_backward_ms", "indexer_ms", "bounds_ms", "sparse_ms"):
             if key in mine[0]:
                 total[key] = sum(row[key] for row in mine)
-        for key in ("blocks_skipped", "support_recall", "teacher_density", "block_density"):
+        for key in (
+            "blocks_skipped",
+            "support_recall",
+            "teacher_density",
+            "block_density",
+            "clustered_block_density",
+            "bound_keeps",
+        ):
             if key in mine[0]:
                 total[key] = sum(row[key] for row in mine) / len(mine)
         if "max_rel_error" in mine[0]:
@@ -235,6 +294,8 @@ COLUMNS = [
     ("× SDPA", "forward_backward_x_sdpa", "{:.2f}"),
     ("teacher density", "teacher_density", "{:.3f}"),
     ("block density", "block_density", "{:.3f}"),
+    ("clustered block density", "clustered_block_density", "{:.3f}"),
+    ("bound keeps", "bound_keeps", "{:.3f}"),
     ("blocks skipped", "blocks_skipped", "{:.3f}"),
     ("indexer ms", "indexer_ms", "{:.1f}"),
     ("bounds ms", "bounds_ms", "{:.1f}"),

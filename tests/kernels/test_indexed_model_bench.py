@@ -18,6 +18,7 @@ from pipeline.data.mqar import MqarSpec
 from pipeline.data.mqar_card import mqar_card_text
 from pipeline.data.mqar_corpus import build_mqar_corpus, mqar_tokenizer
 from pipeline.evaluation.speed import long_sequence
+from pipeline.predictors.indexer_fit import low_rank
 from tests.tiny import tiny_llama
 
 SPEC = MqarSpec(vocab_size=64, input_seq_len=32, num_kv_pairs=4)
@@ -114,3 +115,38 @@ def test_occupancy_counts_the_causal_pairs_and_blocks_the_support_touches() -> N
     occupancy = indexed_model.support_occupancy(support, block)
     assert occupancy["teacher_density"] == pytest.approx(7 / 42)
     assert occupancy["block_density"] == pytest.approx(3 / 6)  # of 3 causal blocks per head
+
+
+def _layer(q: torch.Tensor, k: torch.Tensor, basis: torch.Tensor) -> dict:
+    return {
+        "q": q,
+        "k": k,
+        "scaling": 0.5,
+        "basis": basis,
+        "q_index": low_rank(q, basis),
+        "k_index": low_rank(k, basis),
+    }
+
+
+def test_the_low_rank_bound_keeps_the_support_and_is_the_score_at_full_rank() -> None:
+    torch.manual_seed(0)
+    h, n, d, alpha = 2, 24, 4, 1.5
+    q, k = torch.randn(1, h, n, d) * 2, torch.randn(1, h, n, d) * 2
+    support = indexed_model._dense_probs(q, k, alpha, 0.5) > 0
+    density = indexed_model.support_occupancy(support, 8)["teacher_density"]
+    full = torch.eye(d).expand(h, d, d)  # r = d: nothing is left to Cauchy–Schwarz, the bound is the score
+    exact = indexed_model.skipping_ceilings(_layer(q, k, full), support, alpha=alpha, block=8)
+    assert exact["bound_keeps"] == pytest.approx(density)
+    low = indexed_model.skipping_ceilings(_layer(q, k, full[:, :2]), support, alpha=alpha, block=8)
+    assert low["bound_keeps"] > density  # an upper bound keeps every support pair, and here more
+
+
+def test_the_clustered_density_counts_blocks_in_the_indexer_order() -> None:
+    # one head, 4 tokens on a line at 0, 10, 1, 11: the k-d tree puts tokens {0, 2} in one block and {1, 3}
+    # in the other, so every (query block, key block) pair holds a causal pair and the diagonal touches two
+    # of the four (in position order: two of the three causal blocks)
+    x = torch.tensor([0.0, 10.0, 1.0, 11.0]).view(1, 1, 4, 1)
+    support = torch.eye(4, dtype=torch.bool).view(1, 1, 4, 4)
+    ceilings = indexed_model.skipping_ceilings(_layer(x, x, torch.ones(1, 1, 1)), support, alpha=1.5, block=2)
+    assert ceilings["clustered_block_density"] == pytest.approx(2 / 4)
+    assert indexed_model.support_occupancy(support, 2)["block_density"] == pytest.approx(2 / 3)
