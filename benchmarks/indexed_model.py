@@ -227,28 +227,27 @@ def skipping_ceilings(inputs: LayerInputs, support: Tensor, *, alpha: float, blo
     """
     q, k, scale = inputs["q"], inputs["k"], inputs["scaling"]  # (1, h, n, d)
     basis = inputs["basis"]  # (h, r, d)
-    n = q.shape[2]
+    h, n = q.shape[1], q.shape[2]
     causal = torch.ones(n, n, dtype=torch.bool).tril()  # (n, n)
     q_order, k_order = clustered_orders(inputs["q_index"], inputs["k_index"], block=block)  # (h, n) each
-    laid_out = [
-        torch.stack([x[0, head][q_order[head]][:, k_order[head]] for head in range(x.shape[1])])[None]
-        for x in (support, causal.expand_as(support))
-    ]  # (1, h, n, n): the support and the causal pairs in the clustered order
-    touched, visible = (_blocks(x, block).sum() for x in laid_out)
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # (1, h, n, n)
-    theta = threshold_from_probabilities(scores, alpha) / (alpha - 1.0)  # (1, h, n, 1) in score units
-    bounds = torch.zeros_like(scores)
-    for head in range(q.shape[1]):
+    touched = visible = kept = 0
+    for head in range(h):  # one head's n × n at a time
+        rows, cols = q_order[head], k_order[head]
+        touched += int(_blocks(support[:, head : head + 1, rows][..., cols], block).sum())
+        visible += int(_blocks(causal[rows][:, cols][None, None], block).sum())
+        scores = (q[0, head] @ k[0, head].T * scale).masked_fill(~causal, float("-inf"))  # (n, n)
+        theta = threshold_from_probabilities(scores, alpha) / (alpha - 1.0)  # (n, 1) in score units
         projector = basis[head]  # (r, d), orthonormal rows
         parts = []
         for x in (q[0, head], k[0, head]):  # (n, d)
             low = x @ projector.T  # (n, r)
             parts.append((low, (x - low @ projector).norm(dim=-1)))
         (q_low, q_rest), (k_low, k_rest) = parts
-        bounds[0, head] = (q_low @ k_low.T + q_rest[:, None] * k_rest[None, :]) * scale
+        bounds = (q_low @ k_low.T + q_rest[:, None] * k_rest[None, :]) * scale  # (n, n) ≥ scores
+        kept += int(((bounds > theta) & causal).sum())
     return {
-        "clustered_block_density": float(touched) / float(visible),
-        "bound_keeps": float((bounds > theta)[:, :, causal].sum()) / (q.shape[1] * n * (n + 1) / 2),
+        "clustered_block_density": touched / visible,
+        "bound_keeps": kept / (h * n * (n + 1) / 2),
     }
 
 
