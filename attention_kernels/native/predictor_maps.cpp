@@ -23,7 +23,7 @@
 namespace {
 
 using vectors::allocated, vectors::exp_lanes, vectors::guarded, vectors::kWidth, vectors::lane_index,
-    vectors::load, vectors::shuffle, vectors::store, vectors::Vec;
+    vectors::lane_sums, vectors::load, vectors::shuffle, vectors::store, vectors::Vec;
 
 constexpr int64_t kChunk = 64;  // nearest_centroids: points a thread takes at once, 4 or 8 vectors of lanes
 
@@ -115,39 +115,6 @@ inline bool unzip_points(const float* from, int64_t rank, Vec<float>* rows, int6
     }
 }
 
-// The lane of a (below kWidth) or of b (kWidth on) that lane `lane` of a fold adds: its item's low half, or
-// its high. Item i of a fold's result (width / 2 lanes from lane i · width / 2) is item i of a and b side by
-// side, which starts at lane i · width of the pair.
-constexpr int fold_source(int lane, int width, bool high) {
-    const int half = width / 2;
-    return lane / half * width + lane % half + (high ? half : 0);
-}
-
-// The sums of the lanes of a and b, halved: a and b each hold kWidth / width items of `width` lanes; the
-// result holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
-template <int width, size_t... lane>
-Vec<float> fold(const Vec<float>& a, const Vec<float>& b, std::index_sequence<lane...>) {
-    return shuffle<float, fold_source(lane, width, false)...>(a, b) +
-           shuffle<float, fold_source(lane, width, true)...>(a, b);
-}
-
-// v[0 … width) each hold kWidth / width items of `width` lanes; afterwards v[0] holds every item's sum, in
-// order: folds of pairs, then of pairs of their results, down to items of one lane.
-template <int width>
-void fold_down(Vec<float>* v) {
-    constexpr auto lanes = std::make_index_sequence<kWidth<float>>{};
-    for (int k = 0; k < width / 2; ++k) v[k] = fold<width>(v[2 * k], v[2 * k + 1], lanes);
-    if constexpr (width > 2) fold_down<width / 2>(v);
-}
-
-// Lane k = the sum of v[k]'s lanes, for kWidth vectors v (overwritten): a tree of kWidth − 1 folds, two
-// shuffles and an addition each, where kWidth reductions one by one would take log₂ kWidth shuffles and
-// additions apiece.
-inline Vec<float> lane_sums(Vec<float> (&v)[kWidth<float>]) {
-    fold_down<kWidth<float>>(v);
-    return v[0];
-}
-
 // A tile's tokens, and the vectors of hidden units it sums at once: 24 running sums of AVX-512's 32 registers,
 // 12 of AVX2's 16.
 constexpr int kTokens = kWidth<float> == 16 ? 12 : 6;
@@ -185,7 +152,7 @@ void finish_outputs(const Vec<float>* partial, const float* bias, int64_t output
     for (int64_t p = 0; p < outputs; p += lanes) {
         Vec<float> sums[lanes];
         std::copy_n(partial + p, lanes, sums);
-        store<float>(out + p, lane_sums(sums) + load(bias + p), std::min(lanes, outputs - p));
+        store<float>(out + p, lane_sums<float>(sums) + load(bias + p), std::min(lanes, outputs - p));
     }
 }
 
@@ -274,7 +241,7 @@ void linear_rows(const float* rows, int64_t d, const float* maps, int64_t stride
                 for (int j = 0; j < R; ++j) sums[q * R + j] += coordinates * load(maps + j * stride + s);
             }
         }
-        store<float>(out + r0 * R, lane_sums(sums) + b, std::min(lanes, (count - r0) * R));
+        store<float>(out + r0 * R, lane_sums<float>(sums) + b, std::min(lanes, (count - r0) * R));
     }
 }
 

@@ -208,6 +208,41 @@ Vec<Real> shuffle(const Vec<Real>& a, const Vec<Real>& b) {
 #endif
 }
 
+// The lane of a (below kWidth) or of b (kWidth on) that lane `lane` of a fold adds: its item's low half, or
+// its high. Item i of a fold's result (width / 2 lanes from lane i · width / 2) is item i of a and b side by
+// side, which starts at lane i · width of the pair.
+constexpr int fold_source(int lane, int width, bool high) {
+    const int half = width / 2;
+    return lane / half * width + lane % half + (high ? half : 0);
+}
+
+// The sums of the lanes of a and b, halved: a and b each hold kWidth / width items of `width` lanes; the
+// result holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
+template <typename Real, int width, size_t... lane>
+Vec<Real> fold(const Vec<Real>& a, const Vec<Real>& b, std::index_sequence<lane...>) {
+    return shuffle<Real, fold_source(lane, width, false)...>(a, b) +
+           shuffle<Real, fold_source(lane, width, true)...>(a, b);
+}
+
+// v[0 … width) each hold kWidth / width items of `width` lanes; afterwards v[0] holds every item's sum, in
+// order: folds of pairs, then of pairs of their results, down to items of one lane.
+template <typename Real, int width>
+void fold_down(Vec<Real>* v) {
+    constexpr auto lanes = std::make_index_sequence<kWidth<Real>>{};
+    for (int k = 0; k < width / 2; ++k) v[k] = fold<Real, width>(v[2 * k], v[2 * k + 1], lanes);
+    if constexpr (width > 2) fold_down<Real, width / 2>(v);
+}
+
+// Lane k = the sum of v[k]'s lanes, for kWidth vectors v (overwritten): a tree of kWidth − 1 folds, two
+// shuffles and an addition each, where kWidth reductions one by one would take log₂ kWidth shuffles and
+// additions apiece. Each lane's sum pairs its lanes as `total` does (i with i + kWidth/2, then with
+// i + kWidth/4, …), so lane k equals total(v[k]) exactly.
+template <typename Real>
+Vec<Real> lane_sums(Vec<Real> (&v)[kWidth<Real>]) {
+    fold_down<Real, kWidth<Real>>(v);
+    return v[0];
+}
+
 // One stage of a transpose of a square of vectors (rows a, b = a + bit of it): the lanes of a with `bit`
 // set trade places with the lanes of b without it, a[i + bit] ↔ b[i]; over bit = 1, 2, 4, ... lane i of row
 // r ends where lane r of row i was.
