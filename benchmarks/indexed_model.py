@@ -149,7 +149,7 @@ def layer_rows(
         )
     recall = float((predicted & support).sum() / support.sum())
     occupancy = support_occupancy(support, block)
-    occupancy |= skipping_ceilings(inputs, support, alpha=alpha, block=block)
+    occupancy |= skipping_ceilings(inputs, probs, alpha=alpha, block=block)
     rows = []
     for name, fn in methods.items():
         row: dict[str, Any] = {"layer": inputs["layer"], "method": name}
@@ -212,9 +212,10 @@ def support_occupancy(support: Tensor, block: int) -> dict[str, float]:
     }
 
 
-def skipping_ceilings(inputs: LayerInputs, support: Tensor, *, alpha: float, block: int) -> dict[str, float]:
-    """What skipping exact scores could save at best on this layer, given the teacher's own thresholds θ_i
-    (a kernel's running floor only approaches them from below, so it skips less):
+def skipping_ceilings(inputs: LayerInputs, probs: Tensor, *, alpha: float, block: int) -> dict[str, float]:
+    """What skipping exact scores could save at best on this layer, given the teacher's own weights ``probs``
+    (1, h, n, n) and thresholds θ_i (a kernel's running floor only approaches them from below, so it skips
+    less):
 
     - ``clustered_block_density``: as ``block_density`` (:func:`support_occupancy`), with queries and keys
       laid out by :func:`attention_kernels.indexed.attention.clustered_orders` (the indexer's k-d tree, so
@@ -233,22 +234,26 @@ def skipping_ceilings(inputs: LayerInputs, support: Tensor, *, alpha: float, blo
     touched = visible = kept = 0
     for head in range(h):  # one head's n × n at a time
         rows, cols = q_order[head], k_order[head]
-        touched += int(_blocks(support[:, head : head + 1, rows][..., cols], block).sum())
+        support = probs[0, head] > 0  # (n, n)
+        touched += int(_blocks(support[rows][:, cols][None, None], block).sum())
         visible += int(_blocks(causal[rows][:, cols][None, None], block).sum())
         scores = (q[0, head] @ k[0, head].T * scale).masked_fill(~causal, float("-inf"))  # (n, n)
-        theta = threshold_from_probabilities(scores, alpha) / (alpha - 1.0)  # (n, 1) in score units
-        projector = basis[head]  # (r, d), orthonormal rows
-        parts = []
-        for x in (q[0, head], k[0, head]):  # (n, d)
-            low = x @ projector.T  # (n, r)
-            parts.append((low, (x - low @ projector).norm(dim=-1)))
-        (q_low, q_rest), (k_low, k_rest) = parts
+        tau = threshold_from_probabilities(scores, alpha, probs[0, head])  # (n, 1)
+        theta = tau / (alpha - 1.0)  # in score units
+        (q_low, q_rest), (k_low, k_rest) = (_split(x, basis[head]) for x in (q[0, head], k[0, head]))
         bounds = (q_low @ k_low.T + q_rest[:, None] * k_rest[None, :]) * scale  # (n, n) ≥ scores
         kept += int(((bounds > theta) & causal).sum())
     return {
         "clustered_block_density": touched / visible,
         "bound_keeps": kept / (h * n * (n + 1) / 2),
     }
+
+
+def _split(x: Tensor, projector: Tensor) -> tuple[Tensor, Tensor]:
+    """x (n, d) as its coordinates P x (n, r) in the orthonormal rows of ``projector`` P (r, d) and the norm
+    ‖x − PᵀP x‖ (n,) of the rest."""
+    low = x @ projector.T  # (n, r)
+    return low, (x - low @ projector).norm(dim=-1)
 
 
 def _blocks(pairs: Tensor, block: int) -> Tensor:

@@ -136,15 +136,18 @@ def entmax_threshold(
     return tau.masked_fill_(empty, float("inf")), top
 
 
-def threshold_from_probabilities(scores: torch.Tensor, alpha: float) -> torch.Tensor:
+def threshold_from_probabilities(
+    scores: torch.Tensor, alpha: float, probs: torch.Tensor | None = None
+) -> torch.Tensor:
     """(…, 1) τ of α-entmax over the last dim of ``scores`` (−inf marks excluded keys; −inf for a row with
     none), so that p_j = [(α − 1) z_j − τ]₊^{1/(α−1)}.
 
     The probabilities come from the dense normaliser (:func:`attention_kernels.entmax.dense.entmax_normalize`:
-    sort for α = 1.5 and 2, bisection otherwise); τ is read off the row's top key, which is always in the
-    support: τ = (α − 1) z_max − p_max^{α−1}.
+    sort for α = 1.5 and 2, bisection otherwise), or are ``probs`` where the caller already has them; τ is
+    read off the row's top key, which is always in the support: τ = (α − 1) z_max − p_max^{α−1}.
     """
-    probs = entmax_normalize(scores, alpha)
+    if probs is None:
+        probs = entmax_normalize(scores, alpha)
     top_score, top = scores.max(dim=-1, keepdim=True)
     tau = (alpha - 1.0) * top_score - probs.gather(-1, top).pow(alpha - 1.0)
     return tau.masked_fill(torch.isneginf(top_score), float("-inf"))

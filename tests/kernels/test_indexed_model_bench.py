@@ -132,12 +132,12 @@ def test_the_low_rank_bound_keeps_the_support_and_is_the_score_at_full_rank() ->
     torch.manual_seed(0)
     h, n, d, alpha = 2, 24, 4, 1.5
     q, k = torch.randn(1, h, n, d) * 2, torch.randn(1, h, n, d) * 2
-    support = indexed_model._dense_probs(q, k, alpha, 0.5) > 0
-    density = indexed_model.support_occupancy(support, 8)["teacher_density"]
+    probs = indexed_model._dense_probs(q, k, alpha, 0.5)
+    density = indexed_model.support_occupancy(probs > 0, 8)["teacher_density"]
     full = torch.eye(d).expand(h, d, d)  # r = d: nothing is left to Cauchy–Schwarz, the bound is the score
-    exact = indexed_model.skipping_ceilings(_layer(q, k, full), support, alpha=alpha, block=8)
+    exact = indexed_model.skipping_ceilings(_layer(q, k, full), probs, alpha=alpha, block=8)
     assert exact["bound_keeps"] == pytest.approx(density)
-    low = indexed_model.skipping_ceilings(_layer(q, k, full[:, :2]), support, alpha=alpha, block=8)
+    low = indexed_model.skipping_ceilings(_layer(q, k, full[:, :2]), probs, alpha=alpha, block=8)
     assert low["bound_keeps"] > density  # an upper bound keeps every support pair, and here more
 
 
@@ -146,7 +146,7 @@ def test_the_clustered_density_counts_blocks_in_the_indexer_order() -> None:
     # in the other, so every (query block, key block) pair holds a causal pair and the diagonal touches two
     # of the four (in position order: two of the three causal blocks)
     x = torch.tensor([0.0, 10.0, 1.0, 11.0]).view(1, 1, 4, 1)
-    support = torch.eye(4, dtype=torch.bool).view(1, 1, 4, 4)
-    ceilings = indexed_model.skipping_ceilings(_layer(x, x, torch.ones(1, 1, 1)), support, alpha=1.5, block=2)
+    probs = torch.eye(4).view(1, 1, 4, 4)  # the support: the diagonal
+    ceilings = indexed_model.skipping_ceilings(_layer(x, x, torch.ones(1, 1, 1)), probs, alpha=1.5, block=2)
     assert ceilings["clustered_block_density"] == pytest.approx(2 / 4)
-    assert indexed_model.support_occupancy(support, 2)["block_density"] == pytest.approx(2 / 3)
+    assert indexed_model.support_occupancy(probs > 0, 2)["block_density"] == pytest.approx(2 / 3)
