@@ -12,6 +12,8 @@ what it builds on, so code that needs the entmax normaliser never loads Triton o
   against.
 - :mod:`attention_kernels.indexed`: ``indexed_attention``, α-entmax whose keys a low-rank indexer chooses,
   exact in its certified mode; PyTorch and Triton.
+- :mod:`attention_kernels.index_grid`: the 7-bit grid the approximate indexer's low-rank rows lie on, shared
+  by the indexed kernels and the τ-indexer predictor.
 - :mod:`attention_kernels.native`: the C++ sources and the builder that compiles and verifies them.
 - :mod:`attention_kernels.predictor_maps`: a learned predictor's per-token maps (head MLP, nearest centroid)
   in C++.

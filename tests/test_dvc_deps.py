@@ -71,16 +71,23 @@ def stage_files(script_module: str) -> set[Path]:
 
 def native_sources(files: set[Path]) -> set[Path]:
     """The C++ kernels that ``files`` build (``library("name")`` is attention_kernels/native/name.cpp), and
-    the headers beside them, which they may include."""
-    names = {
-        name
+    the headers beside them that those include, directly or through another header."""
+    native = Path("attention_kernels") / "native"
+    todo = [
+        native / f"{name}.cpp"
         for path in files
         for name in re.findall(r'(?<![\w.])library\("(\w+)"\)', (ROOT / path).read_text())
-    }
-    if not names:
-        return set()
-    headers = {path.relative_to(ROOT) for path in (ROOT / "attention_kernels" / "native").glob("*.h")}
-    return {Path("attention_kernels") / "native" / f"{name}.cpp" for name in names} | headers
+    ]
+    found: set[Path] = set()
+    while todo:
+        source = todo.pop()
+        if source in found:
+            continue
+        found.add(source)
+        todo += [
+            native / name for name in re.findall(r'^#include "([\w.]+)"', (ROOT / source).read_text(), re.M)
+        ]
+    return found
 
 
 def stages() -> dict[str, dict]:

@@ -10,8 +10,10 @@ For α > 1, adding keys only raises the threshold (Σ_j [(α − 1) z_j − τ]�
 root moves right): τ(S) ≤ τ_i for every S, and any key with (α − 1) z_ij ≤ τ(S) has p_ij = 0 exactly.
 
 Indexer (pass 1). Low-rank projections q_index (…, n, r) and k_index (…, m, r), r ≪ d, give cheap scores
-z′_ij = scale · q_index_i·k_index_j. With τ′_i the threshold of the top-``candidates`` z′ of row i (the exact
-threshold of the whole low-rank row whenever its support fits in the candidates), the predicted set is
+z′_ij = scale · q_index_i·k_index_j (approximate mode: each row of both first put on its 7-bit grid, see
+:mod:`attention_kernels.index_grid`; the CPU kernel multiplies the codes in integers). With τ′_i the
+threshold of the top-``candidates`` z′ of row i (the exact threshold of the whole low-rank row whenever its
+support fits in the candidates), the predicted set is
 
     Ŝ_i = {j among the top-``candidates`` z′_i : (α − 1) z′_ij ≥ τ′_i − margin}.
 
@@ -74,6 +76,7 @@ from attention_kernels.entmax.dense import entmax_normalize
 from attention_kernels.entmax.gradient import entmax_gradient_weight
 from attention_kernels.entmax.support_sums import support_sums
 from attention_kernels.entmax.threshold import entmax_threshold, mass_and_slope, newton_step
+from attention_kernels.index_grid import on_grid
 from attention_kernels.indexed.scanned import scanned_attention, scanned_kernel
 
 __all__ = [
@@ -934,6 +937,8 @@ def indexed_attention(
         0.0,
     )
     clock = time.perf_counter()
+    if mode == "approximate":
+        q_index, k_index = on_grid(q_index), on_grid(k_index)
     orders = clustered_orders(q_index, k_index, block=int(block)) if order == "clustered" else None
     stats["indexer_s"] += time.perf_counter() - clock
     lay = _Layout(
@@ -993,6 +998,7 @@ def predicted_sets(
     """
     b, h, n, _ = q_index.shape
     m = k_index.shape[2]
+    q_index, k_index = on_grid(q_index), on_grid(k_index)
     q = q_index.new_zeros(b, h, n, 1)
     k = k_index.new_zeros(b, h, m, 1)
     compute = torch.float64 if q_index.dtype == torch.float64 else torch.float32

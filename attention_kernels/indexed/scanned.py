@@ -26,6 +26,7 @@ import ctypes
 
 import torch
 
+from attention_kernels.index_grid import on_grid
 from attention_kernels.native import call, library, wide
 
 __all__ = ["CHUNK", "scanned_attention", "scanned_kernel"]
@@ -47,12 +48,13 @@ def scanned_kernel(alpha: float, q: torch.Tensor) -> ctypes.CDLL | None:
 
 class _Scanned(torch.autograd.Function):
     """o (G, n, dv) of q (G, n, d), k (G, m, d), v (G, m, dv), and in approximate mode the indexer's
-    q_index (G, n, r), k_index (G, m, r) (constants); ``settings`` (scale, α, causal, margin, candidates);
-    the kernel's counts added into ``counts`` (5,)."""
+    q_index (G, n, r), k_index (G, m, r) (constants); ``settings`` (scale, α, causal, margin, candidates,
+    coded: the low-rank scores from the index's 7-bit codes, float32 only); the kernel's counts added into
+    ``counts`` (5,)."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_valid, q_index, k_index, settings: tuple, counts: torch.Tensor):
-        scale, alpha, causal, margin, candidates = settings
+        scale, alpha, causal, margin, candidates, coded = settings
         kernel = scanned_kernel(alpha, q)
         assert kernel is not None
         G, n, d = q.shape
@@ -63,7 +65,8 @@ class _Scanned(torch.autograd.Function):
         low = saved[2:] or [None, None]
         # fmt: off
         call(kernel, f"scanned_forward_{_SUFFIX[q.dtype]}", q, k, v, key_valid, q_index, k_index, G, n, m, d,
-             dv, rank, scale, _BETA[alpha], int(causal), margin, candidates, out, *saved[:2], *low, counts)
+             dv, rank, scale, _BETA[alpha], int(causal), margin, candidates, int(coded), out, *saved[:2],
+             *low, counts)
         # fmt: on
         ctx.save_for_backward(q, k, v, key_valid, q_index, k_index, *saved)
         ctx.settings = settings
@@ -73,7 +76,7 @@ class _Scanned(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         q, k, v, key_valid, q_index, k_index, *saved = ctx.saved_tensors
-        scale, alpha, causal, margin, candidates = ctx.settings
+        scale, alpha, causal, margin, candidates, coded = ctx.settings
         kernel = scanned_kernel(alpha, q)
         assert kernel is not None
         G, n, d = q.shape
@@ -84,8 +87,8 @@ class _Scanned(torch.autograd.Function):
         low = saved[2:] or [None, None]
         # fmt: off
         call(kernel, f"scanned_backward_{_SUFFIX[q.dtype]}", q, k, v, key_valid, q_index, k_index, G, n, m, d,
-             dv, rank, scale, _BETA[alpha], int(causal), margin, candidates, grad, *saved[:2], *low, dq, dk,
-             dvalues)
+             dv, rank, scale, _BETA[alpha], int(causal), margin, candidates, int(coded), grad, *saved[:2],
+             *low, dq, dk, dvalues)
         # fmt: on
         return dq, dk, dvalues, None, None, None, None, None
 
@@ -102,12 +105,16 @@ def scanned_attention(
     index: tuple[torch.Tensor, torch.Tensor] | None = None,
     margin: float = 0.0,
     candidates: int = 64,
+    coded: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """α-entmax attention (b, h, n, d_v) in q's dtype, differentiable in q, k and v. Certified (``index``
     None): exact. Approximate (``index`` = (q_index (b, h, n, r), k_index (b, h, m, r)), constants): entmax
     with the exact scores over each query's predicted set Ŝ = {j : (α − 1) z′_j ≥ τ′ − margin} of its
     low-rank scores z′ (the ``candidates`` largest where more), as
-    :func:`attention_kernels.indexed.attention.predicted_sets` defines it. With its counts: ``chunks_skipped``
+    :func:`attention_kernels.indexed.attention.predicted_sets` defines it: the index on the 7-bit grid of
+    :mod:`attention_kernels.index_grid`, its scores computed by the kernel from the codes in integers
+    where ``coded`` and the compute dtype is float32, else from the grid's floats (the two differ by
+    round-off). With its counts: ``chunks_skipped``
     (share of the (48-query tile, 128-key chunk) pairs a query could see whose scores were never computed),
     ``kept_mean`` (mean over queries with a key of the keys entmax ran over: certified, those its floor
     kept; approximate, |Ŝ|) and ``filled`` (share of those whose Ŝ was capped). q (b, h, n, d),
@@ -123,9 +130,12 @@ def scanned_attention(
     valid = None
     if key_valid is not None:  # (b, m) → (b·h, m) bytes
         valid = key_valid[:, None].expand(b, h, m).reshape(b * h, m).to(torch.uint8).contiguous()
-    q_index, k_index = (None, None) if index is None else (flat(index[0].detach()), flat(index[1].detach()))
+    q_index, k_index = None, None
+    if index is not None:  # the kernel codes float32 rows itself; the grid's floats otherwise
+        coded = coded and compute == torch.float32
+        q_index, k_index = (flat(x.detach() if coded else on_grid(x)) for x in index)
     counts = torch.zeros(5, dtype=torch.int64)
-    settings = (float(scale), float(alpha), causal, float(margin), int(candidates))
+    settings = (float(scale), float(alpha), causal, float(margin), int(candidates), bool(coded))
     out = _Scanned.apply(flat(q), flat(k), flat(v), valid, q_index, k_index, settings, counts)
     scored, visible, kept, capped, live = (int(c) for c in counts)
     stats = {

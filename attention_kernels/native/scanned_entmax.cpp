@@ -40,11 +40,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "coded_product.h"
 #include "vectors.h"
 
 namespace {
@@ -97,6 +99,7 @@ struct Problem {
     Real scale;
     int beta;
     bool causal;
+    bool coded = false;  // scores from 7-bit codes (coded_product.h): the approximate mode's low-rank scan in float
 
     int64_t chunks() const { return (m + kChunk - 1) / kChunk; }
     // Keys [0, keys) that a tile's rows from `first` may see.
@@ -106,14 +109,20 @@ struct Problem {
 // Per group and chunk: kᵀ of the chunk's keys (d × kChunk, zero past m; a chunk's own block, as the product
 // reads it: rows of kᵀ over all m keys lie 4·m bytes apart, and at m = 4096 every row of a chunk fell in the
 // same set of the first-level cache), and per chunk the centroid of its valid keys, its norm, their
-// radius around it and whether it holds any.
+// radius around it and whether it holds any. Coded problems: also per chunk the keys' codes (quads × kChunk ×
+// 4 bytes), corrections and steps (coded_product.h; zero past m).
 template <typename Real>
 struct Keys {
     std::vector<Real> panel, centroid, center_norm, radius;
     std::vector<uint8_t> any, whole;  // a valid key; every key valid
+    std::vector<int8_t> codes;
+    std::vector<int32_t> correction;
+    std::vector<float> step;
 
     void build(const Problem<Real>& p, int threads) {
         const int64_t chunks = p.chunks(), d = p.d;
+        if constexpr (std::is_same_v<Real, float>)
+            if (p.coded) code(p, threads);
         panel.assign(p.G * chunks * d * kChunk, Real(0));
         centroid.assign(p.G * chunks * d, Real(0));
         radius.assign(p.G * chunks, Real(0)), center_norm.assign(p.G * chunks, Real(0));
@@ -145,6 +154,27 @@ struct Keys {
             }
             radius[gc] = std::sqrt(far);
         }
+    }
+
+    // The coded keys, each on its own grid (as quantised.py): codes, corrections and steps per chunk.
+    void code(const Problem<float>& p, int threads) {
+        const int64_t chunks = p.chunks(), quads = coded::quads(p.d);
+        codes.assign(p.G * chunks * quads * kChunk * 4, 0);
+        correction.assign(p.G * chunks * kChunk, 0), step.assign(p.G * chunks * kChunk, 0);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+        for (int64_t g = 0; g < p.G; ++g)
+            for (int64_t j = 0; j < p.m; ++j) {
+                const int64_t gc = g * chunks + j / kChunk, at = gc * kChunk + j % kChunk;
+                const float* k = p.k + (g * p.m + j) * p.d;
+                int8_t* block = codes.data() + gc * quads * kChunk * 4 + (j % kChunk) * 4;
+                const float key_step = coded::step_of(k, p.d);
+                int32_t sum = 0;
+                for (int64_t t = 0; t < p.d; ++t) {
+                    const int code = coded::code_of(k[t], key_step);
+                    block[(t / 4) * kChunk * 4 + t % 4] = int8_t(code), sum += code;
+                }
+                correction[at] = coded::kOffset * sum, step[at] = key_step;
+            }
     }
 };
 
@@ -334,6 +364,9 @@ struct Tile {
     std::vector<int64_t> kept_count, trigger;
     std::vector<const Real*> a, b;
     std::vector<Real*> c;
+    std::vector<uint8_t> codes;       // coded problems: per row its query codes u (quads · 4 bytes)
+    std::vector<const uint8_t*> code_rows;
+    std::vector<float> factor;        // and scale·step_q
     int64_t room = 0;  // kept entries a row may hold: each key once
     Support<Real> support, exact;  // a row's gathered entries; approximate mode: the exact scores of Ŝ
     std::vector<int64_t> order;    // approximate mode: the cap's ranking
@@ -347,12 +380,25 @@ struct Tile {
         a.resize(kTile), b.resize(p.d), c.resize(kTile);
         for (int64_t r = 0; r < kTile; ++r) a[r] = qs.data() + r * p.d, c[r] = scores.data() + r * width;
         support.allocate(p.m), exact.allocate(p.m);
+        if (!p.coded) return;
+        const int64_t row = coded::quads(p.d) * 4;
+        codes.assign(kTile * row, coded::kOffset), code_rows.resize(kTile), factor.assign(kTile, 0);
+        for (int64_t r = 0; r < kTile; ++r) code_rows[r] = codes.data() + r * row;
     }
 
-    // The tile's rows [first, first + rows) of group g: scale·q and its norm; no entry kept yet.
+    // The tile's rows [first, first + rows) of group g: scale·q and its norm (coded: its codes and factor); no
+    // entry kept yet.
     void start(const Problem<Real>& p, int64_t g, int64_t first, int64_t rows) {
         for (int64_t r = 0; r < rows; ++r) {
             const Real* q = p.q + (g * p.n + first + r) * p.d;
+            if constexpr (std::is_same_v<Real, float>) {
+                if (p.coded) {
+                    const float step = coded::step_of(q, p.d);
+                    uint8_t* u = codes.data() + r * coded::quads(p.d) * 4;
+                    for (int64_t t = 0; t < p.d; ++t) u[t] = uint8_t(coded::code_of(q[t], step) + coded::kOffset);
+                    factor[r] = p.scale * step;
+                }
+            }
             Real* to = qs.data() + r * p.d;
             Real sq = 0;
             for (int64_t t = 0; t < p.d; ++t) to[t] = p.scale * q[t], sq += to[t] * to[t];
@@ -383,9 +429,22 @@ struct Tile {
     // later keys −∞ in the row's first `c1 − c0` entries).
     void score(const Problem<Real>& p, const Keys<Real>& keys, int64_t g, int64_t first, int64_t rows,
                int64_t c0, int64_t c1) {
-        const Real* block = keys.panel.data() + (g * p.chunks() + c0 / kChunk) * p.d * kChunk;
-        for (int64_t t = 0; t < p.d; ++t) b[t] = block + t * kChunk;
-        product(a.data(), 1, rows, b.data(), p.d, c1 - c0, c.data());
+        const int64_t gc = g * p.chunks() + c0 / kChunk;
+        bool done = false;
+        if constexpr (std::is_same_v<Real, float>) {
+            if (p.coded) {
+                const int64_t quads = coded::quads(p.d);
+                coded::product(code_rows.data(), factor.data(), rows, keys.codes.data() + gc * quads * kChunk * 4,
+                               kChunk, quads / 2, keys.correction.data() + gc * kChunk, keys.step.data() + gc * kChunk,
+                               c1 - c0, c.data());
+                done = true;
+            }
+        }
+        if (!done) {
+            const Real* block = keys.panel.data() + gc * p.d * kChunk;
+            for (int64_t t = 0; t < p.d; ++t) b[t] = block + t * kChunk;
+            product(a.data(), 1, rows, b.data(), p.d, c1 - c0, c.data());
+        }
         const Real inf = std::numeric_limits<Real>::infinity();
         const bool whole = keys.whole[g * p.chunks() + c0 / kChunk];
         for (int64_t r = 0; r < rows; ++r) {
@@ -518,11 +577,12 @@ struct Index {
     const Real *q, *k;
     int64_t rank, candidates;
     Real margin;  // δ ≥ 0
+    bool coded;   // the low-rank scores from 7-bit codes where Real is float (coded_product.h)
 
     // The indexer's problem: p with the low-rank rows in place of q and k.
     Problem<Real> low(const Problem<Real>& p) const {
         Problem<Real> out = p;
-        out.q = q, out.k = k, out.d = rank;
+        out.q = q, out.k = k, out.d = rank, out.coded = coded && std::is_same_v<Real, float>;
         return out;
     }
 };
@@ -761,19 +821,20 @@ void backward(const Problem<Real>& p, const Index<Real>* index, const Real* grad
 
 // q (G, n, d), k (G, m, d), v (G, m, dv) contiguous; key_valid (G, m) bytes or null; beta 1 (α = 2) or 2
 // (α = 1.5); causal 0 or 1 (n = m). Approximate mode where q_index (G, n, rank) and k_index (G, m, rank) are
-// not null, with margin δ and the cap `candidates`. Forward: out (G, n, dv); shift, tau (G, n) and in
-// approximate mode low_shift, low_tau (G, n) for the backward; counts (5,) added to. Backward: grad (G, n, dv)
-// and what the forward saved give dq, dk, dv. Returns 0, −1 when memory ran out, −2 for a β it does not take.
+// not null, with margin δ and the cap `candidates`, its low-rank scores from 7-bit codes (float) where `coded`
+// is 1. Forward: out (G, n, dv); shift, tau (G, n) and in approximate mode low_shift, low_tau (G, n) for the
+// backward; counts (5,) added to. Backward: grad (G, n, dv) and what the forward saved give dq, dk, dv.
+// Returns 0, −1 when memory ran out, −2 for a β it does not take.
 #define EXPORT(SUFFIX, REAL)                                                                                       \
     extern "C" int scanned_forward_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const uint8_t* key_valid,  \
                                             const REAL* q_index, const REAL* k_index, int64_t G, int64_t n,         \
                                             int64_t m, int64_t d, int64_t dv, int64_t rank, double scale,           \
                                             int64_t beta, int64_t causal, double margin, int64_t candidates,        \
-                                            REAL* out, REAL* shift, REAL* tau, REAL* low_shift, REAL* low_tau,      \
-                                            int64_t* counts, int threads) {                                         \
+                                            int64_t coded, REAL* out, REAL* shift, REAL* tau, REAL* low_shift,      \
+                                            REAL* low_tau, int64_t* counts, int threads) {                          \
         if (beta != 1 && beta != 2) return -2;                                                                      \
         const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};             \
-        const Index<REAL> index{q_index, k_index, rank, candidates, REAL(margin)};                                  \
+        const Index<REAL> index{q_index, k_index, rank, candidates, REAL(margin), coded != 0};                      \
         const Index<REAL>* chosen = q_index != nullptr ? &index : nullptr;                                          \
         return guarded([&] { forward(p, chosen, out, Saved<REAL>{shift, tau, low_shift, low_tau}, counts, threads); }); \
     }                                                                                                               \
@@ -781,11 +842,12 @@ void backward(const Problem<Real>& p, const Index<Real>* index, const Real* grad
                                              const REAL* q_index, const REAL* k_index, int64_t G, int64_t n,        \
                                              int64_t m, int64_t d, int64_t dv, int64_t rank, double scale,          \
                                              int64_t beta, int64_t causal, double margin, int64_t candidates,       \
-                                             const REAL* grad, REAL* shift, REAL* tau, REAL* low_shift,             \
-                                             REAL* low_tau, REAL* dq, REAL* dk, REAL* dv_out, int threads) {        \
+                                             int64_t coded, const REAL* grad, REAL* shift, REAL* tau,               \
+                                             REAL* low_shift, REAL* low_tau, REAL* dq, REAL* dk, REAL* dv_out,      \
+                                             int threads) {                                                         \
         if (beta != 1 && beta != 2) return -2;                                                                      \
         const Problem<REAL> p{q, k, v, key_valid, G, n, m, d, dv, REAL(scale), int(beta), causal != 0};             \
-        const Index<REAL> index{q_index, k_index, rank, candidates, REAL(margin)};                                  \
+        const Index<REAL> index{q_index, k_index, rank, candidates, REAL(margin), coded != 0};                      \
         const Index<REAL>* chosen = q_index != nullptr ? &index : nullptr;                                          \
         const Saved<REAL> saved{shift, tau, low_shift, low_tau};                                                    \
         return guarded([&] { backward(p, chosen, grad, saved, dq, dk, dv_out, threads); });                         \

@@ -5,6 +5,9 @@
 
     z′_ij = s · (A q_i)·(B k_j),      A, B ∈ ℝ^{r × d} per head,  s the model's scaling,
 
+each low-rank row on its own 7-bit grid (:mod:`attention_kernels.index_grid`: the CPU kernel multiplies
+the codes in integers),
+
 and applies the same rule per query, with a safety margin δ ≥ 0:
 
     τ′_i = the α-entmax threshold of the row z′_i over the keys query i may attend,
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from attention_kernels.entmax.threshold import threshold_from_probabilities
+from attention_kernels.index_grid import on_grid
 from pipeline.errors import UserError
 from pipeline.predictors.base import HeadInputs, Prediction, Predictor, positive_int, register
 from pipeline.predictors.indexer_fit import FITS, distill_maps, low_rank, principal_basis
@@ -97,13 +101,15 @@ class IndexerPredictor(Predictor):
         return {"q_map": (heads, self.rank, head_dim), "k_map": (heads, self.rank, head_dim)}
 
     def index_queries(self, layer: int, q: Tensor) -> Tensor:
-        """The low-rank queries A q (b, h, n, r) of ``layer``, float32."""
-        return low_rank(q, self._map(layer, "q_map", q))
+        """The low-rank queries A q (b, h, n, r) of ``layer``, float32, each row on its 7-bit grid
+        (:mod:`attention_kernels.index_grid`)."""
+        return on_grid(low_rank(q, self._map(layer, "q_map", q)))
 
     def index_keys(self, layer: int, k: Tensor) -> Tensor:
-        """The low-rank keys B k (b, h, m, r) of ``layer``, float32: z′ is the model's scaling times their dot
-        products with the low-rank queries (what :func:`attention_kernels.indexed.attention` takes)."""
-        return low_rank(k, self._map(layer, "k_map", k))
+        """The low-rank keys B k (b, h, m, r) of ``layer``, float32, each row on its 7-bit grid: z′ is the
+        model's scaling times their dot products with the low-rank queries (what
+        :func:`attention_kernels.indexed.attention` takes)."""
+        return on_grid(low_rank(k, self._map(layer, "k_map", k)))
 
     def _map(self, layer: int, name: str, x: Tensor) -> Tensor:
         linear_map = self.layer_state(layer)[name]  # (h, r, d)

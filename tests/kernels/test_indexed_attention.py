@@ -12,6 +12,7 @@ import torch
 
 from attention_kernels.entmax.dense import entmax_normalize
 from attention_kernels.entmax.threshold import entmax_threshold
+from attention_kernels.index_grid import on_grid
 from attention_kernels.indexed.attention import (
     RowEntmax,
     _bound_factors,
@@ -394,7 +395,9 @@ def dense_threshold(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def dense_predicted(qi, ki, *, alpha, causal, key_valid, scale, margin) -> torch.Tensor:
-    """The definition: {j valid : (α − 1) z′_ij ≥ τ′_i − margin}, τ′ of the whole low-rank row."""
+    """The definition: {j valid : (α − 1) z′_ij ≥ τ′_i − margin}, τ′ of the whole low-rank row, the index
+    on the 7-bit grid."""
+    qi, ki = on_grid(qi), on_grid(ki)
     n, m = qi.shape[2], ki.shape[2]
     mask = torch.ones(n, m, dtype=torch.bool)
     if causal:
@@ -455,7 +458,7 @@ def test_predicted_sets_keep_the_top_candidates():
     _, _, _, qi, ki = random_inputs(40, seed=10, r=4)
     got = predicted_sets(qi, ki, candidates=3, block=16, scale=0.2, margin=5.0)  # flat rows, wide margin
     assert (got.sum(-1) == 3).all()
-    z = qi @ ki.transpose(-1, -2)
+    z = on_grid(qi) @ on_grid(ki).transpose(-1, -2)
     third = z.topk(3, dim=-1).values[..., -1:]
     assert torch.equal(got, z >= third)
 
