@@ -101,15 +101,14 @@ class IndexerPredictor(Predictor):
         return {"q_map": (heads, self.rank, head_dim), "k_map": (heads, self.rank, head_dim)}
 
     def index_queries(self, layer: int, q: Tensor) -> Tensor:
-        """The low-rank queries A q (b, h, n, r) of ``layer``, float32, each row on its 7-bit grid
-        (:mod:`attention_kernels.index_grid`)."""
-        return on_grid(low_rank(q, self._map(layer, "q_map", q)))
+        """The low-rank queries A q (b, h, n, r) of ``layer``, float32."""
+        return low_rank(q, self._map(layer, "q_map", q))
 
     def index_keys(self, layer: int, k: Tensor) -> Tensor:
-        """The low-rank keys B k (b, h, m, r) of ``layer``, float32, each row on its 7-bit grid: z′ is the
-        model's scaling times their dot products with the low-rank queries (what
-        :func:`attention_kernels.indexed.attention` takes)."""
-        return on_grid(low_rank(k, self._map(layer, "k_map", k)))
+        """The low-rank keys B k (b, h, m, r) of ``layer``, float32: z′ is the model's scaling times their dot
+        products with the low-rank queries, each row of both on its 7-bit grid (what ``select`` and
+        :func:`attention_kernels.indexed.attention` compute; the CPU kernel codes the rows itself)."""
+        return low_rank(k, self._map(layer, "k_map", k))
 
     def _map(self, layer: int, name: str, x: Tensor) -> Tensor:
         linear_map = self.layer_state(layer)[name]  # (h, r, d)
@@ -124,6 +123,8 @@ class IndexerPredictor(Predictor):
         return self.select(self.index_queries(layer, inputs.q), self.index_keys(layer, inputs.k), inputs)
 
     def select(self, q_index: Tensor, k_index: Tensor, inputs: HeadInputs) -> Prediction:
-        """Ĝ from the low-rank queries (b, h, n, r) and keys (b, h, m, r) of ``inputs``' pairs."""
-        scores = (q_index @ k_index.transpose(-1, -2)) * inputs.score_scale()  # (b, h, n, m) z′
+        """Ĝ from the low-rank queries (b, h, n, r) and keys (b, h, m, r) of ``inputs``' pairs, each row
+        on its 7-bit grid."""
+        low_keys = on_grid(k_index).transpose(-1, -2)
+        scores = (on_grid(q_index) @ low_keys) * inputs.score_scale()  # (b, h, n, m) z′
         return Prediction(mask=indexed_set(scores, inputs.pairs(), float(self.alpha), float(self.margin)))
