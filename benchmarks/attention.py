@@ -98,7 +98,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.allocator import keep_freed_memory
-from pipeline.evaluation.report import DASH, formatted
+from pipeline.evaluation.table_text import DASH, formatted
 from pipeline.timer import median_seconds
 
 ROOT = Path(__file__).resolve().parents[1]

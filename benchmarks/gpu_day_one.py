@@ -7,11 +7,17 @@ time; ``DAY_ONE_*_S`` override them) and each writing under OUT_DIR, then this m
 
 1. ``facts`` (:func:`device_facts`): ``nvidia-smi -L``, the CUDA devices torch sees (name, compute capability,
    memory), the torch, CUDA, Triton and Python versions and the CPU count: ``facts.json``, ``facts.log``.
-   Without a CUDA device the script stops here (``--smoke`` is the rehearsal on a CPU).
+   It also imports what the later steps import (the benchmarks, the kernel test files): a package missing
+   there (:func:`missing_packages`) stops the script here, with exit status 4 and the packages named, rather
+   than minutes later in each step. The benchmarks need torch, Triton, entmax, tqdm and matplotlib only,
+   not the pipeline's own dependencies (pydantic, datasets, DVC), which a bare GPU image lacks. Without a
+   CUDA device the script stops here too (``--smoke`` is the rehearsal on a CPU).
 2. ``tests``: the kernel tests that run on CUDA tensors when a GPU is present (the files of ``tests/kernels``
    that ask ``torch.cuda.is_available()``; there they add bf16 and the large cases), with pytest-xdist when
-   installed: ``kernel_tests.xml`` (JUnit) and ``kernel_tests.log``. Failures are recorded and the
-   benchmarks still run.
+   installed: ``kernel_tests.xml`` (JUnit) and ``kernel_tests.log``, one line per test as it ends. With
+   pytest-timeout installed the session stops itself before the step's timeout, so that pytest still writes
+   its XML; where it was killed all the same, the summary counts the outcomes from the log
+   (:func:`kernel_tests_from_log`). Failures are recorded and the benchmarks still run.
 3. ``tune``: ``python -m benchmarks.tune --sizes 16384 --budget-s 90``: ``tune/tune.json`` (saved after
    every pass, so a timeout keeps the passes done), ``tune.log`` and, from the JSON, ``tune.md``.
 4. ``bench``: ``python -m benchmarks.attention --suite gpu --sizes 16384 --buckets 16 --index-inputs
@@ -38,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +135,23 @@ def facts_text(facts: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def missing_packages(modules: list[str]) -> dict[str, str]:
+    """For each of ``modules`` that cannot be imported for want of a package, that package's name
+    ({module: package}). Import errors of other kinds are raised: they are bugs, not a bare machine."""
+    import importlib
+
+    missing = {}
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            name = (err.name or "").split(".")[0]
+            if not name or name == module.split(".")[0]:
+                raise  # the module itself is not there: a wrong name, not a missing package
+            missing[module] = name
+    return missing
+
+
 # --------------------------------------------------------------------------------------------- readers
 
 
@@ -148,6 +172,35 @@ def kernel_tests(xml: Path) -> dict[str, Any] | None:
         if outcome in ("failure", "error"):
             module = case.get("classname", "").replace(".", "/")
             failed.append(f"{module}.py::{case.get('name')}")
+    return {**counts, "failed_tests": failed}
+
+
+# a test's outcome in pytest's verbose lines, with xdist ("[gw3] [ 45%] PASSED path::name") or without
+# ("path::name PASSED [ 45%]"), and in the short summary ("FAILED path::name - reason")
+_OUTCOMES = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped"}
+_OUTCOME_LINE = re.compile(
+    r"(?:\b(?P<before>PASSED|FAILED|ERROR|SKIPPED) (?P<id1>\S+\.py::\S+))"
+    r"|(?:(?P<id2>\S+\.py::\S+) (?P<after>PASSED|FAILED|ERROR|SKIPPED)\b)"
+)
+
+
+def kernel_tests_from_log(log: Path) -> dict[str, Any] | None:
+    """The counts of :func:`kernel_tests` from pytest's verbose log, for a run killed before it wrote its
+    XML: each test id once, with the last outcome the log gives it (a test that passed and then errored in
+    its teardown is an error). None where there is no log or no outcome in it."""
+    if not log.is_file():
+        return None
+    outcome_of: dict[str, str] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if match := _OUTCOME_LINE.search(line):
+            test = match["id1"] or match["id2"]
+            outcome_of[test] = _OUTCOMES[match["before"] or match["after"]]
+    if not outcome_of:
+        return None
+    counts = {"tests": len(outcome_of)} | {key: 0 for key in ("passed", "failed", "errors", "skipped")}
+    for outcome in outcome_of.values():
+        counts[outcome] += 1
+    failed = [test for test, outcome in outcome_of.items() if outcome in ("failed", "errors")]
     return {**counts, "failed_tests": failed}
 
 
@@ -208,7 +261,7 @@ def _row_name(row: dict[str, Any]) -> str:
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
-    from pipeline.evaluation.report.cells import cell, table_row
+    from pipeline.evaluation.table_text import cell, table_row
 
     return [
         table_row(header),
@@ -222,7 +275,7 @@ def speed_table(report: dict[str, Any], partial: bool = False) -> str:
     median ms, the speedup over flash SDPA, density (bucketed), the share of key blocks skipped and the
     speedup over and deviation from dense α-entmax (indexed), peak memory above the inputs, status; then
     what each method is. ``partial``: the run was stopped before its end (the rows saved so far)."""
-    from pipeline.evaluation.report.cells import DASH, formatted
+    from pipeline.evaluation.table_text import DASH, formatted
 
     settings = report["settings"]
     clock = "CUDA-event" if report["device"] == "cuda" else "wall-clock (CPU tensors: a smoke test)"
@@ -309,6 +362,9 @@ def summarize(out: Path, codes: dict[str, int], smoke: bool) -> dict[str, Any]:
             entry["facts"] = _load(out / "facts.json")
         elif step == "tests":
             tests = kernel_tests(out / "kernel_tests.xml")
+            entry["tests_from_log"] = tests is None  # killed before pytest wrote its XML
+            if tests is None:
+                tests = kernel_tests_from_log(out / "kernel_tests.log")
             entry["tests"] = tests
             entry["failures"] = tests["failed_tests"] if tests else ["no JUnit XML: see kernel_tests.log"]
         elif (report := _load(out / step / f"{step}.json")) is None:
@@ -341,6 +397,8 @@ def summary_text(summary: dict[str, Any]) -> str:
             detail = (
                 f": {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped"
             )
+            if entry.get("tests_from_log"):
+                detail += " (from the log: pytest was stopped before it wrote its XML)"
         elif step == "tune" and "workloads" in entry:
             detail = (
                 f": default tiles ok on {entry['defaults_ok']} of {entry['workloads']} workloads; "
@@ -387,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     facts = commands.add_parser("facts", help="print the device facts and write OUT/facts.json")
     facts.add_argument("out", type=Path)
     facts.add_argument("--require-cuda", action="store_true", help="exit 3 when no CUDA device is visible")
+    facts.add_argument(
+        "--imports", nargs="*", default=[], metavar="MODULE", help="exit 4 when one misses a package"
+    )
     summary = commands.add_parser("summary", help="read the steps' outputs, write summary.md and print it")
     summary.add_argument("out", type=Path)
     summary.add_argument(
@@ -399,11 +460,20 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "facts":
         found = device_facts()
+        found["missing_packages"] = missing = missing_packages(args.imports)
         write_json(args.out / "facts.json", found)
         print(facts_text(found))
         if args.require_cuda and not found["cuda_available"]:
             print("no CUDA device is visible: run with --smoke for the rehearsal on a CPU", file=sys.stderr)
             return 3
+        if missing:
+            needed = sorted(set(missing.values()))
+            print(
+                f"missing Python packages: {', '.join(needed)} (needed by {', '.join(sorted(missing))}); "
+                f"install them (pip install {' '.join(needed)}) and run again",
+                file=sys.stderr,
+            )
+            return 4
         return 0
     try:
         codes = _codes(args.status)

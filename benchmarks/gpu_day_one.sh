@@ -4,9 +4,12 @@
 #   bash benchmarks/gpu_day_one.sh [--smoke] [--steps facts,tests,tune,bench] [OUT_DIR]
 #
 # Steps, each under its own timeout, each writing under OUT_DIR ($OUT when set, else artifacts/gpu_day_one):
-#   facts  the device, torch, CUDA and Triton versions         facts.log, facts.json
+#   facts  the device, torch, CUDA and Triton versions; stops   facts.log, facts.json
+#          the run (exit 4) where a package the later steps
+#          import is missing, naming it
 #   tests  the kernel tests that run on CUDA tensors (bf16,     kernel_tests.log, kernel_tests.xml
-#          large cases); failures are recorded, the rest runs
+#          large cases), a line per test; failures are
+#          recorded, the rest runs
 #   tune   python -m benchmarks.tune at n = 16384              tune.log, tune/tune.json, tune.md
 #   bench  python -m benchmarks.attention --suite gpu at        bench.log, bench/bench.json, bench/bench.png,
 #          n = 16384: the speed table                           speed_table.md
@@ -16,8 +19,8 @@
 # the benchmarks again after a timeout.
 #
 # Environment: PYTHON (default .venv/bin/python, else python3); DAY_ONE_FACTS_S, DAY_ONE_TESTS_S,
-# DAY_ONE_TUNE_S, DAY_ONE_BENCH_S (each step's timeout in seconds; on a GPU 30 + 120 + 180 + 240 = 570 at
-# most in all); DAY_ONE_TUNE_BUDGET_S (the tuning's --budget-s, 90 on a GPU); DAY_ONE_TESTS (pytest
+# DAY_ONE_TUNE_S, DAY_ONE_BENCH_S (each step's timeout in seconds; on a GPU 45 + 150 + 140 + 200 = 535 at
+# most in all); DAY_ONE_TUNE_BUDGET_S (the tuning's --budget-s, 70 on a GPU); DAY_ONE_TESTS (pytest
 # arguments instead of the kernel test files); DAY_ONE_TEST_WORKERS (pytest-xdist workers on a GPU, 8);
 # DAY_ONE_SMOKE=1 (as --smoke).
 set -euo pipefail
@@ -71,10 +74,15 @@ if [[ $smoke == 1 ]]; then
 else
   unset TRITON_INTERPRET  # benchmarks.tune refuses to time the interpreter on CUDA tensors
   device=cuda bench_n=16384 bench_buckets=16 tune_n=16384
-  tune_budget="${DAY_ONE_TUNE_BUDGET_S:-90}"
-  limits=("${DAY_ONE_FACTS_S:-30}" "${DAY_ONE_TESTS_S:-120}" "${DAY_ONE_TUNE_S:-180}" "${DAY_ONE_BENCH_S:-240}")
+  tune_budget="${DAY_ONE_TUNE_BUDGET_S:-70}"
+  limits=("${DAY_ONE_FACTS_S:-45}" "${DAY_ONE_TESTS_S:-150}" "${DAY_ONE_TUNE_S:-140}" "${DAY_ONE_BENCH_S:-200}")
   test_args=()
   if "$py" -c "import xdist" 2> /dev/null; then test_args=(-n "${DAY_ONE_TEST_WORKERS:-8}"); fi
+fi
+# with pytest-timeout, the session ends itself between tests 25 s before the step's timeout, so that pytest
+# still writes its XML (a kill leaves only the log, whose verbose lines the summary then counts)
+if "$py" -c "import pytest_timeout" 2> /dev/null; then
+  test_args+=(--session-timeout "$((limits[1] > 50 ? limits[1] - 25 : limits[1]))")
 fi
 if [[ -n ${DAY_ONE_TESTS:-} ]]; then
   read -r -a kernel_files <<< "$DAY_ONE_TESTS"
@@ -101,13 +109,21 @@ echo "GPU day one ($([[ $smoke == 1 ]] && echo "smoke: CPU tensors, Triton's int
 if wants facts; then
   require=(--require-cuda)
   if [[ $smoke == 1 ]]; then require=(); fi
-  run_step facts facts.log "${limits[0]}" "$py" -m benchmarks.gpu_day_one facts "$out" "${require[@]}"
-  if [[ ${codes[facts]} == 3 ]]; then exit 3; fi  # no CUDA device: nothing else can run
+  # the modules the later steps import: the benchmarks and the test files (tests/kernels/test_x.py as
+  # tests.kernels.test_x)
+  imports=(benchmarks.attention benchmarks.tune)
+  for file in "${kernel_files[@]}"; do
+    if [[ $file == tests/*.py ]]; then imports+=("$(echo "${file%.py}" | tr / .)"); fi
+  done
+  run_step facts facts.log "${limits[0]}" "$py" -m benchmarks.gpu_day_one facts "$out" "${require[@]}" \
+    --imports "${imports[@]}"
+  # no CUDA device (3) or a missing package (4): the other steps cannot run
+  if [[ ${codes[facts]} == 3 || ${codes[facts]} == 4 ]]; then exit "${codes[facts]}"; fi
 fi
 # each step's report is removed first: a step killed before writing one must not leave an earlier run's
 if wants tests; then
   rm -f "$out/kernel_tests.xml"
-  run_step tests kernel_tests.log "${limits[1]}" "$py" -m pytest -q -rfEsxXp -p no:cacheprovider \
+  run_step tests kernel_tests.log "${limits[1]}" "$py" -m pytest -v -rfEsxXp -p no:cacheprovider \
     --junitxml="$out/kernel_tests.xml" "${test_args[@]}" "${kernel_files[@]}"
 fi
 if wants tune; then

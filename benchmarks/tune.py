@@ -50,7 +50,7 @@ from benchmarks.attention import (
     table_lines,
     text_column,
 )
-from pipeline.evaluation.report import DASH
+from pipeline.evaluation.table_text import DASH
 
 if TYPE_CHECKING:  # imported where used, so that tests can replace the kernel's entry point
     from attention_kernels.bucketed.triton_kernel import Tiles

@@ -16,7 +16,7 @@ import torch
 
 from benchmarks import gpu_day_one as day_one
 from benchmarks import tune
-from pipeline.evaluation.report.cells import formatted
+from pipeline.evaluation.table_text import formatted
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_day_one.sh"
@@ -187,6 +187,94 @@ def test_kernel_tests_counts_each_outcome_and_names_the_failures(tmp_path):
         "failed_tests": ["tests/kernels/test_a.py::test_bad[n17]", "tests/kernels/test_b.py::test_broken"],
     }
     assert day_one.kernel_tests(tmp_path / "missing.xml") is None
+
+
+def test_kernel_tests_from_the_log_of_a_killed_run(tmp_path):
+    """pytest killed before its XML: each test's outcome from the verbose lines, with xdist's prefix or
+    without, counted once even where the short summary names it again."""
+    log = tmp_path / "kernel_tests.log"
+    log.write_text(
+        "bringing up nodes...\n"
+        "[gw0] [ 10%] PASSED tests/kernels/test_a.py::test_ok[cuda-bf16]\n"
+        "[gw1] [ 20%] FAILED tests/kernels/test_a.py::test_bad[n17]\n"
+        "tests/kernels/test_b.py::test_gpu SKIPPED (no GPU)                  [ 30%]\n"
+        "tests/kernels/test_b.py::test_fine PASSED                           [ 40%]\n"
+        "[gw1] [ 50%] ERROR tests/kernels/test_b.py::test_broken\n"
+        "FAILED tests/kernels/test_a.py::test_bad[n17] - AssertionError: assert 1 == 2\n"
+        "SKIPPED [1] tests/kernels/test_b.py:12: no GPU\n"
+    )
+    counts = day_one.kernel_tests_from_log(log)
+    assert counts == {
+        "tests": 5,
+        "passed": 2,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 1,
+        "failed_tests": ["tests/kernels/test_a.py::test_bad[n17]", "tests/kernels/test_b.py::test_broken"],
+    }
+    summary = day_one.summarize(tmp_path, {"tests": day_one.TIMEOUT}, smoke=False)
+    tests = summary["steps"]["tests"]
+    assert tests["tests_from_log"] and tests["tests"] == counts and tests["failed"]
+    assert "2 passed, 1 failed, 1 errors, 1 skipped (from the log" in day_one.summary_text(summary)
+    log.write_text("bringing up nodes...\n")
+    assert day_one.kernel_tests_from_log(log) is None
+    assert day_one.kernel_tests_from_log(tmp_path / "missing.log") is None
+
+
+# the pipeline's own dependencies, which a bare GPU image lacks: the day-one steps must not need them
+PIPELINE_ONLY = ("pydantic", "datasets", "dvc", "sklearn", "faiss", "sacrebleu", "transformers", "tokenizers")
+BLOCKER = """
+import importlib.abc, json, sys
+blocked = set(sys.argv[1].split(","))
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Blocked())
+from benchmarks.gpu_day_one import missing_packages
+print(json.dumps(missing_packages(sys.argv[2:])))
+"""
+
+
+def _missing_without(blocked: tuple[str, ...], modules: list[str]) -> dict[str, str]:
+    """:func:`missing_packages` of ``modules`` in a fresh interpreter where ``blocked`` cannot be imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKER, ",".join(blocked), *modules],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_the_day_one_steps_need_none_of_the_pipelines_own_dependencies():
+    """What the steps import, the modules the benchmarks import inside their functions too, imports where
+    only torch, Triton, entmax, tqdm, matplotlib and pytest are; and the check names a package that is
+    missing for each module that needs it."""
+    tests = [path.removesuffix(".py").replace("/", ".") for path in cuda_test_files()]
+    lazy = ["pipeline.projection.model", "pipeline.atomic", "benchmarks.build_report"]
+    steps = ["benchmarks.attention", "benchmarks.tune", "benchmarks.gpu_day_one", *lazy, *tests]
+    assert _missing_without(PIPELINE_ONLY, steps) == {}
+    assert _missing_without(("entmax",), ["tests.kernels.test_tune", "pipeline.atomic"]) == {
+        "tests.kernels.test_tune": "entmax"
+    }
+
+
+def test_the_facts_step_stops_where_a_package_is_missing(tmp_path, monkeypatch, capsys):
+    (tmp_path / "needs_a_package.py").write_text("import a_package_nobody_installed  # noqa: F401\n")
+    monkeypatch.syspath_prepend(tmp_path)
+    assert (
+        day_one.main(["facts", str(tmp_path / "out"), "--imports", "benchmarks.tune", "needs_a_package"]) == 4
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a_package_nobody_installed (needed by needs_a_package)" in err
+    facts = json.loads((tmp_path / "out" / "facts.json").read_text())
+    assert facts["missing_packages"] == {"needs_a_package": "a_package_nobody_installed"}
+    with pytest.raises(ModuleNotFoundError):  # a module that is not there at all is a wrong name
+        day_one.missing_packages(["no_module_by_this_name"])
 
 
 def _bench_report(rows: list[dict]) -> dict:

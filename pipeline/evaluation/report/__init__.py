@@ -37,7 +37,7 @@ One module per section of the report, and what they share:
 
 from pipeline.evaluation.control import dense_control
 from pipeline.evaluation.report.build import build_report
-from pipeline.evaluation.report.cells import DASH, formatted, num
+from pipeline.evaluation.report.cells import num
 from pipeline.evaluation.report.headline import headline
 from pipeline.evaluation.report.indexer import INDEXER_RECALL, INDEXER_SLACK
 from pipeline.evaluation.report.load import (
@@ -65,6 +65,7 @@ from pipeline.evaluation.report.points import (
 )
 from pipeline.evaluation.report.scores import ACCURACY, BLEU, PERPLEXITY, TASK_SCORES, Score, task_scores
 from pipeline.evaluation.report.student_sentences import STUDENT_SLACK
+from pipeline.evaluation.table_text import DASH, formatted
 
 __all__ = [
     "ACCURACY",

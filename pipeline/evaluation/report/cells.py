@@ -1,10 +1,9 @@
 """How the report writes numbers and table cells: every table's rows, a number or a dash, signed
 differences, ratios, a setting's cell and a point's measures. :func:`formatted` is the project's one way of
-writing a number or a dash: the figures and the benchmarks' tables use it too."""
+writing a number or a dash (:mod:`pipeline.evaluation.table_text`, where the benchmarks take it from)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,32 +11,11 @@ from pipeline.evaluation.pareto import finite_number
 from pipeline.evaluation.report.points import label
 from pipeline.evaluation.report.scores import Score, task_scores
 from pipeline.evaluation.report.verdicts import difference_text
-
-DASH = "—"
-
-
-def formatted(value: Any, spec: str) -> str:
-    """``value`` as a float formatted by the format spec ``spec`` (``".3f"``, ``"9.2f"``, ``"+.1f"``,
-    ``"8.1e"``), or :data:`DASH` right-aligned to the spec's width where it is no finite number (missing,
-    null, not a number, infinite)."""
-    number = finite_number(value)
-    if number is None:
-        width = re.search(r"\d*$", spec.split(".")[0])
-        return DASH.rjust(int(width.group() or 0))
-    return format(number, spec)
+from pipeline.evaluation.table_text import DASH, cell, formatted
 
 
 def num(value: Any, digits: int) -> str:
     return formatted(value, f".{digits}f")
-
-
-def cell(text: str) -> str:
-    """Text safe inside a markdown table cell."""
-    return text.replace("|", "\\|")
-
-
-def table_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
 
 
 def difference(value: Any, reference: Any) -> float | None:

@@ -23,9 +23,9 @@ from typing import Any
 
 from pipeline.evaluation.intervals import HIGHER_IS_BETTER
 from pipeline.evaluation.pareto import front_dominates
-from pipeline.evaluation.report.cells import table_row
 from pipeline.evaluation.report.points import LEARNED, finite_points, rows_by_method
 from pipeline.evaluation.report.verdicts import judge, judged, seeds_text, task_measures
+from pipeline.evaluation.table_text import table_row
 
 HOLDS, FAILS, UNDECIDED, UNTESTED = "holds", "does not hold", "not distinguishable", "not tested"
 

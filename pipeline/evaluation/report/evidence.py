@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pipeline.evaluation.report.cells import DASH, cell, num, table_row
+from pipeline.evaluation.report.cells import num
 from pipeline.evaluation.report.verdicts import (
     MEASURES,
     difference_text,
@@ -16,6 +16,7 @@ from pipeline.evaluation.report.verdicts import (
     training_seeds,
     value_text,
 )
+from pipeline.evaluation.table_text import DASH, cell, table_row
 
 SHORT_VERDICTS = {"keeps": "keeps", "better": "better", "worse": "worse", "not distinguishable": "n.d."}
 KINDS = {"teacher": "teacher", "point": "predicted graph", "student": "student"}

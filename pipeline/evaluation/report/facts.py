@@ -3,9 +3,10 @@ measures and the learned projections."""
 
 from __future__ import annotations
 
-from pipeline.evaluation.report.cells import DASH, num
+from pipeline.evaluation.report.cells import num
 from pipeline.evaluation.report.points import teacher_quality
 from pipeline.evaluation.report.scores import BLEU, task_scores, verbs
+from pipeline.evaluation.table_text import DASH
 
 
 def facts(evaluation: dict) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.evaluation.pareto import finite_number
-from pipeline.evaluation.report.cells import quality_cell, score_header, setting_cell, table_row
+from pipeline.evaluation.report.cells import quality_cell, score_header, setting_cell
 from pipeline.evaluation.report.points import field, quality_at, recall_at_sparsity, sparsity_at_recall
+from pipeline.evaluation.table_text import table_row
 
 # The τ-indexer's goal: recall ≥ INDEXER_RECALL at sparsity ≥ gold − INDEXER_SLACK.
 INDEXER_RECALL, INDEXER_SLACK = 0.99, 0.03

@@ -6,14 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.evaluation.pareto import finite_number
-from pipeline.evaluation.report.cells import (
-    DASH,
-    num,
-    quality_cell,
-    score_header,
-    setting_cell,
-    table_row,
-)
+from pipeline.evaluation.report.cells import num, quality_cell, score_header, setting_cell
 from pipeline.evaluation.report.points import (
     quality_at,
     recall_at_sparsity,
@@ -21,6 +14,7 @@ from pipeline.evaluation.report.points import (
     sparsity_at_recall,
     teacher_quality,
 )
+from pipeline.evaluation.table_text import DASH, table_row
 
 
 def method_table(evaluation: dict, levels: Sequence[float], target: float) -> str:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.evaluation.pareto import finite_number
-from pipeline.evaluation.report.cells import cell, num, ratio, table_row, versus
+from pipeline.evaluation.report.cells import num, ratio, versus
 from pipeline.evaluation.report.points import label, rows_by_method, teacher_quality
 from pipeline.evaluation.report.scores import task_scores, verbs
+from pipeline.evaluation.table_text import cell, table_row
 
 
 def quality_table(evaluation: dict) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pipeline.evaluation.report.cells import DASH, num, table_row
+from pipeline.evaluation.report.cells import num
 from pipeline.evaluation.report.evidence import row_head
 from pipeline.evaluation.report.verdicts import difference_text, judge, value_text
+from pipeline.evaluation.table_text import DASH, table_row
 
 SPLITS = ("accuracy", "accuracy_near", "accuracy_far")
 

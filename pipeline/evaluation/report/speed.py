@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.evaluation.pareto import finite_number
-from pipeline.evaluation.report.cells import DASH, cell, num, ratio, table_row
+from pipeline.evaluation.report.cells import num, ratio
+from pipeline.evaluation.table_text import DASH, cell, table_row
 
 SDPA_MODEL = "softmax (sdpa)"
 """The speed rows' name of the same weights with softmax SDPA, the reference of every × SDPA."""

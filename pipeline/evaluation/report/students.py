@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from pipeline.evaluation.control import dense_control
-from pipeline.evaluation.report.cells import DASH, cell, num, ratio, score_columns, table_row, versus
+from pipeline.evaluation.report.cells import num, ratio, score_columns, versus
 from pipeline.evaluation.report.points import student_rows, teacher_quality
 from pipeline.evaluation.report.scores import Score, task_scores, verbs
 from pipeline.evaluation.report.student_sentences import (
@@ -16,6 +16,7 @@ from pipeline.evaluation.report.student_sentences import (
     fine_tuning_sentence,
     student_predictor_sentence,
 )
+from pipeline.evaluation.table_text import DASH, cell, table_row
 
 
 def students_section(evaluation: dict, tolerances: Mapping[str, float] | None = None) -> str:
