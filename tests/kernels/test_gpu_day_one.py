@@ -23,6 +23,20 @@ SCRIPT = ROOT / "benchmarks" / "gpu_day_one.sh"
 PROVIDERS = ["sdpa_flash", "ours_entmax", "ours_softmax", "flex", "indexed_certified", "indexed_approximate"]
 
 
+# the pipeline's own dependencies, which a bare GPU image lacks: the day-one steps must not need them
+PIPELINE_ONLY = ("pydantic", "datasets", "dvc", "sklearn", "faiss", "sacrebleu", "transformers", "tokenizers")
+
+
+def without_packages(folder: Path, packages: tuple[str, ...]) -> Path:
+    """A folder whose ``sitecustomize.py``, on PYTHONPATH, makes ``packages`` missing in every interpreter
+    started with it: ``import`` raises ModuleNotFoundError, ``importlib.util.find_spec`` gives None, as on a
+    machine without them."""
+    folder.mkdir(parents=True)
+    lines = [f"sys.modules[{name!r}] = None" for name in packages]
+    (folder / "sitecustomize.py").write_text("import sys\n" + "\n".join(lines) + "\n")
+    return folder
+
+
 def run_script(*args: str, **env: str) -> subprocess.CompletedProcess:
     """The script under this interpreter, one intra-op thread, none of the caller's day-one settings."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("DAY_ONE_") and k != "OUT"}
@@ -60,7 +74,8 @@ def cuda_test_files() -> list[str]:
 @pytest.mark.slow
 def test_smoke_run_writes_the_kernel_tests_the_tuning_and_the_speed_table(tmp_path):
     out = tmp_path / "day one"  # a space in the path
-    done = run_script("--smoke", str(out))
+    # as on a bare GPU image: none of the pipeline's own dependencies
+    done = run_script("--smoke", str(out), PYTHONPATH=str(without_packages(tmp_path / "bare", PIPELINE_ONLY)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     facts = json.loads((out / "facts.json").read_text())
@@ -221,27 +236,14 @@ def test_kernel_tests_from_the_log_of_a_killed_run(tmp_path):
     assert day_one.kernel_tests_from_log(tmp_path / "missing.log") is None
 
 
-# the pipeline's own dependencies, which a bare GPU image lacks: the day-one steps must not need them
-PIPELINE_ONLY = ("pydantic", "datasets", "dvc", "sklearn", "faiss", "sacrebleu", "transformers", "tokenizers")
-BLOCKER = """
-import importlib.abc, json, sys
-blocked = set(sys.argv[1].split(","))
-class Blocked(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in blocked:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, Blocked())
-from benchmarks.gpu_day_one import missing_packages
-print(json.dumps(missing_packages(sys.argv[2:])))
-"""
-
-
-def _missing_without(blocked: tuple[str, ...], modules: list[str]) -> dict[str, str]:
+def _missing_without(blocked: tuple[str, ...], modules: list[str], tmp_path: Path) -> dict[str, str]:
     """:func:`missing_packages` of ``modules`` in a fresh interpreter where ``blocked`` cannot be imported."""
+    code = "import json, sys; from benchmarks.gpu_day_one import missing_packages as m; "
+    code += "print(json.dumps(m(sys.argv[1:])))"
     done = subprocess.run(
-        [sys.executable, "-c", BLOCKER, ",".join(blocked), *modules],
+        [sys.executable, "-c", code, *modules],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": f"{without_packages(tmp_path, blocked)}{os.pathsep}{ROOT}"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -250,15 +252,16 @@ def _missing_without(blocked: tuple[str, ...], modules: list[str]) -> dict[str, 
     return json.loads(done.stdout)
 
 
-def test_the_day_one_steps_need_none_of_the_pipelines_own_dependencies():
+def test_the_day_one_steps_need_none_of_the_pipelines_own_dependencies(tmp_path):
     """What the steps import, the modules the benchmarks import inside their functions too, imports where
     only torch, Triton, entmax, tqdm, matplotlib and pytest are; and the check names a package that is
     missing for each module that needs it."""
     tests = [path.removesuffix(".py").replace("/", ".") for path in cuda_test_files()]
     lazy = ["pipeline.projection.model", "pipeline.atomic", "benchmarks.build_report"]
     steps = ["benchmarks.attention", "benchmarks.tune", "benchmarks.gpu_day_one", *lazy, *tests]
-    assert _missing_without(PIPELINE_ONLY, steps) == {}
-    assert _missing_without(("entmax",), ["tests.kernels.test_tune", "pipeline.atomic"]) == {
+    assert _missing_without(PIPELINE_ONLY, steps, tmp_path / "bare") == {}
+    modules = ["tests.kernels.test_tune", "pipeline.atomic"]
+    assert _missing_without(("entmax",), modules, tmp_path / "no entmax") == {
         "tests.kernels.test_tune": "entmax"
     }
 
