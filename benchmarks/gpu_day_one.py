@@ -367,6 +367,9 @@ def summarize(out: Path, codes: dict[str, int], smoke: bool) -> dict[str, Any]:
                 tests = kernel_tests_from_log(out / "kernel_tests.log")
             entry["tests"] = tests
             entry["failures"] = tests["failed_tests"] if tests else ["no JUnit XML: see kernel_tests.log"]
+            log = out / "kernel_tests.log"
+            if code != 0 and log.is_file() and "session-timeout" in log.read_text(errors="replace"):
+                entry["status"] = "stopped by its session timeout: some tests did not run"
         elif (report := _load(out / step / f"{step}.json")) is None:
             entry["failures"].append(f"no {step}/{step}.json: see {step}.log")
         elif step == "tune":

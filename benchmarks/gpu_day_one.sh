@@ -84,7 +84,8 @@ else
 fi
 # with pytest-timeout, the session ends itself between tests 25 s before the step's timeout, so that pytest
 # still writes its XML (a kill leaves only the log, whose verbose lines the summary then counts)
-if "$py" -c "import pytest_timeout" 2> /dev/null; then
+# (pytest-timeout 2.3 and later: earlier ones have no --session-timeout, and pytest would stop at the option)
+if "$py" -c "import pytest_timeout as t; assert hasattr(t, 'SESSION_TIMEOUT_KEY')" 2> /dev/null; then
   test_args+=(--session-timeout "$((limits[1] > 50 ? limits[1] - 25 : limits[1]))")
 fi
 if [[ -n ${DAY_ONE_TESTS:-} ]]; then

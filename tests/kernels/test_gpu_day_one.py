@@ -231,6 +231,11 @@ def test_kernel_tests_from_the_log_of_a_killed_run(tmp_path):
     tests = summary["steps"]["tests"]
     assert tests["tests_from_log"] and tests["tests"] == counts and tests["failed"]
     assert "2 passed, 1 failed, 1 errors, 1 skipped (from the log" in day_one.summary_text(summary)
+    # stopped by pytest-timeout's session timeout: the status says why the step failed
+    stop = "!!! xdist.dsession.Interrupted: session-timeout: 125.0 sec exceeded !!!\n"
+    log.write_text(log.read_text() + stop)
+    stopped = day_one.summarize(tmp_path, {"tests": 2}, smoke=False)["steps"]["tests"]
+    assert stopped["failed"] and stopped["status"].startswith("stopped by its session timeout")
     log.write_text("bringing up nodes...\n")
     assert day_one.kernel_tests_from_log(log) is None
     assert day_one.kernel_tests_from_log(tmp_path / "missing.log") is None
