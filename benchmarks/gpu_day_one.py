@@ -26,12 +26,14 @@ time; ``DAY_ONE_*_S`` override them) and each writing under OUT_DIR, then this m
    of CUDA-event times: ``bench/bench.json`` (saved after each causality), ``bench/bench.png``, ``bench.log``
    and, from the JSON, ``speed_table.md`` (:func:`speed_table`).
 
-The summary (:func:`summarize`) reads those files, writes ``summary.md`` and ``summary.json``, prints one
-line per step and exits 1 when anything failed: a step whose exit status is not 0 (124: its timeout), a
-kernel test that failed or errored, a tuning candidate that computes something other than the default
-tiles (``wrong``) or default tiles that did not run, a row of our own kernels (bucketed or indexed) that did
-not run. A competitor that cannot run (AdaSplash not installed, FlexAttention's missing backward on CPU
-tensors, dense entmax out of memory) is a result: listed, not a failure.
+The summary (:func:`summarize`) reads those files, writes ``summary.json`` and ``summary.md`` (the step
+lines, then the speed table and the tuning table of the steps that ran, so that one file holds every figure:
+:func:`summary_markdown`), prints one line per step and exits 1 when anything failed: a step whose exit
+status is not 0 (124: its timeout), a kernel test that failed or errored, a tuning candidate that computes
+something other than the default tiles (``wrong``) or default tiles that did not run, a row of our own
+kernels (bucketed or indexed) that did not run. A competitor that cannot run (AdaSplash not installed,
+FlexAttention's missing backward on CPU tensors, dense entmax out of memory) is a result: listed, not a
+failure.
 
 ``--smoke`` runs the same steps on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``, CUDA hidden)
 at tiny sizes (n = 64 for the speed table, 32 for the tuning), a few of the kernel tests and a tuning budget
@@ -427,6 +429,17 @@ def summary_text(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summary_markdown(summary: dict[str, Any], text: str) -> str:
+    """``summary.md``: the step lines (``text``), then the tables of the steps that ran and wrote them (the
+    speed table, the tuning's), their headings one level down."""
+    out = Path(summary["out"])
+    parts = [f"# GPU day one\n\n```\n{text}\n```\n"]
+    for step, name in (("bench", "speed_table.md"), ("tune", "tune.md")):
+        if summary["steps"][step]["exit"] is not None and (out / name).is_file():
+            parts.append(re.sub(r"^#", "##", (out / name).read_text(), flags=re.MULTILINE))
+    return "\n".join(parts)
+
+
 def _codes(pairs: list[str]) -> dict[str, int]:
     """``step=code`` arguments as a dict (argparse type of the summary's --status)."""
     codes = {}
@@ -485,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     result = summarize(args.out, codes, args.smoke)
     text = summary_text(result)
     write_json(args.out / "summary.json", result)
-    write_text(args.out / "summary.md", f"# GPU day one\n\n```\n{text}\n```\n")
+    write_text(args.out / "summary.md", summary_markdown(result, text))
     print(text)
     return 0 if result["ok"] else 1
 

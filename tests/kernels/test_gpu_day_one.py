@@ -138,7 +138,10 @@ def test_smoke_run_writes_the_kernel_tests_the_tuning_and_the_speed_table(tmp_pa
     )
     assert summary["steps"]["bench"]["competitors_not_ok"]  # adasplash, FlexAttention's CPU backward
     assert "status: ok" in done.stdout and "speed_table.md" in done.stdout
-    assert (out / "summary.md").read_text().count("status: ok") == 1
+    summary_md = (out / "summary.md").read_text()
+    assert summary_md.count("status: ok") == 1
+    # one file with every figure: the step lines, the speed table, the tuning's table
+    assert markdown_rows(summary_md) == table and "## Tile tuning" in summary_md and "best f+b" in summary_md
 
 
 @pytest.mark.slow
@@ -168,7 +171,7 @@ def test_a_failing_kernel_test_or_a_timeout_fails_the_run_yet_the_later_steps_ru
     assert steps["tune"]["skipped"] == steps["tune"]["candidate_rows"] > 0
     assert steps["bench"]["status"] == "timed out" and steps["bench"]["exit"] == day_one.TIMEOUT
     assert steps["bench"]["failures"] == ["no bench/bench.json: see bench.log"]
-    assert not (out / "speed_table.md").exists()
+    assert not (out / "speed_table.md").exists() and "| method |" not in (out / "summary.md").read_text()
     assert "FAILED (tests, bench)" in done.stdout and "test_day_one_failure.py::test_fails" in done.stdout
 
 
