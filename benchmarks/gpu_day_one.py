@@ -43,6 +43,7 @@ of seconds: the script's own test, about a minute and a half on two cores. Its t
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -140,8 +141,6 @@ def facts_text(facts: dict[str, Any]) -> str:
 def missing_packages(modules: list[str]) -> dict[str, str]:
     """For each of ``modules`` that cannot be imported for want of a package, that package's name
     ({module: package}). Import errors of other kinds are raised: they are bugs, not a bare machine."""
-    import importlib
-
     missing = {}
     for module in modules:
         try:
@@ -162,18 +161,22 @@ def kernel_tests(xml: Path) -> dict[str, Any] | None:
     tests that failed or errored (``path::name[params]``); None where there is no such file."""
     if not xml.is_file():
         return None
-    counts = dict.fromkeys(("tests", "passed", "failed", "errors", "skipped"), 0)
-    failed = []
+    outcomes = []
     for case in ElementTree.parse(xml).getroot().iter("testcase"):
-        counts["tests"] += 1
-        outcome = next(
-            (tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed"
-        )
-        key = {"failure": "failed", "error": "errors"}.get(outcome, outcome)
-        counts[key] += 1
-        if outcome in ("failure", "error"):
-            module = case.get("classname", "").replace(".", "/")
-            failed.append(f"{module}.py::{case.get('name')}")
+        tag = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+        module = case.get("classname", "").replace(".", "/")
+        outcome = {"failure": "failed", "error": "errors"}.get(tag, tag)
+        outcomes.append((f"{module}.py::{case.get('name')}", outcome))
+    return _tally(outcomes)
+
+
+def _tally(outcomes: list[tuple[str, str]]) -> dict[str, Any]:
+    """(test id, outcome) pairs (outcome: passed, failed, errors, skipped) as the counts of
+    :func:`kernel_tests`: tests, each outcome's count, and the ids that failed or errored."""
+    counts = {"tests": len(outcomes)} | {key: 0 for key in ("passed", "failed", "errors", "skipped")}
+    for _, outcome in outcomes:
+        counts[outcome] += 1
+    failed = [test for test, outcome in outcomes if outcome in ("failed", "errors")]
     return {**counts, "failed_tests": failed}
 
 
@@ -197,13 +200,7 @@ def kernel_tests_from_log(log: Path) -> dict[str, Any] | None:
         if match := _OUTCOME_LINE.search(line):
             test = match["id1"] or match["id2"]
             outcome_of[test] = _OUTCOMES[match["before"] or match["after"]]
-    if not outcome_of:
-        return None
-    counts = {"tests": len(outcome_of)} | {key: 0 for key in ("passed", "failed", "errors", "skipped")}
-    for outcome in outcome_of.values():
-        counts[outcome] += 1
-    failed = [test for test, outcome in outcome_of.items() if outcome in ("failed", "errors")]
-    return {**counts, "failed_tests": failed}
+    return _tally(list(outcome_of.items())) if outcome_of else None
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -363,13 +360,13 @@ def summarize(out: Path, codes: dict[str, int], smoke: bool) -> dict[str, Any]:
         if step == "facts":
             entry["facts"] = _load(out / "facts.json")
         elif step == "tests":
+            log = out / "kernel_tests.log"
             tests = kernel_tests(out / "kernel_tests.xml")
             entry["tests_from_log"] = tests is None  # killed before pytest wrote its XML
             if tests is None:
-                tests = kernel_tests_from_log(out / "kernel_tests.log")
+                tests = kernel_tests_from_log(log)
             entry["tests"] = tests
             entry["failures"] = tests["failed_tests"] if tests else ["no JUnit XML: see kernel_tests.log"]
-            log = out / "kernel_tests.log"
             if code != 0 and log.is_file() and "session-timeout" in log.read_text(errors="replace"):
                 entry["status"] = "stopped by its session timeout: some tests did not run"
         elif (report := _load(out / step / f"{step}.json")) is None:
