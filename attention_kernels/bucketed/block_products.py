@@ -47,7 +47,7 @@ def _runs_native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
     return wide_kernel()
 
 
-def _check_index(index: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+def checked_index(index: torch.Tensor, rows: int, name: str) -> torch.Tensor:
     """``index`` (integers, on the CPU) as contiguous int64, every entry a row of a tensor of ``rows`` rows;
     a one-line ValueError otherwise (the kernel reads through it unchecked)."""
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
@@ -78,7 +78,7 @@ def block_scores(
     kernel = _runs_native(x, y, out)
     if kernel is None:
         return torch.bmm(take(x, rows), take(y, cols).transpose(1, 2), out=out)
-    rows, cols = _check_index(rows, len(x), "rows"), _check_index(cols, len(y), "cols")
+    rows, cols = checked_index(rows, len(x), "rows"), checked_index(cols, len(y), "cols")
     call(kernel, f"block_scores_{_SUFFIX[x.dtype]}", x, y, rows, cols, blocks, length, width, depth, out)
     return out
 
@@ -100,7 +100,7 @@ def block_outputs(
     if kernel is None:
         return torch.bmm(probs.transpose(1, 2) if transpose else probs, take(y, index))
     out = probs.new_empty(blocks, width if transpose else length, y.shape[1])
-    index = _check_index(index, len(y), "index")
+    index = checked_index(index, len(y), "index")
     args = (blocks, length, width, y.shape[1], int(transpose), out)
     call(kernel, f"block_outputs_{_SUFFIX[probs.dtype]}", probs, y, index, *args)
     return out

@@ -28,6 +28,11 @@ first case).
   own, a whole bucket's queries against its keys, and each class of blocks is one call of
   ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the scores never reach memory; where
   the wide products run, the path below takes 0.65–0.72× its forward time and 0.61× with the backward).
+* Inference (no gradients) where each query sits in one block row (one id per query, no pattern), for
+  softmax and α = 1.5 and 2, where the wide block products run: the fused C++ kernel
+  (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per block and a few queries' scores,
+  probabilities and output at a time in the first-level cache; when causal each tile stops at its rows'
+  own position.
 * Otherwise, where each query sits in one block row (one id per query, no pattern), a chunk of blocks holds
   whole queries: its scores, their probabilities (in place) and its output are computed one after another
   while the chunk is in cache.
@@ -65,6 +70,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from attention_kernels.bucketed.block_attention import block_attention, fused_kernel
 from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
 from attention_kernels.bucketed.exact_entmax import exact_entmax
 from attention_kernels.bucketed.huge_pages import empty_large
@@ -743,8 +749,26 @@ def torch_bucketed_attention(
         and d == dv
         and (q.device.type != "cpu" or wide_kernel() is None)
     )
+    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    # inference over whole-query blocks: the fused kernel, a whole bucket per block (see the module docstring)
+    fused = (
+        not differentiable
+        and not by_sdpa
+        and float(alpha) in _NATIVE
+        and radius < 0
+        and global_tokens == 0
+        and q_buckets.shape[-1] == 1
+        and q.device.type == "cpu"
+        and wide_kernel() is not None
+        and fused_kernel() is not None
+    )
     plan = plan_attention(
-        q_buckets, k_buckets, causal=causal, radius=radius, global_tokens=global_tokens, whole_buckets=by_sdpa
+        q_buckets,
+        k_buckets,
+        causal=causal,
+        radius=radius,
+        global_tokens=global_tokens,
+        whole_buckets=by_sdpa or fused,
     )
     if kv_groups < G:
         plan = _grouped_keys(plan, m, G // kv_groups)
@@ -753,10 +777,11 @@ def torch_bucketed_attention(
         k.to(compute).reshape(kv_groups * m, d),
         v.to(compute).reshape(kv_groups * m, dv),
     )
-    if by_sdpa and plan.classes:
+    out = block_attention(*flat, plan, float(alpha)) if fused else None  # None: the kernel declined
+    if out is None and by_sdpa and plan.classes:
         out = _whole_rows_sdpa(*flat, plan)
-    elif torch.is_grad_enabled() and any(x.requires_grad for x in flat):
+    elif out is None and differentiable:
         out = BucketBlockAttention.apply(*flat, plan, float(alpha))
-    else:
+    elif out is None:
         out = _blocks_forward(*flat, plan, float(alpha), keep=False)[0]
     return out.view(b, h, n, dv).to(q.dtype)

@@ -18,10 +18,12 @@
 #include <utility>
 #include <vector>
 
+#include "panels.h"
 #include "vectors.h"
 
 namespace {
 
+using panels::padded_stride;
 using vectors::allocated, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product, vectors::Vec,
     vectors::whole_vectors;
 
@@ -31,16 +33,6 @@ template <typename Real>
 void prefetch_rows(const Real* x, const int64_t* rows, int64_t count, int64_t width) {
     for (int64_t i = 0; i < count; ++i)
         for (int64_t j = 0; j < width; j += 64 / sizeof(Real)) __builtin_prefetch(x + rows[i] * width + j);
-}
-
-// The Reals between a panel's rows for M columns: whole vectors, and an odd number of cache lines, so that
-// the rows of a strip fall in distinct sets of the first-level cache (at an even number, e.g. 512 bytes, 64
-// rows share 8 sets and evict one another while the strip is read over and over).
-template <typename Real>
-int64_t padded_stride(int64_t M) {
-    constexpr int64_t line = 64 / sizeof(Real);
-    const int64_t lines = (M + line - 1) / line;
-    return std::max(whole_vectors<Real>(M), (lines | 1) * line);
 }
 
 // A thread's buffers for the blocks it takes: B's rows (pointers, and a panel where they are copies), A's
