@@ -343,15 +343,19 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     pairs = count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
     overhead = {}
     if spec["method"] == "ours":
-        from attention_kernels.bucketed.torch_path import plan_attention
+        from attention_kernels.bucketed.torch_path import plan_attention, takes_fused_kernel
 
         opts = _plan_options(causal, **_pattern(spec))
+        # the plan the forward runs: whole buckets where the fused kernel takes the call
+        whole = takes_fused_kernel(
+            1.0, spec["top"], q.device, radius=opts["radius"], global_tokens=opts["global_tokens"]
+        )
         overhead = _predictor_overhead(
             q,
             k,
             CPU_BUCKETS,
             spec["top"],
-            lambda: plan_attention(ids, ids, **opts),
+            lambda: plan_attention(ids, ids, **opts, whole_buckets=whole),
             lambda fn: _median_wall_ms(fn, max(reps, OVERHEAD_REPS), spec["budget_s"]),
         )
     for row in rows:

@@ -698,6 +698,23 @@ def plan_attention(
     return plan_blocks(q_ids, k_ids, **pattern)
 
 
+def takes_fused_kernel(
+    alpha: float, slots: int, device: torch.device, *, radius: int = -1, global_tokens: int = 0
+) -> bool:
+    """Whether a call without gradients runs the fused kernel, a whole bucket per block (see the module
+    docstring): softmax or α = 1.5 or 2, one bucket id per token (``slots`` = T = 1), no window band or global
+    tokens, CPU tensors, a processor where the wide block products run."""
+    return (
+        float(alpha) in _NATIVE
+        and slots == 1
+        and radius < 0
+        and global_tokens == 0
+        and device.type == "cpu"
+        and wide_kernel() is not None
+        and fused_kernel() is not None
+    )
+
+
 def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:
     """The plan reading key j of query group g (flat index g·m + j) from key/value group g // ``group``:
     grouped-query attention, each key and value read where it is, never copied per query head; its
@@ -750,17 +767,8 @@ def torch_bucketed_attention(
         and (q.device.type != "cpu" or wide_kernel() is None)
     )
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    # inference over whole-query blocks: the fused kernel, a whole bucket per block (see the module docstring)
-    fused = (
-        not differentiable
-        and not by_sdpa
-        and float(alpha) in _NATIVE
-        and radius < 0
-        and global_tokens == 0
-        and q_buckets.shape[-1] == 1
-        and q.device.type == "cpu"
-        and wide_kernel() is not None
-        and fused_kernel() is not None
+    fused = not differentiable and takes_fused_kernel(
+        alpha, q_buckets.shape[-1], q.device, radius=radius, global_tokens=global_tokens
     )
     plan = plan_attention(
         q_buckets,
