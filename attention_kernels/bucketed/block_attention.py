@@ -61,10 +61,11 @@ def _by_limit_alone(mask: BlockMask) -> bool:
 
 
 def block_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, scale: float = 1.0
 ) -> torch.Tensor | None:
-    """o (N, d_v): o_i = Σ_j p_ij v_j over query i's block row, p_i = α-entmax of its scores (softmax at
-    α = 1), zeros for a query with no key. q (N, d) already scaled, k (M, d), v (M, d_v) flat over groups.
+    """o (N, d_v): o_i = Σ_j p_ij v_j over query i's block row, p_i = α-entmax of its scores
+    s_ij = (scale · q_i) · k_j (softmax at α = 1), zeros for a query with no key. q (N, d), k (M, d),
+    v (M, d_v) flat over groups.
     None where the kernel cannot run (no compiler or no vectors; a plan or tensors :func:`fits` refuses)."""
     kernel = fused_kernel()
     if kernel is None or not fits(plan, alpha, q, k, v):
@@ -88,6 +89,6 @@ def block_attention(
                 f"a class of blocks ({count}, {rows}) × {width} keys needs key_pos ({count}, {width}) and "
                 f"limit ({count}, {rows}); got {tuple(key_pos.shape)} and {tuple(limit.shape)}"
             )
-        args = (count, rows, width, q.shape[1], v.shape[1], _BETA[float(alpha)], out)
+        args = (count, rows, width, q.shape[1], v.shape[1], float(scale), _BETA[float(alpha)], out)
         call(kernel, f"block_attention_{_SUFFIX[q.dtype]}", q, k, v, queries, keys, key_pos, limit, *args)
     return out

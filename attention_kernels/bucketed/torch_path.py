@@ -780,16 +780,20 @@ def torch_bucketed_attention(
     )
     if kv_groups < G:
         plan = _grouped_keys(plan, m, G // kv_groups)
-    flat = (
-        (q.to(compute) * scale).reshape(G * n, d),  # the scale on the n × d queries, not on the scores
-        k.to(compute).reshape(kv_groups * m, d),
-        v.to(compute).reshape(kv_groups * m, dv),
-    )
-    out = block_attention(*flat, plan, float(alpha)) if fused else None  # None: the kernel declined
-    if out is None and by_sdpa and plan.classes:
-        out = _whole_rows_sdpa(*flat, plan)
-    elif out is None and differentiable:
-        out = BucketBlockAttention.apply(*flat, plan, float(alpha))
-    elif out is None:
-        out = _blocks_forward(*flat, plan, float(alpha), keep=False)[0]
+    keys = (k.to(compute).reshape(kv_groups * m, d), v.to(compute).reshape(kv_groups * m, dv))
+    out = None
+    if fused:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
+        flat_q = q.to(compute).reshape(G * n, d).contiguous()
+        out = block_attention(flat_q, *(x.contiguous() for x in keys), plan, alpha, scale)
+    if out is None:
+        flat = (
+            (q.to(compute) * scale).reshape(G * n, d),
+            *keys,
+        )  # the scale on the n × d queries, not the scores
+        if by_sdpa and plan.classes:
+            out = _whole_rows_sdpa(*flat, plan)
+        elif differentiable:
+            out = BucketBlockAttention.apply(*flat, plan, float(alpha))
+        else:
+            out = _blocks_forward(*flat, plan, float(alpha), keep=False)[0]
     return out.view(b, h, n, dv).to(q.dtype)

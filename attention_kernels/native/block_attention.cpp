@@ -7,7 +7,7 @@
 // tile of R rows:
 //
 //     width_r  = |{c : key_pos_c ≤ limit_r}|     (0: the row has no key)
-//     S_rc     = q_r · k_c                for c < max_r width_r     (kᵀ packed once per block)
+//     S_rc     = (scale · q_r) · k_c      for c < max_r width_r     (kᵀ packed once per block)
 //     P_r      = α-entmax(S_r) over its first width_r columns           (row_entmax.h)
 //     out_r    = Σ_c P_rc v_c              written at the query's own row of the output
 //
@@ -50,10 +50,11 @@ int64_t row_width(const float* key_pos, int64_t M, float limit) {
 }
 
 // A thread's buffers: the block's kᵀ panel (d × stride), its value rows (pointers, and copies where a value
-// row is not whole vectors), a tile's scores (kTileRows × stride) and its rows' widths.
+// row is not whole vectors), a tile's scaled queries (kTileRows × d) and scores (kTileRows × stride), and its
+// rows' widths.
 template <typename Real>
 struct Buffers {
-    std::vector<Real> panel, values, scores, scratch;
+    std::vector<Real> panel, values, queries, scores, scratch;
     std::vector<const Real*> panel_rows, value_rows, query_rows, score_rows_const;
     std::vector<Real*> score_rows, out_rows;
     std::vector<int64_t> widths;
@@ -64,6 +65,7 @@ struct Buffers {
             [&] {
                 panel.assign(d * stride, Real(0));
                 values.assign(copy_values ? M * value_stride : 0, Real(0));
+                queries.assign(kTileRows * d, Real(0));
                 scores.assign(kTileRows * stride, Real(0));
                 scratch.assign(value_stride, Real(0));
                 panel_rows.resize(d), value_rows.resize(M), query_rows.resize(kTileRows);
@@ -99,12 +101,13 @@ void probabilities(Row<Real>* rows, int64_t count, int beta) {
 }
 
 // out[queries[b][r]] = Σ_c P_rc v[keys[b][c]] for every row r with a key; other rows of `out` untouched.
-// q (·, d) already scaled, k (·, d), v (·, dv); queries (blocks, L), keys (blocks, M); key_pos (blocks, M)
-// and limit (blocks, L), or both null when every entry is a key.
+// q (·, d), k (·, d), v (·, dv); queries (blocks, L), keys (blocks, M); key_pos (blocks, M) and limit
+// (blocks, L), or both null when every entry is a key. The queries are scaled as a tile copies them, the
+// product the unfused path forms on the whole q.
 template <typename Real>
 void block_attention(const Real* q, const Real* k, const Real* v, const int64_t* queries, const int64_t* keys,
                      const float* key_pos, const float* limit, int64_t blocks, int64_t L, int64_t M, int64_t d,
-                     int64_t dv, int beta, Real* out, int threads) {
+                     int64_t dv, Real scale, int beta, Real* out, int threads) {
     const bool copy_values = dv != whole_vectors<Real>(dv);  // the products read B's rows as whole vectors
     const int64_t value_stride = whole_vectors<Real>(dv);
     std::atomic<bool> short_of_memory{false};
@@ -143,7 +146,10 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                 Row<Real> tile[kTileRows];
                 for (int64_t i = 0; i < count; ++i) {
                     Real* scores = buf.scores.data() + i * stride;
-                    buf.query_rows[i] = q + rows[r0 + i] * d;
+                    Real* scaled = buf.queries.data() + i * d;
+                    const Real* query = q + rows[r0 + i] * d;
+                    for (int64_t t = 0; t < d; ++t) scaled[t] = scale * query[t];
+                    buf.query_rows[i] = scaled;
                     buf.score_rows[i] = scores, buf.score_rows_const[i] = scores;
                     tile[i].data = scores, tile[i].width = width[i];  // every entry a key (see row_width)
                     // a row without keys (padding among them) computes into scratch, its output row untouched
@@ -153,7 +159,9 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                 probabilities(tile, count, beta);
                 // the columns past a row's width are no keys of it, but the output product reads them
                 for (int64_t i = 0; i < count; ++i)
-                    std::fill(buf.score_rows[i] + width[i], buf.score_rows[i] + tile_width, Real(0));
+                    for (int64_t j = width[i]; j < tile_width; j += vectors::kWidth<Real>)
+                        vectors::store<Real>(buf.score_rows[i] + j, vectors::Vec<Real>{},
+                                             std::min(vectors::kWidth<Real>, tile_width - j));
                 product(buf.score_rows_const.data(), 1, count, buf.value_rows.data(), tile_width, dv,
                         buf.out_rows.data());
             }
@@ -169,10 +177,10 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
     extern "C" int block_attention_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const int64_t* queries,   \
                                             const int64_t* keys, const float* key_pos, const float* limit,         \
                                             int64_t blocks, int64_t L, int64_t M, int64_t d, int64_t dv,           \
-                                            int64_t beta, REAL* out, int threads) {                                \
+                                            double scale, int64_t beta, REAL* out, int threads) {                  \
         return guarded([&] {                                                                                      \
-            block_attention(q, k, v, queries, keys, key_pos, limit, blocks, L, M, d, dv, static_cast<int>(beta),   \
-                            out, threads);                                                                        \
+            block_attention(q, k, v, queries, keys, key_pos, limit, blocks, L, M, d, dv, static_cast<REAL>(scale), \
+                            static_cast<int>(beta), out, threads);                                                \
         });                                                                                                       \
     }
 

@@ -63,7 +63,7 @@ void exact_entmax(int num_parts, Real* const* parts, const int64_t* part_rows, c
             if (beta != 0) from[g] = group[g].start(high, beta);
         }
         if (beta == 0) {
-            for (int g = 0; g < size; ++g) threshold[first + g] = group[g].softmax(write);
+            for (int g = 0; g < size; ++g) threshold[first + g] = std::log(group[g].softmax(write));
             continue;
         }
         solve(group, size, beta, from, threshold + first);

@@ -183,14 +183,11 @@ struct Query {
             });
             if (drop) rows[r].rule = kEvery;
         }
-        Real m = -inf;
-        for (const Vec<Real>& v : high)
-            for (int lane = 0; lane < kWidth<Real>; ++lane) m = std::max(m, v[lane]);
-        return m;
+        return vectors::largest<Real>(high[0] > high[1] ? high[0] : high[1]);  // a tree of shuffles, not 2·kWidth steps
     }
 
-    // Softmax: log Σ_j e^{s_j − m} (−∞ without keys); with `write`, p_j = e^{s_j − m} / Σ_k e^{s_k − m} over
-    // the rows, in place of the scores (0 without keys).
+    // Softmax: Σ_j e^{s_j − m} (0 without keys); with `write`, p_j = e^{s_j − m} / Σ_k e^{s_k − m} over the
+    // rows, in place of the scores (0 without keys).
     Real softmax(bool write) const {
         constexpr int64_t n = kWidth<Real>;
         Vec<Real> even = {}, odd = {};  // two running sums, so consecutive additions need not wait on each other
@@ -221,7 +218,7 @@ struct Query {
                 });
             }
         }
-        return std::log(total);
+        return total;
     }
 
     // A start τ₀ ≤ τ* for the search from the lane maxima T (`high`, of `largest`): for a subset T of the

@@ -40,10 +40,10 @@ def _fused_and_unfused(qkv, ids, alpha: float, causal: bool) -> tuple[torch.Tens
     q, k, v = qkv
     b, h, n, d = q.shape
     plan = torch_path.plan_attention(*ids, causal=causal, whole_buckets=True)
-    flat = ((q * d**-0.5).reshape(h * n, d), k.reshape(h * n, d), v.reshape(h * n, -1))
-    fused = block_attention(*flat, plan, alpha)
+    flat = (q.reshape(h * n, d), k.reshape(h * n, d), v.reshape(h * n, -1))
+    fused = block_attention(*flat, plan, alpha, d**-0.5)
     assert fused is not None, "the fused kernel refused a whole-query plan"
-    unfused = torch_path._blocks_forward(*flat, plan, alpha, keep=False)[0]
+    unfused = torch_path._blocks_forward(flat[0] * d**-0.5, *flat[1:], plan, alpha, keep=False)[0]
     return fused.view(b, h, n, -1), unfused.view(b, h, n, -1)
 
 
