@@ -35,7 +35,7 @@
 namespace {
 
 using row_entmax::kGroup, row_entmax::kNoKey, row_entmax::Query, row_entmax::Row;
-using panels::padded_stride;
+using panels::padded_stride, panels::prefetch_rows;
 using vectors::allocated, vectors::guarded, vectors::pack_transposed, vectors::product, vectors::whole_vectors;
 
 // Queries whose scores, probabilities and outputs are computed together: two of the products' register
@@ -115,11 +115,17 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
     {
         Buffers<Real> buf;
         const bool ready = buf.allocate(d, dv, L, M, copy_values, short_of_memory);
-#pragma omp for schedule(dynamic)
+        // consecutive blocks to a thread (a static schedule), so the next block it prefetches is its own
+#pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b) {
             if (!ready) continue;
             const int64_t* rows = queries + b * L;
             const int64_t* cols = keys + b * M;
+            if (b + 1 < blocks) {  // its rows lie anywhere in memory: on their way while this block runs
+                prefetch_rows(k, cols + M, M, d);
+                prefetch_rows(v, cols + M, M, dv);
+                prefetch_rows(q, rows + L, std::min(kTileRows, L), d);
+            }
             const float* pos = key_pos != nullptr ? key_pos + b * M : nullptr;
             int64_t widest = 0;
             for (int64_t r = 0; r < L; ++r) {
@@ -140,6 +146,7 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
             }
             for (int64_t r0 = 0; r0 < L; r0 += kTileRows) {
                 const int64_t count = std::min(kTileRows, L - r0);
+                if (r0 + count < L) prefetch_rows(q, rows + r0 + count, std::min(kTileRows, L - r0 - count), d);
                 const int64_t* width = buf.widths.data() + r0;
                 const int64_t tile_width = *std::max_element(width, width + count);
                 if (tile_width == 0) continue;

@@ -23,17 +23,9 @@
 
 namespace {
 
-using panels::padded_stride;
+using panels::padded_stride, panels::prefetch_rows;
 using vectors::allocated, vectors::guarded, vectors::kWidth, vectors::pack_transposed, vectors::product, vectors::Vec,
     vectors::whole_vectors;
-
-// Asks for the rows x[rows[0..count)] (of `width` Reals) to be brought into the cache: the next block's, whose
-// rows lie anywhere in memory, while this block's product runs.
-template <typename Real>
-void prefetch_rows(const Real* x, const int64_t* rows, int64_t count, int64_t width) {
-    for (int64_t i = 0; i < count; ++i)
-        for (int64_t j = 0; j < width; j += 64 / sizeof(Real)) __builtin_prefetch(x + rows[i] * width + j);
-}
 
 // A thread's buffers for the blocks it takes: B's rows (pointers, and a panel where they are copies), A's
 // rows and C's rows (pointers).

@@ -1,5 +1,6 @@
-// The layout of a panel: a block's kᵀ, copied so that a strip of it stays in the first-level cache while the
-// rows of A pass over it (vectors::product). Shared by the block products and the fused block attention.
+// A block's rows in the cache: the layout of a panel (a block's kᵀ, copied so that a strip of it stays in the
+// first-level cache while the rows of A pass over it, vectors::product), and the prefetch of the rows a block
+// reads through its index lists. Shared by the block products and the fused block attention.
 
 #pragma once
 
@@ -18,6 +19,14 @@ int64_t padded_stride(int64_t M) {
     constexpr int64_t line = 64 / sizeof(Real);
     const int64_t lines = (M + line - 1) / line;
     return std::max(vectors::whole_vectors<Real>(M), (lines | 1) * line);
+}
+
+// Asks for the rows x[rows[0..count)] (of `width` Reals) to be brought into the cache: the next block's, whose
+// rows lie anywhere in memory, while this block's product runs.
+template <typename Real>
+void prefetch_rows(const Real* x, const int64_t* rows, int64_t count, int64_t width) {
+    for (int64_t i = 0; i < count; ++i)
+        for (int64_t j = 0; j < width; j += 64 / sizeof(Real)) __builtin_prefetch(x + rows[i] * width + j);
 }
 
 }  // namespace panels
