@@ -198,7 +198,7 @@ V exp_lanes(V x) {
 // Lane i of the result = lane index_i of a then b, side by side (an index below the width picks a's lane,
 // width + j b's lane j): the compiler's two-vector shuffle, one or two instructions.
 template <typename Real, int... index>
-Vec<Real> shuffle(const Vec<Real>& a, const Vec<Real>& b) {
+[[gnu::always_inline]] inline Vec<Real> shuffle(const Vec<Real>& a, const Vec<Real>& b) {
 #ifdef __clang__
     return __builtin_shufflevector(a, b, index...);
 #else  // GCC's own shuffle, in every version (its __builtin_shufflevector came with GCC 12)
@@ -219,7 +219,7 @@ constexpr int fold_source(int lane, int width, bool high) {
 // The sums of the lanes of a and b, halved: a and b each hold kWidth / width items of `width` lanes; the
 // result holds their items in order, a's then b's, each the sum of its two halves (width / 2 lanes).
 template <typename Real, int width, size_t... lane>
-Vec<Real> fold(const Vec<Real>& a, const Vec<Real>& b, std::index_sequence<lane...>) {
+[[gnu::always_inline]] inline Vec<Real> fold(const Vec<Real>& a, const Vec<Real>& b, std::index_sequence<lane...>) {
     return shuffle<Real, fold_source(lane, width, false)...>(a, b) +
            shuffle<Real, fold_source(lane, width, true)...>(a, b);
 }
@@ -227,7 +227,7 @@ Vec<Real> fold(const Vec<Real>& a, const Vec<Real>& b, std::index_sequence<lane.
 // v[0 … width) each hold kWidth / width items of `width` lanes; afterwards v[0] holds every item's sum, in
 // order: folds of pairs, then of pairs of their results, down to items of one lane.
 template <typename Real, int width>
-void fold_down(Vec<Real>* v) {
+[[gnu::always_inline]] inline void fold_down(Vec<Real>* v) {
     constexpr auto lanes = std::make_index_sequence<kWidth<Real>>{};
     for (int k = 0; k < width / 2; ++k) v[k] = fold<Real, width>(v[2 * k], v[2 * k + 1], lanes);
     if constexpr (width > 2) fold_down<Real, width / 2>(v);
@@ -238,7 +238,7 @@ void fold_down(Vec<Real>* v) {
 // additions apiece. Each lane's sum pairs its lanes as `total` does (i with i + kWidth/2, then with
 // i + kWidth/4, …), so lane k equals total(v[k]) exactly.
 template <typename Real>
-Vec<Real> lane_sums(Vec<Real> (&v)[kWidth<Real>]) {
+[[gnu::always_inline]] inline Vec<Real> lane_sums(Vec<Real> (&v)[kWidth<Real>]) {
     fold_down<Real, kWidth<Real>>(v);
     return v[0];
 }
