@@ -86,7 +86,7 @@ void probabilities(Row<Real>* rows, int64_t count, int beta) {
     for (int64_t i = 0; i < count; ++i) {
         queries[i] = {rows + i, rows[i].width > 0 ? 1 : 0, 0, scale};
         typename row_entmax::Vec<Real> high[2];
-        const Real m = queries[i].largest(true, high);  // −∞ written over the entries off the mask
+        const Real m = queries[i].largest(false, high);  // every entry of a row's width is a key: no mask
         queries[i].shift = m > kNoKey ? m : 0;        // a row without keys: any finite shift does
         if (beta != 0) from[i] = queries[i].start(high, beta);
     }
