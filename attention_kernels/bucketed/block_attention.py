@@ -25,6 +25,7 @@ import ctypes
 import torch
 
 from attention_kernels.bucketed.block_products import checked_index
+from attention_kernels.bucketed.exact_entmax import check_mask
 from attention_kernels.bucketed.planning import BlockMask, BlockPlan
 from attention_kernels.native import call, library
 
@@ -82,13 +83,10 @@ def block_attention(
         queries = checked_index(blocks.queries, len(q), "queries")
         keys = checked_index(blocks.keys, len(k), "keys")
         mask = blocks.mask
+        if mask is not None:
+            check_mask((count, rows, width), mask)
         key_pos = None if mask is None else mask.key_pos.contiguous()
         limit = None if mask is None else mask.limit.contiguous()
-        if mask is not None and (key_pos.shape != (count, width) or limit.shape != (count, rows)):
-            raise ValueError(
-                f"a class of blocks ({count}, {rows}) × {width} keys needs key_pos ({count}, {width}) and "
-                f"limit ({count}, {rows}); got {tuple(key_pos.shape)} and {tuple(limit.shape)}"
-            )
         args = (count, rows, width, q.shape[1], v.shape[1], float(scale), _BETA[float(alpha)], out)
         call(kernel, f"block_attention_{_SUFFIX[q.dtype]}", q, k, v, queries, keys, key_pos, limit, *args)
     return out

@@ -58,11 +58,12 @@ def _int64s(values: list[int]) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
 
 
-def _check_mask(scores: torch.Tensor, mask: BlockMask) -> None:
-    """One line naming what is wrong when ``mask`` does not fit a part of blocks (blocks, L, W)."""
-    if scores.dim() != 3:
-        raise ValueError(f"a mask needs a part of blocks (blocks, L, W); got {tuple(scores.shape)}")
-    blocks, rows, width = scores.shape
+def check_mask(part_shape: tuple[int, ...], mask: BlockMask) -> None:
+    """One line naming what is wrong when ``mask`` does not fit a part of blocks of ``part_shape`` (blocks, L,
+    W): the kernels read its tensors unchecked."""
+    if len(part_shape) != 3:
+        raise ValueError(f"a mask needs a part of blocks (blocks, L, W); got {tuple(part_shape)}")
+    blocks, rows, width = part_shape
     expected = {
         "key_pos": ((blocks, width), torch.float32),
         "limit": ((blocks, rows), torch.float32),
@@ -81,7 +82,7 @@ def _check_mask(scores: torch.Tensor, mask: BlockMask) -> None:
             lead = "(S, " if name.endswith("tags") else "("
             want = f"{lead}{', '.join(map(str, shape))}) {dtype}"
             raise ValueError(
-                f"a mask's {name} must be {want} for scores {tuple(scores.shape)}; got "
+                f"a mask's {name} must be {want} for scores {tuple(part_shape)}; got "
                 f"{tuple(x.shape)} {x.dtype}"
             )
 
@@ -132,7 +133,7 @@ def exact_entmax(
         if low < 0 or high >= num_queries:
             raise ValueError(f"owners must be queries in [0, {num_queries}); got [{low}, {high}]")
         if mask is not None:
-            _check_mask(scores, mask)
+            check_mask(tuple(scores.shape), mask)
     dtype = parts[0].dtype if parts else torch.float32
     kernel = library("exact_entmax")
     if kernel is None or dtype not in _FUNCTIONS or any(p.device.type != "cpu" for p in parts):

@@ -786,10 +786,8 @@ def torch_bucketed_attention(
         flat_q = q.to(compute).reshape(G * n, d).contiguous()
         out = block_attention(flat_q, *(x.contiguous() for x in keys), plan, alpha, scale)
     if out is None:
-        flat = (
-            (q.to(compute) * scale).reshape(G * n, d),
-            *keys,
-        )  # the scale on the n × d queries, not the scores
+        # the scale on the n × d queries, not on the scores
+        flat = ((q.to(compute) * scale).reshape(G * n, d), *keys)
         if by_sdpa and plan.classes:
             out = _whole_rows_sdpa(*flat, plan)
         elif differentiable:

@@ -24,7 +24,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <new>
 #include <vector>
 
@@ -55,7 +54,7 @@ int64_t row_width(const float* key_pos, int64_t M, float limit) {
 template <typename Real>
 struct Buffers {
     std::vector<Real> panel, values, queries, scores, scratch;
-    std::vector<const Real*> panel_rows, value_rows, query_rows, score_rows_const;
+    std::vector<const Real*> panel_rows, value_rows, query_rows;
     std::vector<Real*> score_rows, out_rows;
     std::vector<int64_t> widths;
 
@@ -69,7 +68,7 @@ struct Buffers {
                 scores.assign(kTileRows * stride, Real(0));
                 scratch.assign(value_stride, Real(0));
                 panel_rows.resize(d), value_rows.resize(M), query_rows.resize(kTileRows);
-                score_rows.resize(kTileRows), score_rows_const.resize(kTileRows), out_rows.resize(kTileRows);
+                score_rows.resize(kTileRows), out_rows.resize(kTileRows);
                 widths.resize(L);
             },
             short_of_memory);
@@ -157,7 +156,7 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                     const Real* query = q + rows[r0 + i] * d;
                     for (int64_t t = 0; t < d; ++t) scaled[t] = scale * query[t];
                     buf.query_rows[i] = scaled;
-                    buf.score_rows[i] = scores, buf.score_rows_const[i] = scores;
+                    buf.score_rows[i] = scores;
                     tile[i].data = scores, tile[i].width = width[i];  // every entry a key (see row_width)
                     // a row without keys (padding among them) computes into scratch, its output row untouched
                     buf.out_rows[i] = width[i] > 0 ? out + rows[r0 + i] * dv : buf.scratch.data();
@@ -169,7 +168,7 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                     for (int64_t j = width[i]; j < tile_width; j += vectors::kWidth<Real>)
                         vectors::store<Real>(buf.score_rows[i] + j, vectors::Vec<Real>{},
                                              std::min(vectors::kWidth<Real>, tile_width - j));
-                product(buf.score_rows_const.data(), 1, count, buf.value_rows.data(), tile_width, dv,
+                product(buf.score_rows.data(), 1, count, buf.value_rows.data(), tile_width, dv,
                         buf.out_rows.data());
             }
         }

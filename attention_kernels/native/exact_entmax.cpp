@@ -16,10 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <new>
-#include <type_traits>
 #include <vector>
 
 #include "row_entmax.h"
