@@ -90,20 +90,22 @@ def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None)
     for dtype, head_dim, t in SHAPES:
         if dtype_name not in (None, _DTYPES[dtype]):
             continue
-        for each in tiles or [None]:
+        # the default tiles with a causal mask, then without one where they differ (every tile attended)
+        for each, causal in [(each, True) for each in tiles] if tiles else [(None, True), (None, False)]:
             shape = f"{_DTYPES[dtype]} d={head_dim} T={t}" + (f" {each}" if tiles else "")
+            shape += "" if causal else " non-causal"
             for name, mode, alpha, need_u in ROW_PASSES:
                 if mode == tb._ENTMAX_SOLVE and t > 1:
                     continue  # the in-kernel τ search serves one bucket per query
-                if not _takes_tiles(alpha, each):
+                if not _takes_tiles(alpha, each) or not _own_build(alpha, dtype, head_dim, t, causal, each):
                     continue
-                cfg = _config(alpha, dtype, head_dim, t, each)
+                cfg = _config(alpha, dtype, head_dim, t, each, causal)
                 modes = dict(MODE=mode.value, NEED_U=need_u, TAU_METHOD=cfg.tau_method)
                 out.append(_variant("_rows_kernel", f"rows {name} α={alpha} {shape}", dtype, cfg, t, modes))
             for alpha in COL_ALPHAS:
-                if not _takes_tiles(alpha, each):
+                if not _takes_tiles(alpha, each) or not _own_build(alpha, dtype, head_dim, t, causal, each):
                     continue
-                cfg = _config(alpha, dtype, head_dim, t, each)
+                cfg = _config(alpha, dtype, head_dim, t, each, causal)
                 out.append(_variant("_cols_kernel", f"cols α={alpha} {shape}", dtype, cfg, t, {}))
     for start in (True, False):
         constants = dict(START=start, METHOD=tb._TAU_HALLEY.value, BLOCK=tb.TAU_BLOCK)
@@ -126,10 +128,27 @@ def _takes_tiles(alpha: float, tiles: tb.Tiles | None) -> bool:
     return tiles is None or alpha <= 2.0
 
 
-def _config(alpha: float, dtype: torch.dtype, head_dim: int, t: int, tiles: tb.Tiles | None) -> tb._Config:
-    """The kernel's config for these tiles, or for the ones ``default_tiles`` picks on CUDA when None."""
-    tiles = tiles or tb.default_tiles(head_dim, t, dtype, torch.device("cuda"), alpha=alpha)
-    return tb._make_config(alpha, head_dim**-0.5, True, 0, 0, head_dim, tiles, dtype)
+def _own_build(
+    alpha: float, dtype: torch.dtype, head_dim: int, t: int, causal: bool, tiles: tb.Tiles | None
+) -> bool:
+    """Whether a variant needs building: named tiles always; without a causal mask, only the default tiles
+    that differ from the causal ones (the same tiles use the same registers either way)."""
+    if causal or tiles is not None:
+        return True
+    cuda = torch.device("cuda")
+    return tb.default_tiles(head_dim, t, dtype, cuda, alpha=alpha) != tb.default_tiles(
+        head_dim, t, dtype, cuda, alpha=alpha, causal=True
+    )
+
+
+def _config(
+    alpha: float, dtype: torch.dtype, head_dim: int, t: int, tiles: tb.Tiles | None, causal: bool = True
+) -> tb._Config:
+    """The kernel's config for these tiles, or for the ones ``default_tiles`` picks on CUDA when None (a
+    causal mask and a window: the paths with the most code)."""
+    pattern = dict(causal=causal, radius=0 if causal else -1)
+    tiles = tiles or tb.default_tiles(head_dim, t, dtype, torch.device("cuda"), alpha=alpha, **pattern)
+    return tb._make_config(alpha, head_dim**-0.5, causal, pattern["radius"], 0, head_dim, tiles, dtype)
 
 
 def _variant(

@@ -1,5 +1,5 @@
 """Device facts and the closing summary of the GPU day-one script, ``bash benchmarks/gpu_day_one.sh [--smoke]
-[--steps facts,tests,tune,bench] [OUT_DIR]`` (OUT_DIR: ``$OUT`` when set, else ``artifacts/gpu_day_one``).
+[--steps facts,tests,bench,tune] [OUT_DIR]`` (OUT_DIR: ``$OUT`` when set, else ``artifacts/gpu_day_one``).
 
 The script is what to run the first time a GPU machine is at hand (one H100 or H200, minutes of device time):
 from the repository root, four steps, each under its own ``timeout`` (so that one hang cannot eat the device
@@ -13,18 +13,20 @@ time; ``DAY_ONE_*_S`` override them) and each writing under OUT_DIR, then this m
    not the pipeline's own dependencies (pydantic, datasets, DVC), which a bare GPU image lacks. Without a
    CUDA device the script stops here too (``--smoke`` is the rehearsal on a CPU).
 2. ``tests``: the kernel tests that run on CUDA tensors when a GPU is present (the files of ``tests/kernels``
-   that ask ``torch.cuda.is_available()``; there they add bf16 and the large cases), with pytest-xdist when
+   that ask ``torch.cuda.is_available()``, but the tuning's, whose sweep the tune step runs; there they add
+   bf16 and the large cases), with pytest-xdist when
    installed: ``kernel_tests.xml`` (JUnit) and ``kernel_tests.log``, one line per test as it ends. With
    pytest-timeout installed the session stops itself before the step's timeout, so that pytest still writes
    its XML; where it was killed all the same, the summary counts the outcomes from the log
    (:func:`kernel_tests_from_log`). Failures are recorded and the benchmarks still run.
-3. ``tune``: ``python -m benchmarks.tune --sizes 16384 --budget-s 90``: ``tune/tune.json`` (saved after
-   every pass, so a timeout keeps the passes done), ``tune.log`` and, from the JSON, ``tune.md``.
-4. ``bench``: ``python -m benchmarks.attention --suite gpu --sizes 16384 --buckets 16 --index-inputs
+3. ``bench``: ``python -m benchmarks.attention --suite gpu --sizes 16384 --buckets 16 --index-inputs
    local``: bucketed attention top-1 and top-2 (α = 1.5 and 1), indexed attention certified and approximate,
    flash SDPA, FlexAttention with the same block mask, dense α-entmax, forward and forward+backward medians
    of CUDA-event times: ``bench/bench.json`` (saved after each causality), ``bench/bench.png``, ``bench.log``
    and, from the JSON, ``speed_table.md`` (:func:`speed_table`).
+4. ``tune``: ``python -m benchmarks.tune --sizes 16384 --budget-s 60``: ``tune/tune.json`` (saved after
+   every pass, so a timeout keeps the passes done), ``tune.log`` and, from the JSON, ``tune.md``. Last: its
+   default tiles are the bench's, compiled by then, and it is the step a short run can best lose.
 
 The summary (:func:`summarize`) reads those files, writes ``summary.json`` and ``summary.md`` (the step
 lines, then the speed table and the tuning table of the steps that ran, so that one file holds every figure:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU day one: what to run the first time a GPU machine (one H100 or H200) is at hand, in under ten minutes.
 #
-#   bash benchmarks/gpu_day_one.sh [--smoke] [--steps facts,tests,tune,bench] [OUT_DIR]
+#   bash benchmarks/gpu_day_one.sh [--smoke] [--steps facts,tests,bench,tune] [OUT_DIR]
 #
 # Steps, each under its own timeout, each writing under OUT_DIR ($OUT when set, else artifacts/gpu_day_one):
 #   facts  the device, torch, CUDA and Triton versions; stops   facts.log, facts.json
@@ -10,19 +10,23 @@
 #   tests  the kernel tests that run on CUDA tensors (bf16,     kernel_tests.log, kernel_tests.xml
 #          large cases), a line per test; failures are
 #          recorded, the rest runs
-#   tune   python -m benchmarks.tune at n = 16384              tune.log, tune/tune.json, tune.md
 #   bench  python -m benchmarks.attention --suite gpu at        bench.log, bench/bench.json, bench/bench.png,
 #          n = 16384: the speed table                           speed_table.md
+#   tune   python -m benchmarks.tune at n = 16384, last: it     tune.log, tune/tune.json, tune.md
+#          finds the bench's kernels compiled, and it is the
+#          step a short run can best lose
 # then a summary (summary.md, summary.json) and exit status 1 if anything failed (benchmarks/gpu_day_one.py
 # says what counts). --smoke runs the same steps on CPU tensors in Triton's interpreter at tiny sizes, a
 # rehearsal that needs no GPU (about a minute and a half on two cores). --steps runs some of the steps, e.g.
 # the benchmarks again after a timeout.
 #
 # Environment: PYTHON (default .venv/bin/python, else python3); DAY_ONE_FACTS_S, DAY_ONE_TESTS_S,
-# DAY_ONE_TUNE_S, DAY_ONE_BENCH_S (each step's timeout in seconds; on a GPU 45 + 150 + 140 + 200 = 535 at
-# most in all); DAY_ONE_TUNE_BUDGET_S (the tuning's --budget-s, 70 on a GPU); DAY_ONE_TESTS (pytest
-# arguments instead of the kernel test files); DAY_ONE_TEST_WORKERS (pytest-xdist workers on a GPU, 12);
-# DAY_ONE_SMOKE=1 (as --smoke).
+# DAY_ONE_TUNE_S, DAY_ONE_BENCH_S (each step's timeout in seconds; on a GPU 30 + 150 + 270 + 120 = 570 at
+# most in all, sized from the first H200 run: the tests need about 140 s on 12 workers, the speed table
+# 260 s with its FlexAttention compilations, the tuning's defaults pass and one candidate about 60 s each
+# when nothing is compiled yet); DAY_ONE_TUNE_BUDGET_S (the tuning's --budget-s, 60 on a GPU: about one
+# candidate); DAY_ONE_TESTS (pytest arguments instead of the kernel test files); DAY_ONE_TEST_WORKERS
+# (pytest-xdist workers on a GPU, 12); DAY_ONE_SMOKE=1 (as --smoke).
 set -euo pipefail
 
 usage() {
@@ -30,7 +34,7 @@ usage() {
 }
 
 smoke="${DAY_ONE_SMOKE:-0}"
-steps="facts,tests,tune,bench"
+steps="facts,tests,bench,tune"
 out=""
 while (($#)); do
   case "$1" in
@@ -47,7 +51,7 @@ IFS=, read -r -a chosen <<< "$steps"
 for step in "${chosen[@]}"; do
   case "$step" in
     facts | tests | tune | bench) ;;
-    *) echo "--steps: unknown step '$step' (facts, tests, tune, bench)" >&2; exit 2 ;;
+    *) echo "--steps: unknown step '$step' (facts, tests, bench, tune)" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$steps," == *",$1,"* ]]; }
@@ -68,17 +72,18 @@ if [[ $smoke == 1 ]]; then
   export TRITON_INTERPRET=1
   device=cpu bench_n=64 bench_buckets=4 tune_n=32
   tune_budget="${DAY_ONE_TUNE_BUDGET_S:-30}"
-  limits=("${DAY_ONE_FACTS_S:-60}" "${DAY_ONE_TESTS_S:-120}" "${DAY_ONE_TUNE_S:-120}" "${DAY_ONE_BENCH_S:-180}")
+  limits=("${DAY_ONE_FACTS_S:-60}" "${DAY_ONE_TESTS_S:-120}" "${DAY_ONE_BENCH_S:-180}" "${DAY_ONE_TUNE_S:-120}")
   # one cheap test of each file: the interpreter runs the full files in many minutes
   test_args=(-k "rows_with_no_key_give_zeros or float16_inputs or cpu_tensors_run_the_torch_path or heads_must_divide or deviation_is_the_worst")
 else
   unset TRITON_INTERPRET  # benchmarks.tune refuses to time the interpreter on CUDA tensors
   device=cuda bench_n=16384 bench_buckets=16 tune_n=16384
-  tune_budget="${DAY_ONE_TUNE_BUDGET_S:-70}"
-  limits=("${DAY_ONE_FACTS_S:-45}" "${DAY_ONE_TESTS_S:-150}" "${DAY_ONE_TUNE_S:-140}" "${DAY_ONE_BENCH_S:-200}")
-  test_args=()
+  tune_budget="${DAY_ONE_TUNE_BUDGET_S:-60}"
+  limits=("${DAY_ONE_FACTS_S:-30}" "${DAY_ONE_TESTS_S:-150}" "${DAY_ONE_TUNE_S:-120}" "${DAY_ONE_BENCH_S:-270}")
+  # the tuning's own tests sweep tiles on CUDA as the tune step does, a minute each: that step covers them
+  mapfile -t kernel_files < <(printf '%s\n' "${kernel_files[@]}" | grep -v test_tune.py)
   # the tests compile their Triton kernels on the CPU (16 cores on an H200 machine), so more workers than
-  # the GPU alone would want: 8 finished 121 of about 131 tests in 120 s there; the slowest are printed
+  # the GPU alone would want: 12 finished 152 of about 170 tests in 125 s there; the slowest are printed
   test_args=(--durations 15)
   if "$py" -c "import xdist" 2> /dev/null; then test_args+=(-n "${DAY_ONE_TEST_WORKERS:-12}"); fi
 fi
@@ -130,15 +135,18 @@ if wants tests; then
   run_step tests kernel_tests.log "${limits[1]}" "$py" -m pytest -v -rfEsxXp -p no:cacheprovider \
     --junitxml="$out/kernel_tests.xml" "${test_args[@]}" "${kernel_files[@]}"
 fi
-if wants tune; then
-  rm -f "$out/tune/tune.json" "$out/tune.md"
-  run_step tune tune.log "${limits[2]}" "$py" -m benchmarks.tune --device "$device" --sizes "$tune_n" \
-    --budget-s "$tune_budget" --out "$out/tune"
-fi
 if wants bench; then
   rm -f "$out/bench/bench.json" "$out/bench/bench.png" "$out/speed_table.md"
-  run_step bench bench.log "${limits[3]}" "$py" -m benchmarks.attention --suite gpu --device "$device" \
+  # Inductor compiles FlexAttention in this process: on the first H200 run its pool of compile workers
+  # (one process per core, each importing torch) held the first FlexAttention row for over 195 s
+  run_step bench bench.log "${limits[2]}" env TORCHINDUCTOR_COMPILE_THREADS=1 \
+    "$py" -m benchmarks.attention --suite gpu --device "$device" \
     --sizes "$bench_n" --buckets "$bench_buckets" --index-inputs local --out "$out/bench"
+fi
+if wants tune; then
+  rm -f "$out/tune/tune.json" "$out/tune.md"
+  run_step tune tune.log "${limits[3]}" "$py" -m benchmarks.tune --device "$device" --sizes "$tune_n" \
+    --budget-s "$tune_budget" --out "$out/tune"
 fi
 
 status=()

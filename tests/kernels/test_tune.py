@@ -46,11 +46,22 @@ def test_tiles_print_and_parse_back_and_refuse_impossible_shapes():
             Tiles.parse(text)
 
 
-def test_the_default_candidates_parse_and_differ_from_the_default_tiles():
+def test_the_default_candidates_parse_and_hold_each_mode_s_default_for_the_other():
     cuda = torch.device("cuda")
-    defaults = {triton_kernel.default_tiles(64, t, torch.bfloat16, cuda, alpha=1.5) for t in (1, 2)}
+
+    def defaults_of(causal: bool) -> set[Tiles]:
+        """The CUDA default tiles at d = 64, bf16, α = 1.5, over T = 1, 2."""
+        bf16 = torch.bfloat16
+        return {triton_kernel.default_tiles(64, t, bf16, cuda, alpha=1.5, causal=causal) for t in (1, 2)}
+
+    defaults = {causal: defaults_of(causal) for causal in (False, True)}
+    assert all(len(tiles) == 1 for tiles in defaults.values()) and defaults[False] != defaults[True]
+    for pattern in (dict(radius=3), dict(global_tokens=1)):  # the pattern part has empty tiles to skip
+        with_pattern = triton_kernel.default_tiles(64, 1, torch.bfloat16, cuda, alpha=1.5, **pattern)
+        assert {with_pattern} == defaults[True] and with_pattern.skip_empty
     candidates = [Tiles.parse(text) for text in tune.CUDA_CANDIDATES]
-    assert len(set(candidates)) == len(candidates) and not defaults & set(candidates)
+    assert len(set(candidates)) == len(candidates)
+    assert candidates[:2] == [*defaults[False], *defaults[True]]  # each mode measured with the other's tiles
     assert any(not tiles.skip_empty for tiles in candidates)  # the pipelined loads are among them
     assert all(Tiles.parse(text) for text in tune.CPU_CANDIDATES)
 
