@@ -634,14 +634,19 @@ class _Side:
 
 
 def _build_side(buckets: torch.Tensor, none: int, pattern: bool) -> _Side:
-    """Sort the (token, bucket) entries of ``buckets`` (BH, L, T); ``none`` marks missing ids."""
+    """Sort the (token, bucket) entries of ``buckets`` (BH, L, T); ``none`` marks missing ids.
+
+    On a GPU the plan's cost is its launches (a few microseconds of work each at n = 16k), so the code
+    spends few: T = 1 needs no sort of each token's ids, and the int32 fields are cast in one launch."""
     bh, length, t = buckets.shape
     device = buckets.device
-    ids = torch.where(buckets >= 0, buckets, _INT32_MAX).sort(-1).values  # (BH, L, T)
-    # a repeated id would duplicate the token in one bucket: keep its first copy only
-    repeat = torch.zeros_like(ids, dtype=torch.bool)
-    repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
-    ids = torch.where(repeat, _INT32_MAX, ids).sort(-1).values
+    ids = torch.where(buckets >= 0, buckets, _INT32_MAX)  # (BH, L, T)
+    if t > 1:
+        ids = ids.sort(-1).values
+        # a repeated id would duplicate the token in one bucket: keep its first copy only
+        repeat = torch.zeros_like(ids, dtype=torch.bool)
+        repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
+        ids = torch.where(repeat, _INT32_MAX, ids).sort(-1).values
     valid = ids != _INT32_MAX  # (BH, L, T)
     pos = torch.arange(length, device=device)
     key = torch.where(valid, ids.long() * length + pos[:, None], _INT64_MAX).flatten(1)  # (BH, L·T)
@@ -653,18 +658,21 @@ def _build_side(buckets: torch.Tensor, none: int, pattern: bool) -> _Side:
     neutral = n_out - 1
     entry = torch.arange(n_entries, device=device).expand(bh, -1)
     inverse = torch.empty_like(order).scatter_(1, order, entry)  # (BH, L·T) entry row of (token, rank)
-    parts = [torch.where(valid, inverse.view(bh, length, t), neutral)]  # (BH, L, T) bucket parts
+    # (BH, L, S) flat per-entry output rows: the bucket parts, then the pattern part
+    gather = torch.where(valid, inverse.view(bh, length, t), neutral)
     if pattern:
-        parts.append((n_entries + pos).expand(bh, length)[..., None])  # (BH, L, 1) pattern part
-    flat_base = torch.arange(bh, device=device)[:, None, None] * n_out
+        gather = torch.cat([gather, (n_entries + pos).expand(bh, length)[..., None]], -1)
+    gather += torch.arange(0, bh * n_out, n_out, device=device)[:, None, None]
+    # token, bucket and rank of each entry, cast to int32 together: (3, BH, L·T)
+    fields = torch.stack([order // t, torch.where(entry_ok, bucket, none), order % t]).int()
     return _Side(
-        ids=torch.where(valid, ids, none).int().contiguous(),
-        tok=torch.div(order, t, rounding_mode="floor").int().contiguous(),
-        bkt=torch.where(entry_ok, bucket, none).int().contiguous(),
-        rank=(order % t).int().contiguous(),
-        bucket_key=bucket.contiguous(),
+        ids=torch.where(valid, ids, none).int(),
+        tok=fields[0],
+        bkt=fields[1],
+        rank=fields[2],
+        bucket_key=bucket,
         count=entry_ok.sum(-1, keepdim=True),
-        gather=torch.cat(parts, -1) + flat_base,
+        gather=gather,
         n_out=n_out,
     )
 
@@ -701,12 +709,15 @@ def _bucket_ranges(rows: _Side, cols: _Side, tiles: Tiles, *, causal: bool, key_
 
 
 def _pattern_ranges(
-    n_self: int, n_other: int, block: int, *, radius: int, global_tokens: int, causal: bool, key_major: bool,
-    device: torch.device,
+    n_self: int, n_other: int, block: int, cfg: _Config, *, key_major: bool, device: torch.device
 ) -> torch.Tensor:
     """(NB, 4) int32: two [lo, hi) ranges of the other side's positions that each block of ``block``
     positions meets through the window band or global tokens: global positions left of the band, then the
-    band itself (all positions for a block holding global tokens)."""
+    band itself (all positions for a block holding global tokens). No blocks, (0, 4), without a window or
+    global tokens."""
+    radius, global_tokens, causal = cfg.radius, cfg.global_tokens, cfg.causal
+    if radius < 0 and global_tokens == 0:
+        return torch.empty(0, 4, device=device, dtype=torch.int32)
     lo_blk = torch.arange(0, n_self, block, device=device)  # (NB,)
     hi_blk = (lo_blk + block).clamp_max(n_self)
     if key_major:  # a key block meets queries i ≥ j when causal
@@ -883,10 +894,7 @@ def _make_plan(q_buckets: torch.Tensor, k_buckets: torch.Tensor, cfg: _Config) -
     ks = _build_side(k_buckets, -2, pattern)
     n, m = q_buckets.shape[1], k_buckets.shape[1]
     block = cfg.tiles.block_m
-    row_pattern = _pattern_ranges(n, m, block, radius=cfg.radius, global_tokens=cfg.global_tokens,
-                                  causal=cfg.causal, key_major=False, device=q_buckets.device)
-    if not pattern:
-        row_pattern = row_pattern[:0]
+    row_pattern = _pattern_ranges(n, m, block, cfg, key_major=False, device=q_buckets.device)
     row_bucket = _bucket_ranges(qs, ks, cfg.tiles, causal=cfg.causal, key_major=False)
     return _Plan(qs, ks, pattern, row_pattern, row_bucket)
 
@@ -979,6 +987,9 @@ def _forward(
     """(out fp32 (BH, N, D), row statistic (BH, N): log2-sum-exp or τ, Σ g v / Σ g (BH, N, D) or None)."""
     if cfg.kind == _KIND_SOFTMAX.value:
         acc, _, stats = _run_rows(_SOFTMAX_FWD, q, k, v, plan, cfg)
+        if plan.whole_rows:  # one part per query: its normalised output and log-sum-exp are the query's
+            rows = plan.qs.gather[..., 0]  # (BH, N) flat per-entry rows
+            return acc.flatten(0, 1)[rows], stats.flatten(0, 1)[:, 0][rows], None
         lse_parts = _per_token(stats, plan.qs)[..., 0]  # (BH, N, S) base-2
         top = lse_parts.amax(-1, keepdim=True)
         top = torch.where(torch.isfinite(top), top, 0.0)
@@ -1025,10 +1036,7 @@ def _grad_kv(
     bh = batch * heads
     qs, ks = plan.qs, plan.ks
     block = cfg.tiles.block_n
-    col_pattern = _pattern_ranges(m, n, block, radius=cfg.radius, global_tokens=cfg.global_tokens,
-                                  causal=cfg.causal, key_major=True, device=q.device)
-    if not plan.pattern:
-        col_pattern = col_pattern[:0]
+    col_pattern = _pattern_ranges(m, n, block, cfg, key_major=True, device=q.device)
     col_bucket = _bucket_ranges(ks, qs, cfg.tiles, causal=cfg.causal, key_major=True)
     dk = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
     dv = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
