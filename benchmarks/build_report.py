@@ -30,6 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from attention_kernels.bucketed import triton_kernel as tb
+from attention_kernels.bucketed import triton_plan
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SHARED_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # opt-in shared memory per block
@@ -49,6 +50,8 @@ _INT_TENSORS = {
     "P_RANGES",
     "B_RANGES",
 }
+_INT64_TENSORS = {"KEY", "ORDER", "BUCKET_KEY", "GATHER", "COUNT", "ROW_KEY", "ROW_COUNT", "COL_KEY"}
+_INT_TENSORS |= {"IDS", "IDS_OUT", "TOK", "BKT", "RANK", "ROW_TOK", "COL_TOK", "OUT"}  # the plan's
 _FP32_SCALARS = {"qk_scale", "p_exp", "g_exp", "alpha", "tau_tol", "f_tol"}
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -107,6 +110,7 @@ def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None)
                     continue
                 cfg = _config(alpha, dtype, head_dim, t, each, causal)
                 out.append(_variant("_cols_kernel", f"cols α={alpha} {shape}", dtype, cfg, t, {}))
+    out += _plan_variants()
     for start in (True, False):
         constants = dict(START=start, METHOD=tb._TAU_HALLEY.value, BLOCK=tb.TAU_BLOCK)
         out.append(
@@ -120,6 +124,25 @@ def variants(tiles: list[tb.Tiles] | None = None, dtype_name: str | None = None)
             )
         )
     return out
+
+
+def _plan_variants() -> list[dict[str, Any]]:
+    """The plan's kernels (``triton_plan``) at T = 1 and 2, with and without the pattern part, causal or
+    not, query- or key-major, as ``build_side`` and ``bucket_ranges`` launch them (default launch options)."""
+    block = triton_plan.BLOCK
+    found = []
+    for t in (1, 2):
+        found.append(dict(kernel="_keys_kernel", label=f"plan keys T={t}", constants=dict(T=t, BLOCK=block)))
+        for pattern in (False, True):
+            constants = dict(T=t, S=t + pattern, PATTERN=pattern, BLOCK=block)
+            label = f"plan entries T={t}" + (" pattern" if pattern else "")
+            found.append(dict(kernel="_entries_kernel", label=label, constants=constants))
+    for causal in (False, True):
+        for key_major in (False, True):
+            constants = dict(CAUSAL=causal, KEY_MAJOR=key_major, BLOCK=block)
+            label = f"plan ranges causal={causal} key_major={key_major}"
+            found.append(dict(kernel="_ranges_kernel", label=label, constants=constants))
+    return [dict(v, dtype="i32", num_warps=4, num_stages=3) for v in found]
 
 
 def _takes_tiles(alpha: float, tiles: tb.Tiles | None) -> bool:
@@ -171,6 +194,8 @@ def _signature(kernel, dtype: str, constants: dict) -> dict[str, str]:
             signature[name] = "*fp32"
         elif name in _INT_TENSORS:
             signature[name] = "*i32"
+        elif name in _INT64_TENSORS:
+            signature[name] = "*i64"
         elif name == "DONE":
             signature[name] = "*i8"
         else:
@@ -180,7 +205,7 @@ def _signature(kernel, dtype: str, constants: dict) -> dict[str, str]:
 
 def build(variant: dict[str, Any], arch: int) -> dict[str, Any]:
     """Compile one variant for ``sm_{arch}``; its registers, spill bytes and shared memory."""
-    kernel = getattr(tb, variant["kernel"])
+    kernel = getattr(tb, variant["kernel"], None) or getattr(triton_plan, variant["kernel"])
     constants = variant["constants"]
     source = ASTSource(
         fn=kernel,

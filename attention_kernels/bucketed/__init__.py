@@ -14,6 +14,8 @@ differentiable in q, k and v.
   :mod:`~attention_kernels.bucketed.block_products`, :mod:`~attention_kernels.bucketed.exact_entmax` (C++) and
   :mod:`~attention_kernels.bucketed.huge_pages`.
 - :mod:`~attention_kernels.bucketed.triton_kernel`: the Triton kernel (CUDA; imported only when it runs).
+- :mod:`~attention_kernels.bucketed.triton_plan`: its plan, the entries sorted by (bucket, position) and
+  each block's range of the other side, in a few launches.
 - :mod:`~attention_kernels.bucketed.reference`: the dense reference every path is tested against.
 """
 

@@ -11,12 +11,13 @@ buckets it shares. With s_ij = scale · q_i·k_j over that set A_i:
 The dense O(n²) reference is ``attention_kernels.bucketed.reference.dense_bucketed_attention``.
 
 Work layout (per batch × head). Every token is duplicated into each of its ≤ T distinct bucket ids and the
-copies ("entries") are sorted by (bucket, position), separately for queries and keys. The attended set of a
+copies ("entries") are sorted by (bucket, position), separately for queries and keys (the plan,
+:mod:`attention_kernels.bucketed.triton_plan`). The attended set of a
 query is split into disjoint parts, each computed by one program row and merged afterwards:
 
 * bucket part: a query entry in bucket b meets the key entries of b; the pair is kept only if b is the
   smallest bucket the two tokens share (so a pair sharing several buckets counts once). A block of sorted
-  query entries only visits the contiguous key-entry range of the buckets it spans (``searchsorted``), so the
+  query entries only visits the contiguous key-entry range of the buckets it spans (a binary search), so the
   work is Σ_b |queries in b|·|keys in b| up to block granularity, never n × m;
 * pattern part (window band and global rows/columns), in original token order: pairs that share no bucket.
 
@@ -51,6 +52,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from attention_kernels.bucketed.triton_plan import Side, bucket_ranges, build_side, pattern_ranges
+
 # Query-major pass modes (compile-time constants of the kernels).
 _SOFTMAX_FWD = tl.constexpr(0)  # online softmax: (o_part, lse_part)
 _ENTMAX_MAX = tl.constexpr(1)  # max of x = (α−1)s and |A_i| per part
@@ -72,8 +75,6 @@ _TAU_NEWTON = tl.constexpr(1)
 _TAU_BISECT = tl.constexpr(2)
 
 _LOG2E = 1.4426950408889634
-_INT32_MAX = torch.iinfo(torch.int32).max
-_INT64_MAX = torch.iinfo(torch.int64).max
 _MAX_TAU_ITERS = tl.constexpr(64)
 TAU_BLOCK = 1024  # rows per program of the elementwise τ step
 # |Σ p − 1| at which τ is accepted; the output is renormalized by Σ p, so half-precision inputs, whose
@@ -620,125 +621,6 @@ def _cols_kernel(
 
 
 @dataclass(frozen=True)
-class _Side:
-    """Bucket entries of one side (queries or keys) for every batch·head."""
-
-    ids: torch.Tensor  # (BH, L, T) int32: the token's distinct ids ascending, then the side's "none" value
-    tok: torch.Tensor  # (BH, L·T) int32: token of each entry, entries sorted by (bucket, position)
-    bkt: torch.Tensor  # (BH, L·T) int32: bucket of each entry ("none" value past the valid entries)
-    rank: torch.Tensor  # (BH, L·T) int32: rank of that bucket among the token's ids
-    bucket_key: torch.Tensor  # (BH, L·T) int64: sorted buckets, INT64_MAX past the valid entries
-    count: torch.Tensor  # (BH, 1) int64: number of valid entries
-    gather: torch.Tensor  # (BH, L, S) int64: flat per-entry output rows of each token's parts
-    n_out: int  # per-entry output rows per batch·head: L·T bucket rows, L pattern rows, 1 neutral row
-
-
-def _build_side(buckets: torch.Tensor, none: int, pattern: bool) -> _Side:
-    """Sort the (token, bucket) entries of ``buckets`` (BH, L, T); ``none`` marks missing ids.
-
-    On a GPU the plan's cost is its launches (a few microseconds of work each at n = 16k), so the code
-    spends few: T = 1 needs no sort of each token's ids, and the int32 fields are cast in one launch."""
-    bh, length, t = buckets.shape
-    device = buckets.device
-    ids = torch.where(buckets >= 0, buckets, _INT32_MAX)  # (BH, L, T)
-    if t > 1:
-        ids = ids.sort(-1).values
-        # a repeated id would duplicate the token in one bucket: keep its first copy only
-        repeat = torch.zeros_like(ids, dtype=torch.bool)
-        repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
-        ids = torch.where(repeat, _INT32_MAX, ids).sort(-1).values
-    valid = ids != _INT32_MAX  # (BH, L, T)
-    pos = torch.arange(length, device=device)
-    key = torch.where(valid, ids.long() * length + pos[:, None], _INT64_MAX).flatten(1)  # (BH, L·T)
-    key, order = key.sort(-1)
-    entry_ok = key != _INT64_MAX
-    bucket = torch.where(entry_ok, key // length, _INT64_MAX)  # (BH, L·T)
-    n_entries = length * t
-    n_out = n_entries + (length if pattern else 0) + 1
-    neutral = n_out - 1
-    entry = torch.arange(n_entries, device=device).expand(bh, -1)
-    inverse = torch.empty_like(order).scatter_(1, order, entry)  # (BH, L·T) entry row of (token, rank)
-    # (BH, L, S) flat per-entry output rows: the bucket parts, then the pattern part
-    gather = torch.where(valid, inverse.view(bh, length, t), neutral)
-    if pattern:
-        gather = torch.cat([gather, (n_entries + pos).expand(bh, length)[..., None]], -1)
-    gather += torch.arange(0, bh * n_out, n_out, device=device)[:, None, None]
-    # token, bucket and rank of each entry, cast to int32 together: (3, BH, L·T)
-    fields = torch.stack([order // t, torch.where(entry_ok, bucket, none), order % t]).int()
-    return _Side(
-        ids=torch.where(valid, ids, none).int(),
-        tok=fields[0],
-        bkt=fields[1],
-        rank=fields[2],
-        bucket_key=bucket,
-        count=entry_ok.sum(-1, keepdim=True),
-        gather=gather,
-        n_out=n_out,
-    )
-
-
-def _bucket_ranges(rows: _Side, cols: _Side, tiles: Tiles, *, causal: bool, key_major: bool) -> torch.Tensor:
-    """(BH, NB, 2) int32 [lo, hi) range of ``cols`` entries whose bucket lies within the buckets of each
-    block of sorted ``rows`` entries (both sides sorted by bucket, so the range is contiguous): blocks of
-    ``tiles.block_m`` queries, or of ``tiles.block_n`` keys when ``key_major``.
-
-    When causal, the range is cut at the block's own positions in its edge bucket, comparing (bucket,
-    position): a block of queries needs no key of its last bucket after its last query (j ≤ i), a block of
-    keys no query of its first bucket before its first key. Its other buckets keep their whole range, and
-    entries of different buckets never pair, so the cut drops only pairs the mask drops. A cut start moves
-    by whole tiles, so the tiles that remain, and the order of every sum, are those of the uncut range."""
-    block, col_block = (tiles.block_n, tiles.block_m) if key_major else (tiles.block_m, tiles.block_n)
-    n_entries = rows.bucket_key.shape[1]
-    starts = torch.arange(0, n_entries, block, device=rows.tok.device)  # (NB,)
-    last = torch.minimum(starts + block - 1, rows.count - 1).clamp_min(0)  # (BH, NB) last valid entry
-    lo = torch.searchsorted(cols.bucket_key, rows.bucket_key[:, starts].contiguous())
-    hi = torch.searchsorted(cols.bucket_key, rows.bucket_key.gather(1, last), right=True)
-    if causal:
-        span = max(rows.ids.shape[1], cols.ids.shape[1])  # every position of either side is below it
-        row_key, col_key = (
-            torch.where(side.bucket_key != _INT64_MAX, side.bucket_key * span + side.tok, _INT64_MAX)
-            for side in (rows, cols)
-        )  # (bucket, position) as one sortable int64 per entry
-        if key_major:
-            first = torch.searchsorted(col_key, row_key[:, starts].contiguous())
-            lo = lo + (first - lo) // col_block * col_block
-        else:
-            hi = torch.searchsorted(col_key, row_key.gather(1, last), right=True)
-    empty = starts >= rows.count  # (BH, NB) blocks holding padding entries only
-    return torch.stack([lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)], -1).int().contiguous()
-
-
-def _pattern_ranges(
-    n_self: int, n_other: int, block: int, cfg: _Config, *, key_major: bool, device: torch.device
-) -> torch.Tensor:
-    """(NB, 4) int32: two [lo, hi) ranges of the other side's positions that each block of ``block``
-    positions meets through the window band or global tokens: global positions left of the band, then the
-    band itself (all positions for a block holding global tokens). No blocks, (0, 4), without a window or
-    global tokens."""
-    radius, global_tokens, causal = cfg.radius, cfg.global_tokens, cfg.causal
-    if radius < 0 and global_tokens == 0:
-        return torch.empty(0, 4, device=device, dtype=torch.int32)
-    lo_blk = torch.arange(0, n_self, block, device=device)  # (NB,)
-    hi_blk = (lo_blk + block).clamp_max(n_self)
-    if key_major:  # a key block meets queries i ≥ j when causal
-        first = lo_blk if causal else torch.zeros_like(lo_blk)
-        cap = torch.full_like(lo_blk, n_other)
-    else:  # a query block meets keys j ≤ i when causal
-        first = torch.zeros_like(lo_blk)
-        cap = hi_blk.clamp_max(n_other) if causal else torch.full_like(lo_blk, n_other)
-    if radius >= 0:
-        w_lo = torch.maximum(lo_blk - radius, first)
-        w_hi = torch.minimum(hi_blk + radius, cap)
-    else:
-        w_lo, w_hi = cap, cap
-    holds_global = lo_blk < global_tokens
-    w_lo = torch.where(holds_global, first, w_lo)
-    w_hi = torch.where(holds_global, cap, w_hi)
-    g_hi = torch.minimum(torch.minimum(w_lo, cap), torch.full_like(w_lo, global_tokens))
-    return torch.stack([first, g_hi, w_lo, w_hi], -1).int().contiguous()
-
-
-@dataclass(frozen=True)
 class Tiles:
     """How the query- and key-major kernels are launched: tiles of ``block_m`` query entries by ``block_n``
     key entries (powers of two ≥ 16, as ``tl.dot`` needs), ``num_warps`` warps per program and
@@ -876,8 +758,8 @@ def _make_config(
 
 @dataclass(frozen=True)
 class _Plan:
-    qs: _Side
-    ks: _Side
+    qs: Side
+    ks: Side
     pattern: bool
     row_pattern: torch.Tensor  # (NB_PATTERN, 4) int32 key ranges of query position blocks
     row_bucket: torch.Tensor  # (BH, NB_BUCKET, 2) int32 key-entry ranges of query entry blocks
@@ -890,16 +772,22 @@ class _Plan:
 
 def _make_plan(q_buckets: torch.Tensor, k_buckets: torch.Tensor, cfg: _Config) -> _Plan:
     pattern = cfg.radius >= 0 or cfg.global_tokens > 0
-    qs = _build_side(q_buckets, -1, pattern)
-    ks = _build_side(k_buckets, -2, pattern)
+    qs = build_side(q_buckets, -1, pattern)
+    ks = build_side(k_buckets, -2, pattern)
     n, m = q_buckets.shape[1], k_buckets.shape[1]
-    block = cfg.tiles.block_m
-    row_pattern = _pattern_ranges(n, m, block, cfg, key_major=False, device=q_buckets.device)
-    row_bucket = _bucket_ranges(qs, ks, cfg.tiles, causal=cfg.causal, key_major=False)
+    tiles = cfg.tiles
+    device = q_buckets.device
+    row_pattern = pattern_ranges(n, m, tiles.block_m, key_major=False, device=device, **_pattern(cfg))
+    row_bucket = bucket_ranges(qs, ks, tiles.block_m, tiles.block_n, causal=cfg.causal, key_major=False)
     return _Plan(qs, ks, pattern, row_pattern, row_bucket)
 
 
-def _per_token(x: torch.Tensor, side: _Side) -> torch.Tensor:
+def _pattern(cfg: _Config) -> dict[str, object]:
+    """The window, global tokens and causality of ``cfg``, as :func:`pattern_ranges` takes them."""
+    return dict(radius=cfg.radius, global_tokens=cfg.global_tokens, causal=cfg.causal)
+
+
+def _per_token(x: torch.Tensor, side: Side) -> torch.Tensor:
     """Per-entry rows (BH, n_out, C) → (BH, L, S, C): the S parts of every token."""
     return x.flatten(0, 1)[side.gather]
 
@@ -1036,8 +924,8 @@ def _grad_kv(
     bh = batch * heads
     qs, ks = plan.qs, plan.ks
     block = cfg.tiles.block_n
-    col_pattern = _pattern_ranges(m, n, block, cfg, key_major=True, device=q.device)
-    col_bucket = _bucket_ranges(ks, qs, cfg.tiles, causal=cfg.causal, key_major=True)
+    col_pattern = pattern_ranges(m, n, block, key_major=True, device=q.device, **_pattern(cfg))
+    col_bucket = bucket_ranges(ks, qs, block, cfg.tiles.block_m, causal=cfg.causal, key_major=True)
     dk = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
     dv = torch.empty(bh, ks.n_out, d, device=q.device, dtype=torch.float32)
     dk[:, -1] = 0.0

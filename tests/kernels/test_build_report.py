@@ -28,6 +28,8 @@ def test_variants_cover_every_pass_and_tile_configuration():
         assert any(label.startswith(f"rows {name} ") for label in labels), name
     assert any(label.startswith("cols ") for label in labels)
     assert any(label.startswith("tau ") for label in labels)
+    for kernel in ("keys", "entries", "ranges"):  # the plan's kernels
+        assert any(label.startswith(f"plan {kernel} ") for label in labels), kernel
     tiles = {(v["constants"].get("BLOCK_M"), v["constants"].get("BLOCK_N")) for v in build_report.variants()}
     assert {(64, 64), (32, 64), (32, 32)} <= tiles  # the three tile shapes _make_config picks on CUDA
     # without a causal mask or a pattern, d = 64 and T ≤ 2 take pipelined tiles that all load: built too
@@ -41,8 +43,9 @@ def test_candidate_tiles_replace_the_defaults_in_every_variant_of_the_chosen_dty
     from attention_kernels.bucketed import triton_kernel as tb
 
     candidates = [tb.Tiles(128, 64, num_warps=8, num_stages=3), tb.Tiles(64, 128, num_warps=4, num_stages=2)]
-    built = [v for v in build_report.variants(candidates, "bf16") if v["kernel"] != "_tau_kernel"]
-    defaults = [v for v in build_report.variants(None, "bf16") if v["kernel"] != "_tau_kernel"]
+    tiled = ("_rows_kernel", "_cols_kernel")  # the τ step and the plan take no tiles
+    built = [v for v in build_report.variants(candidates, "bf16") if v["kernel"] in tiled]
+    defaults = [v for v in build_report.variants(None, "bf16") if v["kernel"] in tiled]
     # α > 2 keeps its own tiles (its products with the gradient weights run in fp32)
     steep = tb._KIND_ENTMAX_STEEP.value
     assert any(v["constants"]["KIND"] == steep for v in defaults)

@@ -202,17 +202,17 @@ def test_other_tiles_match_reference(case: Case, tiles: Tiles):
 def test_causal_ranges_drop_only_masked_pairs_and_whole_tiles(n: int, m: int, key_major: bool):
     """A causal block's entry range ends (queries) or starts (keys) at its own positions: every pair sharing
     a bucket with j ≤ i stays inside, the start moves by whole tiles, and fewer tiles are visited."""
-    from attention_kernels.bucketed import triton_kernel as tb
+    from attention_kernels.bucketed.triton_plan import bucket_ranges, build_side
 
     gen = torch.Generator().manual_seed(5)
     q_ids = torch.randint(-1, 4, (2, n, 2), generator=gen, dtype=torch.int32)
     k_ids = torch.randint(-1, 4, (2, m, 2), generator=gen, dtype=torch.int32)
     tiles = Tiles(16, 32, 1, 1)
-    qs, ks = tb._build_side(q_ids, -1, False), tb._build_side(k_ids, -2, False)
+    qs, ks = build_side(q_ids, -1, False), build_side(k_ids, -2, False)
     rows, cols = (ks, qs) if key_major else (qs, ks)
     block, col_block = (tiles.block_n, tiles.block_m) if key_major else (tiles.block_m, tiles.block_n)
-    cut = tb._bucket_ranges(rows, cols, tiles, causal=True, key_major=key_major)
-    whole = tb._bucket_ranges(rows, cols, tiles, causal=False, key_major=key_major)
+    cut = bucket_ranges(rows, cols, block, col_block, causal=True, key_major=key_major)
+    whole = bucket_ranges(rows, cols, block, col_block, causal=False, key_major=key_major)
     assert (cut[..., 0] >= whole[..., 0]).all() and (cut[..., 1] <= whole[..., 1]).all()
     assert ((cut[..., 0] - whole[..., 0]) % col_block == 0).all()
     tiles_visited = ((cut[..., 1] - cut[..., 0]).clamp_min(0) + col_block - 1) // col_block
