@@ -26,7 +26,9 @@
 # 260 s with its FlexAttention compilations, the tuning's defaults pass and one candidate about 60 s each
 # when nothing is compiled yet); DAY_ONE_TUNE_BUDGET_S (the tuning's --budget-s, 60 on a GPU: about one
 # candidate); DAY_ONE_TESTS (pytest arguments instead of the kernel test files); DAY_ONE_TEST_WORKERS
-# (pytest-xdist workers on a GPU, 12); DAY_ONE_SMOKE=1 (as --smoke).
+# (pytest-xdist workers on a GPU, 12); DAY_ONE_TOTAL_S (the whole run's seconds, 570 on a GPU: each step's
+# timeout is cut to what is left, and a step with under 15 s left is not started); DAY_ONE_SMOKE=1 (as
+# --smoke).
 set -euo pipefail
 
 usage() {
@@ -73,13 +75,15 @@ if [[ $smoke == 1 ]]; then
   device=cpu bench_n=64 bench_buckets=4 tune_n=32
   tune_budget="${DAY_ONE_TUNE_BUDGET_S:-30}"
   limits=("${DAY_ONE_FACTS_S:-60}" "${DAY_ONE_TESTS_S:-120}" "${DAY_ONE_BENCH_S:-180}" "${DAY_ONE_TUNE_S:-120}")
+  total="${DAY_ONE_TOTAL_S:-900}"
   # one cheap test of each file: the interpreter runs the full files in many minutes
   test_args=(-k "rows_with_no_key_give_zeros or float16_inputs or cpu_tensors_run_the_torch_path or heads_must_divide or deviation_is_the_worst")
 else
   unset TRITON_INTERPRET  # benchmarks.tune refuses to time the interpreter on CUDA tensors
   device=cuda bench_n=16384 bench_buckets=16 tune_n=16384
   tune_budget="${DAY_ONE_TUNE_BUDGET_S:-60}"
-  limits=("${DAY_ONE_FACTS_S:-30}" "${DAY_ONE_TESTS_S:-150}" "${DAY_ONE_TUNE_S:-120}" "${DAY_ONE_BENCH_S:-270}")
+  limits=("${DAY_ONE_FACTS_S:-30}" "${DAY_ONE_TESTS_S:-150}" "${DAY_ONE_BENCH_S:-270}" "${DAY_ONE_TUNE_S:-120}")
+  total="${DAY_ONE_TOTAL_S:-570}"  # the whole run, so that one command fits a 10-minute device call
   # the tuning's own tests sweep tiles on CUDA as the tune step does, a minute each: that step covers them
   mapfile -t kernel_files < <(printf '%s\n' "${kernel_files[@]}" | grep -v test_tune.py)
   # the tests compile their Triton kernels on the CPU (16 cores on an H200 machine), so more workers than
@@ -101,11 +105,20 @@ fi
 declare -A codes=()
 # run_step STEP LOG LIMIT_S COMMAND...: the command under its timeout (SIGINT first, so pytest still writes
 # its report and the benchmarks stop between calls; SIGKILL 10 s later), its output on the terminal and in
-# OUT_DIR/LOG; records the exit status (124: timed out) and never stops the script
+# OUT_DIR/LOG; records the exit status (124: timed out, or not started for want of time) and never stops the
+# script
+# within what is left of the run's DAY_ONE_TOTAL_S, less 25 s: the kill's 10 s grace and the summary's time
 run_step() {
   local step=$1 log=$2 limit=$3
   shift 3
+  local left=$((total - SECONDS - 25))
+  if ((left < limit)); then limit=$left; fi
   echo
+  if ((limit < 15)); then
+    echo "== $step: not started, the run's ${total} s are spent" | tee "$out/$log"
+    codes[$step]=124
+    return
+  fi
   echo "== $step (timeout ${limit} s): $*"
   set +e
   timeout -s INT -k 10 "$limit" "$@" 2>&1 | tee "$out/$log"

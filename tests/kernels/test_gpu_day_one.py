@@ -175,6 +175,17 @@ def test_a_failing_kernel_test_or_a_timeout_fails_the_run_yet_the_later_steps_ru
     assert "FAILED (tests, bench)" in done.stdout and "test_day_one_failure.py::test_fails" in done.stdout
 
 
+def test_a_step_with_too_little_of_the_run_s_time_left_is_not_started(tmp_path):
+    """DAY_ONE_TOTAL_S bounds the whole run: a step whose share would be under 15 s is not started and
+    counts as timed out, so that the run still ends, with its summary, inside one device call."""
+    done = run_script("--smoke", "--steps", "tune", str(tmp_path), DAY_ONE_TOTAL_S="30")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "not started, the run's 30 s are spent" in (tmp_path / "tune.log").read_text()
+    tune = json.loads((tmp_path / "summary.json").read_text())["steps"]["tune"]
+    assert tune["status"] == "timed out" and tune["failed"]
+    assert not (tmp_path / "tune" / "tune.json").exists()
+
+
 def test_without_a_cuda_device_the_gpu_run_stops_after_the_facts(tmp_path):
     done = run_script("--steps", "facts,bench", str(tmp_path), CUDA_VISIBLE_DEVICES="")
     assert done.returncode == 3 and "run with --smoke" in done.stdout
