@@ -984,7 +984,7 @@ def _add_gpu_overhead(
     if device.type == "cuda":
         from attention_kernels.bucketed import triton_kernel as tb
 
-        tiles = tb.default_tiles(dim, top, q.dtype, device, alpha=ALPHA)
+        tiles = tb.default_tiles(dim, top, q.dtype, device, alpha=ALPHA, causal=causal)
         plan_cfg = tb._make_config(ALPHA, dim**-0.5, causal, -1, 0, dim, tiles, q.dtype)
         flat = ids.flatten(0, 1)
 

@@ -16,8 +16,9 @@ The default candidates are tiles that ``python -m benchmarks.build_report --dtyp
 sm_90 within its spill budget at d = 64, T ≤ 2 (that check needs no GPU). Compiling a candidate's
 kernels costs seconds per (α, T, causal), so ``--budget-s`` bounds the candidates' sweep, which follows the
 default tiles' pass (the references every candidate is checked and timed against, always measured): a
-candidate runs only when the time the candidates took so far plus the latest pass's time fits in the budget,
-else its rows are marked skipped; as candidates run one at a time over every workload, those measured are
+candidate runs only when the time the candidates took so far plus its estimate (its workloads times the most
+seconds a measured workload has taken on average over a pass) fits in the budget, else its rows are marked
+skipped; as candidates run one at a time over every workload, those measured are
 measured everywhere. ``tune.json`` is written atomically after each
 candidate; the table printed at the end gives, per workload, the default's times and the fastest tiles
 forward and forward+backward, then every candidate's geometric-mean time over the default's across the
@@ -148,9 +149,10 @@ def run(
     """Rows of (workload, tiles) with their status, deviation from the default tiles and times.
 
     The default tiles run first on every workload (the references, whatever the budget), then each
-    candidate on every workload in turn, as long as the candidates' time so far plus the latest pass's (the
-    next one's estimate: compiling dominates) stays within ``budget_s``, so that a spent budget leaves whole
-    candidates measured, not some workloads of each, and the sweep ends near its budget. ``save``
+    candidate on every workload in turn (but those it is the default of), as long as the candidates' time so
+    far plus the candidate's estimate stays within ``budget_s``: its workloads times the most seconds a
+    measured workload has taken on average over a pass (compiling dominates), so that a spent budget leaves
+    whole candidates measured, not some workloads of each, and the sweep ends near its budget. ``save``
     receives the report so far after each pass, so a run cut short keeps what it measured. A CUDA error (an
     illegal address, say) leaves the device unusable: the rest of the sweep is then skipped."""
     from attention_kernels.bucketed.triton_kernel import default_tiles, triton_bucketed_attention
@@ -183,12 +185,14 @@ def run(
     references: dict[int, list[torch.Tensor]] = {}  # job index → the default tiles' [out, dq, dk, dv]
     passes = [None, *candidates]  # None: each workload's default tiles
     spent = 0.0  # seconds the candidates' passes took: the budget is theirs
-    latest = 0.0  # seconds the latest pass that ran took: what the next one is expected to take
+    per_run = 0.0  # the most seconds a measured (workload, tiles) took on average over a pass
     broken = None  # the CUDA error that ended the sweep
     bar = tqdm(total=len(passes) * len(jobs), desc="tune", unit="run")
     for candidate in passes:
         began = time.monotonic()
-        fits = candidate is None or spent + latest <= budget_s  # compiling dominates: passes cost alike
+        runs = sum(candidate is None or candidate != job[1] for job in jobs)  # a default is not run twice
+        fits = candidate is None or spent + per_run * runs <= budget_s  # compiling dominates a run
+        timed = 0
         for index, (spec, default, (q, k, v, grad_out), ids) in enumerate(jobs):
             bar.update()
             tiles = default if candidate is None else candidate
@@ -226,9 +230,11 @@ def run(
                 continue
             references.setdefault(index, got)
             row.update(measure_gpu(attention, tuple(x.requires_grad_() for x in (q, k, v)), grid))
+            timed += 1
         if fits:
-            latest = time.monotonic() - began
-            spent += 0.0 if candidate is None else latest
+            took = time.monotonic() - began
+            per_run = max(per_run, took / max(timed, 1))  # a pass that failed fast says little
+            spent += 0.0 if candidate is None else took
         report["summary"] = summarize(report["results"])
         save(report)
     bar.close()

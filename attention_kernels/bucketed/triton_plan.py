@@ -102,8 +102,9 @@ def _entries_kernel(
 
 
 def build_side(buckets: torch.Tensor, none: int, pattern: bool) -> Side:
-    """Sort the (token, bucket) entries of ``buckets`` (BH, L, T) int32; ``none`` marks missing ids (−1 for
-    queries, −2 for keys, so that no missing pair matches)."""
+    """Sort the (token, bucket) entries of ``buckets`` (BH, L, T) of ids in [−1, 2³¹) (the entry point's
+    check: an int64 tensor is cast without loss); ``none`` marks missing ids (−1 for queries, −2 for keys,
+    so that no missing pair matches)."""
     bh, length, t = buckets.shape
     device = buckets.device
     ids = buckets.to(torch.int32).contiguous()
@@ -124,6 +125,8 @@ def build_side(buckets: torch.Tensor, none: int, pattern: bool) -> Side:
     bucket_key = torch.empty(bh, n_entries, device=device, dtype=torch.int64)
     gather = torch.empty(bh, length, s, device=device, dtype=torch.int64)
     count = torch.empty(bh, 1, device=device, dtype=torch.int64)
+    if n_entries == 0:  # no program runs to write it
+        count.zero_()
     _entries_kernel[grid](
         key, order, fields[0], fields[1], fields[2], bucket_key, gather, count,
         n_entries, length, n_out, none, T=t, S=s, PATTERN=pattern, BLOCK=BLOCK,
