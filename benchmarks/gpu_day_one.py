@@ -273,9 +273,10 @@ def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def speed_table(report: dict[str, Any], partial: bool = False) -> str:
     """The GPU suite's rows as markdown, one table per length: every provider, forward and forward+backward
-    median ms, the speedup over flash SDPA, density (bucketed), the share of key blocks skipped and the
-    speedup over and deviation from dense α-entmax (indexed), peak memory above the inputs, status; then
-    what each method is. ``partial``: the run was stopped before its end (the rows saved so far)."""
+    median ms, the planning's ms and density (bucketed), the speedup over flash SDPA, the share of key blocks
+    skipped and the speedup over and deviation from dense α-entmax (indexed), peak memory above the inputs,
+    status; then what each method is. ``partial``: the run was stopped before its end (the rows saved so
+    far)."""
     from pipeline.evaluation.table_text import DASH, formatted
 
     settings = report["settings"]
@@ -288,10 +289,12 @@ def speed_table(report: dict[str, Any], partial: bool = False) -> str:
             f"{report['device_name']}, torch {report['torch']}; {settings['dtype']}, "
             f"batch {settings['batch']}, {settings['heads']} heads, d = {settings['dim']}; "
             f"medians of {settings['reps']} {clock} times after {settings['warmup']} warm-up calls; "
-            "× flash = flash SDPA's time over the row's, × entmax = dense α-entmax's.",
+            "× flash = flash SDPA's time over the row's, × entmax = dense α-entmax's; plan ms = our "
+            "bucketed rows' planning timed alone (their fwd ms includes it).",
             "",
         ]
-        header = ["causal", "method", "B", "top", "inputs", "density", "skipped", "fwd ms", "fwd+bwd ms"]
+        header = ["causal", "method", "B", "top", "inputs", "density", "skipped"]
+        header += ["fwd ms", "fwd+bwd ms", "plan ms"]
         header += ["× flash fwd", "× flash f+b", "× entmax fwd", "max err", "f+b MiB", "status"]
         body = []
         for r in report["results"]:
@@ -308,6 +311,7 @@ def speed_table(report: dict[str, Any], partial: bool = False) -> str:
                     formatted(r.get("blocks_skipped"), ".3f"),
                     formatted(r.get("forward_ms"), ".3f"),
                     formatted(r.get("forward_backward_ms"), ".3f"),
+                    formatted(r.get("plan_ms"), ".3f"),
                     formatted(r.get("speedup_forward"), ".2f"),
                     formatted(r.get("speedup_forward_backward"), ".2f"),
                     formatted(r.get("speedup_forward_vs_dense_entmax"), ".2f"),
