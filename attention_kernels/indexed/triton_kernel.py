@@ -80,6 +80,7 @@ from attention_kernels.bucketed.triton_kernel import (
     _tau_start,
     _tau_step,
 )
+from attention_kernels.indexed.principal_axes import principal_axes
 
 __all__ = ["INDEX_STEPS", "Passes", "certified_passes", "tile_size", "triton_indexed_attention"]
 
@@ -436,7 +437,7 @@ def _bound_factors(
     c = min(BOUND_AXES, d)
     ok = valid[:, None, :, None]  # (b, 1, m, 1)
     keys = k.float() * ok
-    basis = torch.linalg.eigh((keys.mT @ keys).double()).eigenvectors.float()  # (b, h, d, d), ascending
+    basis = principal_axes((keys.mT @ keys).double()).float()  # (b, h, d, d), ascending
     eye = torch.eye(d, device=q.device)
     loss = float((basis.mT @ basis - eye).abs().sum(-1).amax())
     rounding = 8.0 * (d + 2) * _FP32_EPS + 2.0 * loss
