@@ -1,7 +1,8 @@
 """The Triton plan (``attention_kernels.bucketed.triton_plan``) against the same plan written as plain
 PyTorch ops: sorted entries, their tokens, buckets and ranks, the output rows of every (token, slot), the
 valid counts, and each block's entry range from ``torch.searchsorted`` (cut at the block's own positions
-when causal). Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, conftest)."""
+when causal). Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, conftest);
+with one, on CUDA tensors, with a case at n = 16384."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from attention_kernels.bucketed.triton_plan import INT32_MAX, INT64_MAX, bucket_ranges, build_side
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # ----------------------------------------------------------------------------------- the PyTorch oracle
 
@@ -21,14 +24,15 @@ def side_oracle(buckets: torch.Tensor, none: int, pattern: bool) -> dict[str, to
     repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
     ids = torch.where(repeat, INT32_MAX, ids).sort(-1).values
     valid = ids != INT32_MAX
-    pos = torch.arange(length)
+    pos = torch.arange(length, device=buckets.device)
     key = torch.where(valid, ids.long() * length + pos[:, None], INT64_MAX).flatten(1)
     key, order = key.sort(-1)
     ok = key != INT64_MAX
     bucket = torch.where(ok, key // length, INT64_MAX)
     n_entries = length * t
     n_out = n_entries + (length if pattern else 0) + 1
-    inverse = torch.empty_like(order).scatter_(1, order, torch.arange(n_entries).expand(bh, -1))
+    entry = torch.arange(n_entries, device=buckets.device).expand(bh, -1)
+    inverse = torch.empty_like(order).scatter_(1, order, entry)
     parts = [torch.where(valid, inverse.view(bh, length, t), n_out - 1)]
     if pattern:
         parts.append((n_entries + pos).expand(bh, length)[..., None])
@@ -39,14 +43,14 @@ def side_oracle(buckets: torch.Tensor, none: int, pattern: bool) -> dict[str, to
         "rank": (order % t).int(),
         "bucket_key": bucket,
         "count": ok.sum(-1, keepdim=True),
-        "gather": torch.cat(parts, -1) + torch.arange(bh)[:, None, None] * n_out,
+        "gather": torch.cat(parts, -1) + torch.arange(bh, device=buckets.device)[:, None, None] * n_out,
     }
 
 
 def ranges_oracle(rows, cols, block: int, col_block: int, causal: bool, key_major: bool) -> torch.Tensor:
     """Each block's [lo, hi) by ``torch.searchsorted``."""
     n_entries = rows.bucket_key.shape[1]
-    starts = torch.arange(0, n_entries, block)
+    starts = torch.arange(0, n_entries, block, device=rows.tok.device)
     last = torch.minimum(starts + block - 1, rows.count - 1).clamp_min(0)
     lo = torch.searchsorted(cols.bucket_key, rows.bucket_key[:, starts].contiguous())
     hi = torch.searchsorted(cols.bucket_key, rows.bucket_key.gather(1, last), right=True)
@@ -72,6 +76,7 @@ CASES = {  # (BH, L, T, highest id): repeats, missing ids, empty rows and severa
     "T2": (2, 97, 2, 4),
     "T3 repeats": (2, 61, 3, 2),
     "T1 long": (1, 2100, 1, 16),
+    **({"T1 16k": (8, 16384, 1, 16), "T2 16k": (8, 16384, 2, 16)} if DEVICE == "cuda" else {}),
 }
 
 
@@ -81,7 +86,7 @@ def _buckets(bh: int, length: int, t: int, high: int, seed: int) -> torch.Tensor
     ids[0, : length // 3] = -1  # a run of tokens without any bucket
     if bh > 2:
         ids[2] = -1  # a row with no valid entry at all
-    return ids
+    return ids.to(DEVICE)
 
 
 @pytest.mark.parametrize("pattern", [False, True], ids=["buckets", "pattern"])
