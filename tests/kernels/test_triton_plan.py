@@ -112,3 +112,17 @@ def test_block_ranges_match_searchsorted(n: int, m: int, t: int, causal: bool, k
     for block, col_block in ((16, 32), (64, 64)):
         got = bucket_ranges(rows, cols, block, col_block, causal=causal, key_major=key_major)
         assert torch.equal(got, ranges_oracle(rows, cols, block, col_block, causal, key_major))
+
+
+def test_a_row_without_valid_ids_counts_none_and_sends_every_cell_to_the_neutral_row():
+    buckets = torch.full((2, 40, 2), -1, dtype=torch.int32, device=DEVICE)
+    buckets[1, ::3, 1] = 5  # the other row: every third token in bucket 5
+    side = build_side(buckets, -2, True)
+    assert side.count.flatten().tolist() == [0, 14]
+    n_out = side.n_out
+    assert (side.gather[0, :, :2] == n_out - 1).all()  # row 0: all bucket slots at its neutral row
+    assert side.gather[0, :, 2].tolist() == [80 + t for t in range(40)]  # its pattern rows
+    assert (side.bkt[0] == -2).all() and (side.bucket_key[0] == INT64_MAX).all()
+    assert side.tok[1, :14].tolist() == list(range(0, 40, 3)) and (side.bkt[1, :14] == 5).all()
+    ranges = bucket_ranges(side, side, 16, 16, causal=True, key_major=False)
+    assert (ranges[0] == 0).all()  # no block of row 0 meets anything
