@@ -43,8 +43,9 @@ Modes.
 
 Layout. Work runs per (batch·head, query block) "row group" of ``block`` queries facing a list of
 ``block``-key blocks, gathered into rows of scores (groups, block, K · block) padded with an empty block;
-row groups are sorted by their block count and processed in chunks of about ``CHUNK_ENTRIES`` scores, so
-memory stays linear in what is computed and no (n × m) tensor exists beyond such chunks.
+row groups are sorted by their block count and processed in chunks of about ``CHUNK_ENTRIES`` scores (2²⁰,
+cache-sized, on a CPU; ``GPU_CHUNK_ENTRIES``, 2²⁵, on a GPU, where each chunk costs launches), so memory
+stays linear in what is computed and no (n × m) tensor exists beyond such chunks.
 
 Backends. ``backend="auto"`` runs certified mode on CUDA tensors in fp16, bf16 or fp32 through the Triton
 forward of :mod:`attention_kernels.indexed.triton_kernel` (imported only then) when no gradient is needed; on
@@ -93,7 +94,11 @@ __all__ = [
 MODES = ("certified", "approximate")
 ORDERS = ("position", "clustered")
 CHUNK_ENTRIES = 2**20
-"""Scores held per chunk of row groups: bounds the transient memory and keeps a chunk near the caches."""
+"""Scores held per chunk of row groups on a CPU: bounds the transient memory and keeps a chunk near the
+caches."""
+GPU_CHUNK_ENTRIES = 2**25
+"""The same on a GPU (128 MiB of fp32 scores): there each chunk's dozen or so ops cost launches, not cache
+misses, and at n = 16384 chunks of 2²⁰ made the approximate forward hundreds of small launches per phase."""
 
 _QUEST_AXES = 16
 """Leading principal axes the exact-score bound takes per channel; the rest is bounded by one norm."""
@@ -398,12 +403,18 @@ def _block_lists(chosen: torch.Tensor, width: int) -> torch.Tensor:
     return torch.where(taken, order, -1)
 
 
-def _chunks(counts: list[int], width_entries: int) -> list[tuple[int, int]]:
-    """Cut a list sorted by block count into runs of at most ~CHUNK_ENTRIES padded scores (zeros skipped)."""
+def chunk_entries(device: torch.device) -> int:
+    """Scores per chunk of row groups on ``device``: ``CHUNK_ENTRIES`` on a CPU, ``GPU_CHUNK_ENTRIES`` else.
+    Chunks only bound memory: every row group's result is computed within its chunk."""
+    return CHUNK_ENTRIES if device.type == "cpu" else GPU_CHUNK_ENTRIES
+
+
+def _chunks(counts: list[int], width_entries: int, limit: int) -> list[tuple[int, int]]:
+    """Cut a list sorted by block count into runs of at most ~``limit`` padded scores (zeros skipped)."""
     runs, start = [], next((i for i, c in enumerate(counts) if c > 0), len(counts))
     while start < len(counts):
         stop = start + 1
-        while stop < len(counts) and (stop + 1 - start) * counts[stop] * width_entries <= CHUNK_ENTRIES:
+        while stop < len(counts) and (stop + 1 - start) * counts[stop] * width_entries <= limit:
             stop += 1
         runs.append((start, stop))
         start = stop
@@ -412,13 +423,13 @@ def _chunks(counts: list[int], width_entries: int) -> list[tuple[int, int]]:
 
 def _sorted_chunks(chosen: torch.Tensor, entries: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Row groups sorted by their number of chosen key blocks and cut into chunks of about
-    ``CHUNK_ENTRIES``, a chosen block costing ``entries`` per row group: (rows, block lists)."""
+    :func:`chunk_entries` scores, a chosen block costing ``entries`` per row group: (rows, block lists)."""
     counts = chosen.sum(1)
     order = torch.sort(counts, stable=True).indices
     sorted_counts = counts[order].tolist()
     return [
         (order[a:z], _block_lists(chosen[order[a:z]], sorted_counts[z - 1]))
-        for a, z in _chunks(sorted_counts, entries)
+        for a, z in _chunks(sorted_counts, entries, chunk_entries(chosen.device))
     ]
 
 
@@ -494,7 +505,7 @@ def _indexer_blocks(lay: _Layout, alpha: float, margin: float) -> tuple[torch.Te
     ids = torch.arange(rows, device=box.device)
     flat = lay.flat_blocks(ids, ranked.indices.masked_fill(ranked.values == _NEG_INF, -1))
     lower = lay.qi.new_empty(rows, B)
-    step = max(1, CHUNK_ENTRIES // (B * flat.shape[1] * B))
+    step = max(1, chunk_entries(box.device) // (B * flat.shape[1] * B))
     for a in range(0, rows, step):
         at = ids[a : a + step]
         x = lay.scores(lay.qi[at], lay.ki, at, flat[at]).mul_(alpha - 1.0)  # (R, B, t·B) (α − 1) z′

@@ -138,6 +138,31 @@ def test_clustered_order_is_exact(alpha, causal, padded):
         )
 
 
+@pytest.mark.parametrize("mode", ["certified", "approximate"])
+def test_the_chunk_size_changes_the_work_not_the_result(monkeypatch, mode):
+    """Row groups are computed within their chunk: many small chunks (a CPU's bound cut tiny) and one large
+    one (the GPU's bound) give the same outputs and gradients."""
+    from attention_kernels.indexed import attention as indexed
+
+    assert indexed.chunk_entries(torch.device("cpu")) == indexed.CHUNK_ENTRIES
+    assert indexed.chunk_entries(torch.device("cuda")) == indexed.GPU_CHUNK_ENTRIES > indexed.CHUNK_ENTRIES
+    q, k, v, qi, ki = scattered(150, seed=29)
+    cut, runs = indexed._chunks, []  # every cut made, per chunk limit
+    monkeypatch.setattr(indexed, "_chunks", lambda *args: runs[-1].append(cut(*args)) or runs[-1][-1])
+    results = []
+    for limit in (256, indexed.GPU_CHUNK_ENTRIES):
+        runs.append([])
+        monkeypatch.setattr(indexed, "CHUNK_ENTRIES", limit)
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        options = dict(causal=True, block=16, mode=mode, margin=0.1, backend="torch")
+        out = indexed_attention(*inputs, qi, ki, **options)
+        results.append((out, *torch.autograd.grad(out.square().sum(), inputs)))
+    small, large = (max(map(len, made)) for made in runs)
+    assert small > 1 and large == 1  # the work was cut differently
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_approximate_mode_does_not_depend_on_the_order(causal):
     """The predicted sets are defined token by token, so the layout changes nothing but the work."""
