@@ -271,12 +271,20 @@ def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _phases(row: dict[str, Any]) -> str:
+    """An indexed row's forward phases, "indexer / bounds / exact" ms; a dash for other rows."""
+    from pipeline.evaluation.table_text import DASH
+
+    times = [row.get(f"{phase}_ms") for phase in ("indexer", "bounds", "sparse")]
+    return DASH if None in times else " / ".join(f"{t:.1f}" for t in times)
+
+
 def speed_table(report: dict[str, Any], partial: bool = False) -> str:
     """The GPU suite's rows as markdown, one table per length: every provider, forward and forward+backward
     median ms, the planning's ms and density (bucketed), the speedup over flash SDPA, the share of key blocks
-    skipped and the speedup over and deviation from dense α-entmax (indexed), peak memory above the inputs,
-    status; then what each method is. ``partial``: the run was stopped before its end (the rows saved so
-    far)."""
+    skipped, the forward's phases and the speedup over and deviation from dense α-entmax (indexed), peak
+    memory above the inputs, status; then what each method is. ``partial``: the run was stopped before its
+    end (the rows saved so far)."""
     from pipeline.evaluation.table_text import DASH, formatted
 
     settings = report["settings"]
@@ -290,11 +298,12 @@ def speed_table(report: dict[str, Any], partial: bool = False) -> str:
             f"batch {settings['batch']}, {settings['heads']} heads, d = {settings['dim']}; "
             f"medians of {settings['reps']} {clock} times after {settings['warmup']} warm-up calls; "
             "× flash = flash SDPA's time over the row's, × entmax = dense α-entmax's; plan ms = our "
-            "bucketed rows' planning timed alone (their fwd ms includes it).",
+            "bucketed rows' planning timed alone (their fwd ms includes it); phases ms = the indexer / "
+            "bounds / exact passes of one more indexed forward, as the call reports them.",
             "",
         ]
         header = ["causal", "method", "B", "top", "inputs", "density", "skipped"]
-        header += ["fwd ms", "fwd+bwd ms", "plan ms"]
+        header += ["fwd ms", "fwd+bwd ms", "plan ms", "phases ms"]
         header += ["× flash fwd", "× flash f+b", "× entmax fwd", "max err", "f+b MiB", "status"]
         body = []
         for r in report["results"]:
@@ -312,6 +321,7 @@ def speed_table(report: dict[str, Any], partial: bool = False) -> str:
                     formatted(r.get("forward_ms"), ".3f"),
                     formatted(r.get("forward_backward_ms"), ".3f"),
                     formatted(r.get("plan_ms"), ".3f"),
+                    _phases(r),
                     formatted(r.get("speedup_forward"), ".2f"),
                     formatted(r.get("speedup_forward_backward"), ".2f"),
                     formatted(r.get("speedup_forward_vs_dense_entmax"), ".2f"),
