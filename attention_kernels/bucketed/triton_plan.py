@@ -9,9 +9,9 @@ partial output lands in. The range of a block of row entries is a pair of binary
 side's sorted buckets (``torch.searchsorted``'s left and right), cut at the block's own positions when
 causal (see :func:`bucket_ranges`).
 
-The work is small (n·T entries) and on a GPU the cost is the launches: as a sequence of some sixty PyTorch
-ops the plan took 2.3 ms of a 3.8 ms top-1 forward at n = 16384 on an H200. Here a side costs two kernels
-and one sort (and the sort of each token's ids when T > 1), the ranges one kernel.
+The work is small (n·T entries) and on a GPU the cost is the launches: as a sequence of 94 PyTorch ops the
+plan took 2.3 ms of a 3.8 ms top-1 forward at n = 16384 on an H200. Here a side costs two kernels and one
+sort (and the sort of each token's ids when T > 1), the ranges one kernel.
 """
 
 from __future__ import annotations
