@@ -34,6 +34,11 @@ def window_radius(window: object) -> int:
     return int(window) // 2 if window > 0 else -1
 
 
+def has_pattern(radius: int, global_tokens: int) -> bool:
+    """Whether W ∪ G holds any pair: a band (``radius`` ≥ 0, see :func:`window_radius`) or global tokens."""
+    return radius >= 0 or global_tokens > 0
+
+
 def causal_pairs(n: int, m: int, *, device: torch.device | str | None = None) -> torch.Tensor:
     """(n, m) C: j ≤ i. Causal attention pairs a sequence with itself, so n must equal m."""
     if n != m:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attention_kernels.attended import has_pattern
 from attention_kernels.native import call, library
 
 ROWS = 256
@@ -570,7 +571,7 @@ def plan_blocks(
     (positions are shared)."""
     G, n, T = q_ids.shape
     m, Tk = k_ids.shape[1:]
-    pattern = radius >= 0 or global_tokens > 0
+    pattern = has_pattern(radius, global_tokens)
     if rows is None:
         rows = CAUSAL_ROWS if causal else ROWS
     if k_ids.shape[0] != G or (causal and m != n) or rows < 1 or key_step < 1:

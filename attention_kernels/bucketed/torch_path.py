@@ -70,6 +70,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from attention_kernels.attended import has_pattern
 from attention_kernels.bucketed.block_attention import block_attention, fused_kernel
 from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
 from attention_kernels.bucketed.exact_entmax import exact_entmax
@@ -707,8 +708,7 @@ def takes_fused_kernel(
     return (
         float(alpha) in _NATIVE
         and slots == 1
-        and radius < 0
-        and global_tokens == 0
+        and not has_pattern(radius, global_tokens)
         and device.type == "cpu"
         and wide_kernel() is not None
         and fused_kernel() is not None
@@ -760,8 +760,7 @@ def torch_bucketed_attention(
     by_sdpa = (
         float(alpha) == 1.0
         and not causal
-        and radius < 0
-        and global_tokens == 0
+        and not has_pattern(radius, global_tokens)
         and q_buckets.shape[-1] == 1
         and d == dv
         and (q.device.type != "cpu" or wide_kernel() is None)

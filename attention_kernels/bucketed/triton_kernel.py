@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from attention_kernels.attended import has_pattern
 from attention_kernels.bucketed.triton_plan import Side, bucket_ranges, build_side, pattern_ranges
 
 # Query-major pass modes (compile-time constants of the kernels).
@@ -722,7 +723,7 @@ def default_tiles(
         # (``benchmarks.tune``, n = 16384, 8 heads, bf16) 1.14-1.63x faster forward and 1.22-1.60x
         # forward+backward than 64x64/w8/s2 at T = 1, 2 and α = 1, 1.5; with a causal mask, whose skipped
         # tiles are many, they lose 10-16 % at T = 1 and are mixed at T = 2.
-        if not causal and radius < 0 and global_tokens == 0:
+        if not causal and not has_pattern(radius, global_tokens):
             return Tiles(64, 64, num_warps=8, num_stages=3, skip_empty=False)
         return Tiles(64, 64, num_warps=8, num_stages=2)
     return Tiles(32, 64, num_warps=8, num_stages=2)
@@ -771,7 +772,7 @@ class _Plan:
 
 
 def _make_plan(q_buckets: torch.Tensor, k_buckets: torch.Tensor, cfg: _Config) -> _Plan:
-    pattern = cfg.radius >= 0 or cfg.global_tokens > 0
+    pattern = has_pattern(cfg.radius, cfg.global_tokens)
     qs = build_side(q_buckets, -1, pattern)
     ks = build_side(k_buckets, -2, pattern)
     n, m = q_buckets.shape[1], k_buckets.shape[1]

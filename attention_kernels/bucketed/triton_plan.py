@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attention_kernels.attended import has_pattern
+
 INT32_MAX = torch.iinfo(torch.int32).max
 INT64_MAX = torch.iinfo(torch.int64).max
 _I32_MAX = tl.constexpr(INT32_MAX)
@@ -77,28 +79,24 @@ def _entries_kernel(
     cell = tl.load(ORDER + row + entries, mask=inside, other=0)
     ok = key != _I64_MAX
     bucket = tl.where(ok, key // length, _I64_MAX)
-    token = cell // T
+    token, rank = cell // T, cell % T
     tl.store(TOK + row + entries, token.to(tl.int32), mask=inside)
-    tl.store(RANK + row + entries, (cell % T).to(tl.int32), mask=inside)
+    tl.store(RANK + row + entries, rank.to(tl.int32), mask=inside)
     tl.store(BKT + row + entries, tl.where(ok, bucket, none).to(tl.int32), mask=inside)
     tl.store(BUCKET_KEY + row + entries, bucket, mask=inside)
     base = bh.to(tl.int64) * n_out
     out_row = tl.where(ok, entries.to(tl.int64), n_out - 1) + base
     gather_row = bh.to(tl.int64) * length * S
-    tl.store(GATHER + gather_row + token * S + cell % T, out_row, mask=inside)
+    tl.store(GATHER + gather_row + token * S + rank, out_row, mask=inside)
     # keys ascend with the invalid ones last: the valid count is where ok turns false
     after = tl.load(KEY + row + entries + 1, mask=entries + 1 < n_entries, other=_I64_MAX)
     last_valid = ok & (after == _I64_MAX)
     none_valid = (entries == 0) & ~ok
     at = tl.where(last_valid, entries + 1, 0).to(tl.int64)
     tl.store(COUNT + bh + 0 * entries, at, mask=inside & (last_valid | none_valid))
-    if PATTERN:
-        tokens = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(
-            GATHER + gather_row + tokens.to(tl.int64) * S + T,
-            n_entries + tokens.to(tl.int64) + base,
-            mask=tokens < length,
-        )
+    if PATTERN:  # this program's entry numbers, read as tokens (L ≤ L·T: every token is one)
+        tokens = entries.to(tl.int64)
+        tl.store(GATHER + gather_row + tokens * S + T, n_entries + tokens + base, mask=tokens < length)
 
 
 def build_side(buckets: torch.Tensor, none: int, pattern: bool) -> Side:
@@ -227,7 +225,7 @@ def pattern_ranges(
     positions meets through the window band or global tokens: global positions left of the band, then the
     band itself (all positions for a block holding global tokens). No blocks, (0, 4), without a window or
     global tokens."""
-    if radius < 0 and global_tokens == 0:
+    if not has_pattern(radius, global_tokens):
         return torch.empty(0, 4, device=device, dtype=torch.int32)
     lo_blk = torch.arange(0, n_self, block, device=device)  # (NB,)
     hi_blk = (lo_blk + block).clamp_max(n_self)
