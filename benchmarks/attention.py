@@ -55,7 +55,10 @@ counts; in 0.2 that is AdaSplash-2 with one τ refinement for causal α = 1.5, a
 version with ten otherwise). Speedup = SDPA time / our time; efficiency = speedup × density:
 1 means ours turns sparsity into speed as well as flash attention uses dense FLOPs; our entmax rows also
 carry their time over our softmax time. Our rows carry the predictor's overhead as on the CPU suite (its
-``B`` centroids; the planning timed is the Triton path's, which its forward includes).
+``B`` centroids; the planning timed is the Triton path's, which its forward includes). At top-1 without a
+causal mask, ``ours_torch`` is the same softmax through the PyTorch path (``backend="torch"``), which on CUDA
+gathers each bucket's queries and keys into blocks and runs one flash SDPA call per class of equal blocks:
+whether the best dense kernel on whole buckets beats our Triton kernel there.
 Indexed attention on the GPU suite: ``attention_kernels.indexed.indexed_attention`` (α = 1.5, rank
 ``INDEX_RANK``, block ``INDEX_BLOCK``, position order) in both modes on the inputs ``--index-inputs`` names
 (``local`` by default; ``scattered`` spreads the supports over the sequence, so the position order skips
@@ -116,6 +119,7 @@ CPU_FULL = {
 CPU_QUICK = {"sizes": [256], "tops": [1, 2], "heads": 2, "dim": 32, "reps": 1, "budget_s": 0.0, "flex": False}
 CPU_MAX_REPS = 25  # the most calls a CPU timing makes
 FLEX = "flex_sorted"  # compiled FlexAttention on bucket-sorted tokens (CPU suite)
+TORCH_PATH = "ours_torch"  # GPU suite, top-1 softmax without a causal mask: the PyTorch path (SDPA blocks)
 CPU_BUCKETS, CPU_WINDOW, CPU_GLOBAL, CPU_DENSE_MAX, ALPHA = 16, 65, 8, 4096, 1.5
 PREDICTOR_RANK, PREDICTOR_HIDDEN = 4, 32  # the long-context profiles' projector: rank 4 through 32 tanh units
 # The predictor's few milliseconds are timed right after the attention's long runs, whose wake (caches,
@@ -1087,6 +1091,14 @@ def gpu_indexed_rows(
     return rows
 
 
+def _add_efficiency(row: dict[str, Any], sdpa_row: dict[str, Any]) -> None:
+    """A bucketed row's speedup over flash SDPA and its efficiency (speedup × density), per phase."""
+    for key in ("forward", "forward_backward"):
+        if f"{key}_ms" in row and f"{key}_ms" in sdpa_row:
+            row[f"speedup_{key}"] = sdpa_row[f"{key}_ms"] / row[f"{key}_ms"]
+            row[f"efficiency_{key}"] = row[f"speedup_{key}"] * row["density"]
+
+
 def _speedups_over(rows: list[dict[str, Any]], base: dict[str, Any]) -> None:
     """Each row's forward and forward+backward speedup over ``base`` (``speedup_{phase}_vs_{method}``)."""
     for row in rows:
@@ -1162,7 +1174,7 @@ def run_gpu(
     entmax_oom = False
     combos = [(n, c) for n in cfg["sizes"] for c in (False, True)]
     per_combo = 3 + 3 * len(cfg["buckets"]) * len(cfg["tops"]) + len(INDEX_MODES) * len(cfg["index_inputs"])
-    total = len(combos) * per_combo
+    total = len(combos) * per_combo + len(cfg["sizes"]) * len(cfg["buckets"]) * (1 in cfg["tops"])
     bar = tqdm(total=total, desc="gpu bench", unit="run")
     for n, causal in combos:
         gen = torch.Generator(device=device.type).manual_seed(0)
@@ -1192,10 +1204,7 @@ def run_gpu(
                         bucketed_attention, q_buckets=ids, k_buckets=ids, alpha=alpha, causal=causal
                     )
                     row = ours[method] = {**spec, "method": method, **measure_gpu(fn, (q, k, v), cfg)}
-                    for key in ("forward", "forward_backward"):
-                        if f"{key}_ms" in row and f"{key}_ms" in sdpa_row:
-                            row[f"speedup_{key}"] = sdpa_row[f"{key}_ms"] / row[f"{key}_ms"]
-                            row[f"efficiency_{key}"] = row[f"speedup_{key}"] * spec["density"]
+                    _add_efficiency(row, sdpa_row)
                     rows.append(row)
                     bar.update()
                 _add_gpu_overhead(list(ours.values()), q.detach(), k.detach(), ids, buckets, causal, cfg)
@@ -1203,6 +1212,14 @@ def run_gpu(
                 for key in ("forward", "forward_backward"):
                     if f"{key}_ms" in entmax and f"{key}_ms" in softmax:
                         entmax[f"entmax_over_softmax_{key}"] = entmax[f"{key}_ms"] / softmax[f"{key}_ms"]
+                if top == 1 and not causal:  # whole buckets: the PyTorch path's blocks of flash SDPA
+                    fn = functools.partial(
+                        bucketed_attention, q_buckets=ids, k_buckets=ids, alpha=1.0, backend="torch"
+                    )
+                    row = {**spec, "method": TORCH_PATH, **measure_gpu(fn, (q, k, v), cfg)}
+                    _add_efficiency(row, sdpa_row)
+                    rows.append(row)
+                    bar.update()
                 if flex_error is not None:
                     rows.append({**spec, "method": "flex", "status": flex_error})
                 else:

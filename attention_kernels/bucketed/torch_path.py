@@ -24,12 +24,14 @@ first case).
   of blocks costs a few dozen small operations for a few hundred entries, and the n × m scores are fewer than
   the blocks' padded entries.
 * Softmax over whole buckets (not causal, one id slot per query, no pattern: the common learned-bucket case)
-  where the block products cannot run on 512-bit vectors: each block is a small dense attention of its
+  where the block products cannot run on 512-bit vectors and the fused kernel below does not take the call
+  (gradients asked for, or no vectors at all), and on CUDA: each block is a small dense attention of its
   own, a whole bucket's queries against its keys, and each class of blocks is one call of
   ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the scores never reach memory; where
-  the wide products run, the path below takes 0.65–0.72× its forward time and 0.61× with the backward).
+  the wide products run, the path below takes 0.65–0.72× its forward time and 0.61× with the backward). On
+  CUDA, half-precision inputs stay in their dtype there, for SDPA's flash kernel.
 * Inference (no gradients) where each query sits in one block row (one id per query, no pattern), for
-  softmax and α = 1.5 and 2, where the wide block products run: the fused C++ kernel
+  softmax and α = 1.5 and 2, on AVX-512 or AVX2 with FMA: the fused C++ kernel
   (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per block and a few queries' scores,
   probabilities and output at a time in the first-level cache; when causal each tile stops at its rows'
   own position.
@@ -109,6 +111,7 @@ _EXP_FLOOR = -80.0
 """exp(−80) ≈ 2e−35 is a normal float32; the entries below it are negligible next to the maximum's 1."""
 
 _EXCLUDED_SCORE = -1e30
+_SENTINEL_FACTOR = 256.0  # exact in every float dtype; lifts half precision's lowest sentinel score
 """The score of a padding key in SDPA's blocks: its weight exp(−1e30 − max) is exactly 0 in every float."""
 
 
@@ -461,28 +464,33 @@ class _Forward:
     weight_sums: torch.Tensor | None = None
 
 
-def _whole_rows_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+def _whole_rows_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, scale: float
+) -> torch.Tensor:
     """Softmax with each query in one block row whose every entry is attended but padding (not causal, one
-    id per query, no pattern): each class's blocks through ``scaled_dot_product_attention``, differentiable
-    by autograd. q (N, d), k (M, d), v (M, d) flat over groups; returns o (N, d).
+    id per query, no pattern): each class's blocks through ``scaled_dot_product_attention`` with scores
+    ``scale`` · q·k, differentiable by autograd. q (N, d), k (M, d), v (M, d) flat over groups; returns
+    o (N, d).
 
     SDPA is told of padding keys only by a mask, which costs as much again as the blocks. Instead each vector
-    gets one more component, 1 for queries and 0 for keys, and padding columns read a sentinel key whose
-    extra component is −1e30: their scores are −1e30 and their weights exactly 0. The values get the
-    component too (SDPA's fast kernel wants one head size) and drop it after. Padding rows read query 0 and
-    are zeroed before the scatter."""
+    gets one more component, 256 for queries and 0 for keys, and padding columns read a sentinel key whose
+    extra component makes their scores −1e30, or in half precision 256 · scale times the dtype's lowest:
+    far below the others, so their weights are exactly 0 (exp underflows). The values get the component
+    too (SDPA's fast kernel wants one head size) and drop it after. Padding rows read query 0 and are zeroed
+    before the scatter."""
     dv = v.shape[1]
     padded = any(blocks.mask is not None for blocks in plan.classes)
     if padded:
-        q = F.pad(q, (0, 1), value=1.0)  # (N, d + 1)
+        q = F.pad(q, (0, 1), value=_SENTINEL_FACTOR)  # (N, d + 1)
         k = F.pad(k, (0, 1, 0, 1))  # (M + 1, d + 1), the last row the sentinel
-        k[-1, -1] = _EXCLUDED_SCORE
+        # scores of −1e30 once scaled, or as low as the dtype allows
+        k[-1, -1] = max(_EXCLUDED_SCORE / (_SENTINEL_FACTOR * scale), torch.finfo(k.dtype).min)
         v = F.pad(v, (0, 1, 0, 1))  # (M + 1, d + 1)
     out, sentinel = v.new_zeros(plan.num_queries, dv), k.shape[0] - 1
     for blocks in plan.classes:
         keys = blocks.keys.masked_fill(blocks.padding_keys(), sentinel) if padded else blocks.keys
         rows = F.scaled_dot_product_attention(
-            take(q, blocks.queries)[:, None], take(k, keys)[:, None], take(v, keys)[:, None], scale=1.0
+            take(q, blocks.queries)[:, None], take(k, keys)[:, None], take(v, keys)[:, None], scale=scale
         )[:, 0, :, :dv]  # (blocks, L, d)
         if blocks.mask is not None:
             rows = rows * blocks.real_queries()[..., None]
@@ -704,13 +712,12 @@ def takes_fused_kernel(
 ) -> bool:
     """Whether a call without gradients runs the fused kernel, a whole bucket per block (see the module
     docstring): softmax or α = 1.5 or 2, one bucket id per token (``slots`` = T = 1), no window band or global
-    tokens, CPU tensors, a processor where the wide block products run."""
+    tokens, CPU tensors, a processor with the kernel's vectors (AVX-512, or AVX2 with FMA)."""
     return (
         float(alpha) in _NATIVE
         and slots == 1
         and not has_pattern(radius, global_tokens)
         and device.type == "cpu"
-        and wide_kernel() is not None
         and fused_kernel() is not None
     )
 
@@ -779,18 +786,24 @@ def torch_bucketed_attention(
     )
     if kv_groups < G:
         plan = _grouped_keys(plan, m, G // kv_groups)
-    keys = (k.to(compute).reshape(kv_groups * m, d), v.to(compute).reshape(kv_groups * m, dv))
+
+    def flat(dtype: torch.dtype, q_scale: float | None = None) -> tuple[torch.Tensor, ...]:
+        """q (G·n, d), times ``q_scale`` if given, k (kv_groups·m, d), v (kv_groups·m, dv) in ``dtype``."""
+        q_flat = q.to(dtype) if q_scale is None else q.to(dtype) * q_scale
+        return q_flat.reshape(G * n, d), k.to(dtype).reshape(kv_groups * m, d), v.to(dtype).reshape(-1, dv)
+
     out = None
     if fused:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
-        flat_q = q.to(compute).reshape(G * n, d).contiguous()
-        out = block_attention(flat_q, *(x.contiguous() for x in keys), plan, alpha, scale)
+        out = block_attention(*(x.contiguous() for x in flat(compute)), plan, alpha, scale)
+    if out is None and by_sdpa and plan.classes:
+        # SDPA's kernels accumulate in float32 themselves, so on CUDA half-precision inputs stay as they are
+        # (its flash kernel takes no float32)
+        out = _whole_rows_sdpa(*flat(q.dtype if q.device.type == "cuda" else compute), plan, scale)
     if out is None:
         # the scale on the n × d queries, not on the scores
-        flat = ((q.to(compute) * scale).reshape(G * n, d), *keys)
-        if by_sdpa and plan.classes:
-            out = _whole_rows_sdpa(*flat, plan)
-        elif differentiable:
-            out = BucketBlockAttention.apply(*flat, plan, float(alpha))
+        scaled = flat(compute, scale)
+        if differentiable:
+            out = BucketBlockAttention.apply(*scaled, plan, float(alpha))
         else:
-            out = _blocks_forward(*flat, plan, float(alpha), keep=False)[0]
+            out = _blocks_forward(*scaled, plan, float(alpha), keep=False)[0]
     return out.view(b, h, n, dv).to(q.dtype)

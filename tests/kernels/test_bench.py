@@ -300,6 +300,14 @@ def test_gpu_suite_runs_on_cpu_tensors(tmp_path, capsys, monkeypatch):
                 flex = here[("flex", buckets, top)]
                 assert flex["forward_ms"] > 0  # FlexAttention compiles its forward on CPU, not its backward
                 assert "backward on CPU" in flex["status"]
+                # the PyTorch path beside the Triton kernel: top-1 softmax without a causal mask only
+                torch_row = here.get((bench.TORCH_PATH, buckets, top))
+                assert (torch_row is not None) == (top == 1 and not causal)
+                if torch_row is not None:
+                    assert torch_row["status"] == "ok" and torch_row["density"] == softmax["density"]
+                    assert torch_row["efficiency_forward_backward"] == pytest.approx(
+                        sdpa["forward_backward_ms"] / torch_row["forward_backward_ms"] * torch_row["density"]
+                    )
         dense = here[("dense_entmax", None, None)]
         for mode in bench.INDEX_MODES:  # on the default inputs, beside the same SDPA and dense entmax
             indexed = here[(f"indexed_{mode}", None, None)]

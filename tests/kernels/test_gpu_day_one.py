@@ -121,6 +121,8 @@ def test_smoke_run_writes_the_kernel_tests_the_tuning_and_the_speed_table(tmp_pa
             assert any(c["method"] == method for c in here), (causal, method)
         for method in ("ours_entmax", "ours_softmax", "flex"):  # bucketed: top-1 and top-2
             assert {c["top"] for c in here if c["method"] == method} == {"1", "2"}
+        torch_tops = [c["top"] for c in here if c["method"] == "ours_torch"]  # the PyTorch path's row
+        assert torch_tops == (["1"] if causal == "no" else [])
         for c in here:
             if c["method"] in day_one.OURS:
                 assert c["status"] == "ok" and c["fwd+bwd ms"] != "—"

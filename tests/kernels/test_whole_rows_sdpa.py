@@ -1,6 +1,7 @@
 """Whole-row softmax (not causal, one id per query, no pattern) runs as blocks of SDPA where the block
-products have no wide kernel: the same values and gradients as the dense reference, padding keys weighted
-exactly 0, and the other cases left to the block path; with the wide kernel, the block path."""
+products have no wide kernel and the fused kernel does not take the call (gradients asked for, or no
+vectors): the same values and gradients as the dense reference, padding keys weighted exactly 0, and the
+other cases left to the block path; with the wide kernel, the block path."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from benchmarks.attention import balanced_buckets
 from tests.kernels.test_torch_bucketed import (
     _grads,
     assert_close_to_truth,
+    attended_mask,
     dense64,
     dense_bucketed_attention,
+    entmax_normalize,
     make_inputs,
     torch_bucketed_attention,
 )
@@ -62,11 +65,12 @@ def test_values_and_gradients_match_reference(n, m, t_keys, sdpa_calls):
 
 
 def test_a_bucket_is_one_block_row(sdpa_calls):
-    """Balanced buckets of 96 queries: one class of whole buckets, one call, no padding."""
+    """Balanced buckets of 96 queries: one class of whole buckets, one call, no padding (a training call:
+    without gradients the fused kernel takes it, where it was built)."""
     n, heads, buckets = 384, 2, 4
     ids = balanced_buckets(1, heads, n, buckets, 1, seed=0)
     q, k, v = torch.randn(3, 1, heads, n, 16, generator=torch.Generator().manual_seed(0)).unbind(0)
-    torch_bucketed_attention(q, k, v, ids, ids, alpha=1.0)
+    torch_bucketed_attention(q.requires_grad_(), k, v, ids, ids, alpha=1.0)
     assert sdpa_calls == [(heads * buckets, 1, n // buckets, 16)]
 
 
@@ -115,3 +119,44 @@ def test_with_the_wide_block_products_whole_buckets_take_the_block_path(monkeypa
     truth = _grads(dense64, q.double(), k.double(), v.double(), qb, kb, {"alpha": 1.0}, grad_out)
     for g_ours, g_ref, g_truth in zip(ours, ref, truth, strict=True):
         assert_close_to_truth(g_ours, g_ref, g_truth)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_blocks_keep_padding_out_at_any_scale(dtype):
+    """The blocks in the inputs' half precision (as on CUDA, for the flash kernel): the sentinel's score is
+    the dtype's lowest where −1e30 does not fit, the scale is SDPA's, and padding keys still weigh exactly 0
+    (a padding key's weight would pull the output far past half-precision rounding)."""
+    q, k, v, qb, kb = make_inputs(70, 16, 1, seed=8, m=90)
+    plan = torch_path.plan_attention(qb, kb, whole_buckets=True)
+    assert any(blocks.mask is not None for blocks in plan.classes)  # uneven buckets: padded blocks
+    for scale in (0.25, 1e-4):
+        out = torch_path._whole_rows_sdpa(
+            q.to(dtype).reshape(-1, 16), k.to(dtype).reshape(-1, 16), v.to(dtype).reshape(-1, 16), plan, scale
+        )
+        assert out.dtype == dtype
+        mask = attended_mask(qb, kb)
+        scores = (q.to(dtype).double() @ k.to(dtype).double().transpose(-1, -2)) * scale
+        truth = entmax_normalize(scores.masked_fill(~mask, float("-inf")), 1.0) @ v.to(dtype).double()
+        truth = truth.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # queries with no key: zeros
+        torch.testing.assert_close(
+            out.double().view(truth.shape), truth, rtol=0, atol=8 * torch.finfo(dtype).eps
+        )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_half_precision_blocks_run_in_their_dtype(monkeypatch):
+    """On CUDA the blocks keep bf16 (flash attention takes no float32) and match the float64 truth to bf16
+    rounding, padding included."""
+    dtypes = []
+    sdpa = torch_path.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch_path.F,
+        "scaled_dot_product_attention",
+        lambda q, *a, **kw: dtypes.append(q.dtype) or sdpa(q, *a, **kw),
+    )
+    q, k, v, qb, kb = make_inputs(300, 64, 1, seed=9, m=260)
+    cuda = [x.cuda() for x in (q, k, v, qb, kb)]
+    out = torch_bucketed_attention(*(x.bfloat16() if x.is_floating_point() else x for x in cuda), alpha=1.0)
+    assert out.dtype == torch.bfloat16 and dtypes and set(dtypes) == {torch.bfloat16}
+    truth = dense64(*(x.bfloat16().double() for x in (q, k, v)), qb, kb, alpha=1.0)
+    torch.testing.assert_close(out.double().cpu(), truth, rtol=0, atol=0.05)
