@@ -77,7 +77,7 @@ if [[ $smoke == 1 ]]; then
   limits=("${DAY_ONE_FACTS_S:-60}" "${DAY_ONE_TESTS_S:-120}" "${DAY_ONE_BENCH_S:-180}" "${DAY_ONE_TUNE_S:-120}")
   total="${DAY_ONE_TOTAL_S:-900}"
   # one cheap test of each file: the interpreter runs the full files in many minutes
-  test_args=(-k "rows_with_no_key_give_zeros or float16_inputs or cpu_tensors_run_the_torch_path or heads_must_divide or deviation_is_the_worst or row_without_valid_ids or axes_diagonalise")
+  test_args=(-k "rows_with_no_key_give_zeros or float16_inputs or cpu_tensors_run_the_torch_path or heads_must_divide or deviation_is_the_worst or row_without_valid_ids or axes_diagonalise or a_bucket_is_one_block_row")
 else
   unset TRITON_INTERPRET  # benchmarks.tune refuses to time the interpreter on CUDA tensors
   device=cuda bench_n=16384 bench_buckets=16 tune_n=16384

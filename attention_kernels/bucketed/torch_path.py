@@ -796,9 +796,12 @@ def torch_bucketed_attention(
     if fused:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
         out = block_attention(*(x.contiguous() for x in flat(compute)), plan, alpha, scale)
     if out is None and by_sdpa and plan.classes:
-        # SDPA's kernels accumulate in float32 themselves, so on CUDA half-precision inputs stay as they are
-        # (its flash kernel takes no float32)
-        out = _whole_rows_sdpa(*flat(q.dtype if q.device.type == "cuda" else compute), plan, scale)
+        if q.device.type == "cuda":
+            # SDPA's kernels accumulate in float32 themselves, so half-precision inputs stay as they are (its
+            # flash kernel takes no float32) and the scale is SDPA's (not a rounding of the scaled queries)
+            out = _whole_rows_sdpa(*flat(q.dtype), plan, scale)
+        else:
+            out = _whole_rows_sdpa(*flat(compute, scale), plan, 1.0)
     if out is None:
         # the scale on the n × d queries, not on the scores
         scaled = flat(compute, scale)
