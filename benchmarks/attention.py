@@ -347,19 +347,21 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     pairs = count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
     overhead = {}
     if spec["method"] == "ours":
-        from attention_kernels.bucketed.torch_path import plan_attention, takes_fused_kernel
+        from attention_kernels.bucketed.torch_path import fused_plan, plan_attention
 
         opts = _plan_options(causal, **_pattern(spec))
-        # the plan the forward runs: whole buckets where the fused kernel takes the call
-        whole = takes_fused_kernel(
-            1.0, spec["top"], q.device, radius=opts["radius"], global_tokens=opts["global_tokens"]
-        )
+
+        def plan() -> object:
+            """The plan the forward runs: the fused kernel's where it takes the call."""
+            fused = fused_plan(ids, ids, alpha=1.0, **opts)
+            return plan_attention(ids, ids, **opts) if fused is None else fused
+
         overhead = _predictor_overhead(
             q,
             k,
             CPU_BUCKETS,
             spec["top"],
-            lambda: plan_attention(ids, ids, **opts, whole_buckets=whole),
+            plan,
             lambda fn: _median_wall_ms(fn, max(reps, OVERHEAD_REPS), spec["budget_s"]),
         )
     for row in rows:

@@ -30,11 +30,12 @@ first case).
   ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the scores never reach memory; where
   the wide products run, the path below takes 0.65–0.72× its forward time and 0.61× with the backward). On
   CUDA, half-precision inputs stay in their dtype there, for SDPA's flash kernel.
-* Inference (no gradients) where each query sits in one block row (one id per query, no pattern), for
-  softmax and α = 1.5 and 2, on AVX-512 or AVX2 with FMA: the fused C++ kernel
-  (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per block and a few queries' scores,
-  probabilities and output at a time in the first-level cache; when causal each tile stops at its rows'
-  own position.
+* Inference (no gradients) without window or global tokens, for softmax and α = 1.5 and 2, on AVX-512 or
+  AVX2 with FMA: the fused C++ kernel (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per
+  block and a few queries' scores, probabilities and output at a time in the first-level cache; when causal
+  each tile stops at its rows' own position. Where queries hold several ids, each query's set of ids is its
+  class and a key joins every class it shares an id with (:mod:`attention_kernels.bucketed.id_sets`), so
+  each query still sits in one block row, when enough queries share each set.
 * Otherwise, where each query sits in one block row (one id per query, no pattern), a chunk of blocks holds
   whole queries: its scores, their probabilities (in place) and its output are computed one after another
   while the chunk is in cache.
@@ -77,6 +78,7 @@ from attention_kernels.bucketed.block_attention import block_attention, fused_ke
 from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
 from attention_kernels.bucketed.exact_entmax import exact_entmax
 from attention_kernels.bucketed.huge_pages import empty_large
+from attention_kernels.bucketed.id_sets import id_set_buckets
 from attention_kernels.bucketed.planning import (
     BlockClass,
     BlockMask,
@@ -708,18 +710,43 @@ def plan_attention(
 
 
 def takes_fused_kernel(
-    alpha: float, slots: int, device: torch.device, *, radius: int = -1, global_tokens: int = 0
+    alpha: float, device: torch.device, *, radius: int = -1, global_tokens: int = 0
 ) -> bool:
-    """Whether a call without gradients runs the fused kernel, a whole bucket per block (see the module
-    docstring): softmax or α = 1.5 or 2, one bucket id per token (``slots`` = T = 1), no window band or global
-    tokens, CPU tensors, a processor with the kernel's vectors (AVX-512, or AVX2 with FMA)."""
+    """Whether a call without gradients may run the fused kernel (see the module docstring): softmax or
+    α = 1.5 or 2, no window band or global tokens, CPU tensors, a processor with the kernel's vectors
+    (AVX-512, or AVX2 with FMA). :func:`fused_plan` also needs each query in one block row."""
     return (
         float(alpha) in _NATIVE
-        and slots == 1
         and not has_pattern(radius, global_tokens)
         and device.type == "cpu"
         and fused_kernel() is not None
     )
+
+
+def fused_plan(
+    q_buckets: torch.Tensor,
+    k_buckets: torch.Tensor,
+    *,
+    alpha: float,
+    causal: bool = False,
+    radius: int = -1,
+    global_tokens: int = 0,
+) -> BlockPlan | None:
+    """The whole-block plan the fused kernel runs for a call without gradients on these bucket ids
+    (batch, heads, n|m, T), or None where it does not take the call (:func:`takes_fused_kernel`). A query
+    with one id sits in its bucket's block; where queries hold several, each query's set of ids is its
+    class (:mod:`attention_kernels.bucketed.id_sets`), unless too few queries share a set."""
+    if not takes_fused_kernel(alpha, q_buckets.device, radius=radius, global_tokens=global_tokens):
+        return None
+    b, h, n, _ = q_buckets.shape
+    m = k_buckets.shape[2]
+    q_ids = distinct_ids(q_buckets.reshape(b * h, n, -1))
+    if q_ids.shape[-1] > 1:  # some query holds two ids: classes of id sets, where they pay
+        classes = id_set_buckets(q_ids, distinct_ids(k_buckets.reshape(b * h, m, -1)))
+        if classes is None:
+            return None
+        q_buckets, k_buckets = classes[0].view(b, h, n, 1), classes[1].view(b, h, m, -1)
+    return plan_attention(q_buckets, k_buckets, causal=causal, whole_buckets=True)
 
 
 def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:
@@ -773,17 +800,11 @@ def torch_bucketed_attention(
         and (q.device.type != "cpu" or wide_kernel() is None)
     )
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    fused = not differentiable and takes_fused_kernel(
-        alpha, q_buckets.shape[-1], q.device, radius=radius, global_tokens=global_tokens
-    )
-    plan = plan_attention(
-        q_buckets,
-        k_buckets,
-        causal=causal,
-        radius=radius,
-        global_tokens=global_tokens,
-        whole_buckets=by_sdpa or fused,
-    )
+    pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
+    plan = None if differentiable else fused_plan(q_buckets, k_buckets, alpha=alpha, **pattern)
+    fused = plan is not None
+    if plan is None:
+        plan = plan_attention(q_buckets, k_buckets, **pattern, whole_buckets=by_sdpa)
     if kv_groups < G:
         plan = _grouped_keys(plan, m, G // kv_groups)
 
