@@ -7,7 +7,8 @@ and puts rank r in bucket r·B // n, so every bucket holds n/B tokens; top-2 use
 id space (a token may draw the same id twice, which counts once). Queries and keys share the ids.
 Density = attended pairs / valid pairs (n² per head, n(n+1)/2 when causal).
 
-CPU (the PyTorch path, one thread). For n ∈ {1k, 2k, 4k, 8k, 16k}, causal or not, 16 buckets, top-1 and top-2,
+CPU (the PyTorch path, one thread). For n ∈ {1k, 2k, 4k, 8k, 16k}, causal or not, 16 buckets (or the one count
+``--buckets`` names), top-1 and top-2,
 with and without the pattern (window ``CPU_WINDOW`` and ``CPU_GLOBAL`` global tokens), 8 heads, d = 64,
 batch 1, float32: ours (``attention_kernels.bucketed.bucketed_attention`` with ``backend="torch"``) at
 α = 1 (softmax) and α = 1.5 against SDPA (``torch.nn.functional.scaled_dot_product_attention``, dense softmax)
@@ -311,7 +312,7 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     base = {key: spec[key] for key in ("n", "causal", "method", "top", "pattern")}
     bucketed = spec["method"] in ("ours", FLEX)
     if bucketed:
-        ids = balanced_buckets(1, heads, n, CPU_BUCKETS, spec["top"], seed=spec["top"])
+        ids = balanced_buckets(1, heads, n, spec["buckets"], spec["top"], seed=spec["top"])
     if spec["method"] == "ours":
         fns = {alpha: _ours(alpha, causal, _pattern(spec)) for alpha in (1.0, ALPHA)}
     elif spec["method"] == FLEX:
@@ -359,7 +360,7 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         overhead = _predictor_overhead(
             q,
             k,
-            CPU_BUCKETS,
+            spec["buckets"],
             spec["top"],
             plan,
             lambda fn: _median_wall_ms(fn, max(reps, OVERHEAD_REPS), spec["budget_s"]),
@@ -626,7 +627,7 @@ def _spawn_cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def cpu_specs(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """One spec per (n, causal, method[, top, pattern]); dense entmax only up to ``CPU_DENSE_MAX``;
     FlexAttention when ``cfg["flex"]`` (its compilation takes seconds per configuration)."""
-    common = {key: cfg[key] for key in ("heads", "dim", "reps", "budget_s")}
+    common = {key: cfg[key] for key in ("heads", "dim", "reps", "budget_s", "buckets")}
     specs = []
     for n in cfg["sizes"]:
         for causal in (False, True):
@@ -665,10 +666,13 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                 row[f"entmax_over_softmax_{phase}"] = row[key] / soft[key]
 
 
-def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None) -> dict[str, Any]:
+def run_cpu(
+    quick: bool, only: str | None = None, sizes: list[int] | None = None, buckets: int = CPU_BUCKETS
+) -> dict[str, Any]:
     """The CPU suite: the bucketed comparison and the indexed one (``only`` one of them), at the suite's
-    sizes or at ``sizes``."""
+    sizes or at ``sizes``, with ``buckets`` balanced buckets."""
     cfg = dict(CPU_QUICK if quick else CPU_FULL, index_sizes=INDEX_SIZES["quick" if quick else "full"])
+    cfg["buckets"] = buckets
     if sizes:
         cfg.update(sizes=sizes, index_sizes=sizes)
     specs = [] if only == "indexed" else cpu_specs(cfg)
@@ -685,7 +689,7 @@ def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None
             "batch": 1,
             "heads": cfg["heads"],
             "dim": cfg["dim"],
-            "buckets": CPU_BUCKETS,
+            "buckets": buckets,
             "tops": cfg["tops"],
             "window": CPU_WINDOW,
             "global_tokens": CPU_GLOBAL,
@@ -699,7 +703,7 @@ def run_cpu(quick: bool, only: str | None = None, sizes: list[int] | None = None
             "efficiency": "speedup × density",
             "pair_gflops": "4 · dim · attended pairs / forward time (SDPA: every valid pair)",
             "overhead": "(predict + plan) / our forward time, k-means shapes: shared tanh MLP of "
-            f"{PREDICTOR_HIDDEN} units to rank {PREDICTOR_RANK}, {CPU_BUCKETS} centroids; predict and plan "
+            f"{PREDICTOR_HIDDEN} units to rank {PREDICTOR_RANK}, {buckets} centroids; predict and plan "
             f"medians of at least {OVERHEAD_REPS} repetitions",
             "overhead_linear": "the same through a linear map to rank "
             f"{PREDICTOR_RANK} for queries and one for keys (the paper's projector)",
@@ -776,6 +780,8 @@ def cpu_table(report: dict[str, Any]) -> str:
     if "block_products" in report:
         width = f"{report['vector_bits']}-bit vectors" if report["vector_bits"] else "no C++ kernels"
         lines.append(f"on {report['device_name']} ({width}): block products by {report['block_products']}")
+        if report["results"]:
+            lines.append(f"{report['settings']['buckets']} balanced buckets")
     if "indexed" in report:
         lines += ["", "indexed attention (one thread; ms; skip = share of key blocks skipped)"]
         lines.append(indexed_table(report["indexed"]))
@@ -1408,7 +1414,11 @@ def main(argv: list[str] | None = None) -> int:
         type=sizes_list,
         help="sequence lengths to run instead of the suite's, comma-separated (e.g. 1024,4096)",
     )
-    parser.add_argument("--buckets", type=buckets_list, help="GPU suite: bucket counts instead of 8,16,32")
+    parser.add_argument(
+        "--buckets",
+        type=buckets_list,
+        help="bucket counts instead of 8,16,32 (GPU suite) or one instead of 16 (CPU)",
+    )
     parser.add_argument(
         "--index-inputs",
         type=inputs_list,
@@ -1428,8 +1438,8 @@ def main(argv: list[str] | None = None) -> int:
     suite = args.suite if args.suite != "auto" else ("gpu" if device == "cuda" else "cpu")
     if args.only and suite != "cpu":
         parser.error("--only belongs to the CPU suite")
-    if args.buckets and suite != "gpu":
-        parser.error("--buckets belongs to the GPU suite (the CPU suite uses 16)")
+    if args.buckets and suite == "cpu" and len(args.buckets) != 1:
+        parser.error(f"--buckets: the CPU suite takes one bucket count; got {len(args.buckets)}")
     if args.index_inputs and suite != "gpu":
         parser.error("--index-inputs belongs to the GPU suite (the CPU suite runs local and scattered)")
     if suite == "cpu" and device == "cuda":
@@ -1445,7 +1455,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg, torch.device(device), lambda partial: write_json(args.out / "bench.json", partial)
         )
     else:
-        report = run_cpu(args.quick, only=args.only, sizes=args.sizes)
+        buckets = args.buckets[0] if args.buckets else CPU_BUCKETS
+        report = run_cpu(args.quick, only=args.only, sizes=args.sizes, buckets=buckets)
     report["quick"] = args.quick
     report["keep_freed_memory"] = kept
     print(gpu_table(report) if suite == "gpu" else cpu_table(report))

@@ -221,16 +221,19 @@ def test_only_bucketed_at_chosen_sizes(tmp_path, capsys, monkeypatch):
     # the options' plumbing: each measurement in this process (the test above runs them in their own)
     monkeypatch.setattr(bench, "_spawn_cpu_worker", bench.cpu_worker)
     args = ["--device", "cpu", "--quick", "--only", "bucketed", "--sizes", "64", "--out", str(tmp_path)]
-    assert bench.main(args) == 0
+    assert bench.main([*args, "--buckets", "4"]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert "indexed" not in report and {r["n"] for r in report["results"]} == {64}
+    assert report["settings"]["buckets"] == 4
+    top1 = [r for r in report["results"] if r["method"] == "ours" and r["top"] == 1 and not r["pattern"]]
+    assert top1 and all(r["pairs"] == 2 * 64 * 64 // 4 for r in top1 if not r["causal"])  # 4 buckets of 16
     assert bench.sizes_list("1024,4096") == [1024, 4096]
     assert "indexed attention" not in capsys.readouterr().out
     for bad in ("8", "64,x", ""):
         with pytest.raises(SystemExit):
             bench.main(["--device", "cpu", "--sizes", bad, "--out", str(tmp_path)])
-    with pytest.raises(SystemExit):  # the CPU suite's bucket count is fixed
-        bench.main(["--device", "cpu", "--buckets", "8", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # the CPU suite takes one bucket count
+        bench.main(["--device", "cpu", "--buckets", "8,16", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--suite", "gpu", "--buckets", "0", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):  # the CPU suite runs both kinds of inputs
@@ -339,7 +342,16 @@ def test_flex_on_sorted_tokens_computes_our_softmax_attention(top, pattern, caus
 
 
 def test_the_cpu_worker_measures_flex_beside_ours():
-    spec = {"n": 64, "heads": 2, "dim": 16, "reps": 1, "budget_s": 0.0, "causal": True, "top": 1}
+    spec = {
+        "n": 64,
+        "heads": 2,
+        "dim": 16,
+        "reps": 1,
+        "budget_s": 0.0,
+        "causal": True,
+        "top": 1,
+        "buckets": 16,
+    }
     spec["method"] = bench.FLEX
     [row] = bench.cpu_worker({**spec, "pattern": False})
     assert row["status"] == "ok" and row["alpha"] == 1.0
