@@ -13,11 +13,11 @@ otherwise have its keys spread over two block rows and the pairs of both ids cou
 
 The price is that a key's rows are packed once per class it meets, that the classes cost a pass over a flag
 per (key, class), and that a small class fills few of the kernel's query tiles: the classes pay off only
-when they hold enough queries each (:data:`MIN_QUERIES_PER_CLASS`). On one core at d = 64, two ids per token,
-8 heads, the kernel and its plan alone (balanced buckets; ``benchmarks.attention``'s workload): 4 buckets
-(about 100–400 queries a class at 1k–4k tokens) 1.7–2.1× the spread rows; 8 buckets, about 60 a class at 2k
-tokens 1.35×, about 115 at 4k 1.6×; 16 buckets, about 15 a class at 2k tokens 0.9×, about 60 at 8k 1.3×
-before the classes' own 0.1–0.2 s. :func:`id_set_buckets` returns None below the bound.
+when they hold enough queries each (:data:`MIN_QUERIES_PER_CLASS`). On one core at d = 64, top-2 of balanced
+buckets, 8 heads, the whole call without gradients: 4 buckets (10 id sets, 100–400 queries a class at 1k–4k
+tokens) 1.34–1.88× the spread rows, the classes themselves 5–10 ms; 8 buckets at 4k tokens (36 sets, about
+115 a class) 1.36–1.47×. With 16 buckets (136 sets) at 2k tokens, about 15 queries a class, the kernel
+and its plan alone were no faster than the spread rows. :func:`id_set_buckets` returns None below the bound.
 """
 
 from __future__ import annotations
