@@ -13,11 +13,12 @@ otherwise have its keys spread over two block rows and the pairs of both ids cou
 
 The price is that a key's rows are packed once per class it meets, that the classes cost a pass over a flag
 per (key, class), and that a small class fills few of the kernel's query tiles: the classes pay off only
-when they hold enough queries each (:data:`MIN_QUERIES_PER_CLASS`). On one core at d = 64, top-2 of balanced
-buckets, 8 heads, the whole call without gradients: 4 buckets (10 id sets, 100–400 queries a class at 1k–4k
-tokens) 1.34–1.88× the spread rows, the classes themselves 5–10 ms; 8 buckets at 4k tokens (36 sets, about
-115 a class) 1.36–1.47×. With 16 buckets (136 sets) at 2k tokens, about 15 queries a class, the kernel
-and its plan alone were no faster than the spread rows. :func:`id_set_buckets` returns None below the bound.
+when they hold enough queries each (:data:`MIN_QUERIES_PER_CLASS`). On one core at d = 64, top-2 of
+balanced buckets, 8 heads, the whole call without gradients (``python -m benchmarks.fused_kernel --buckets 4
+--top 2``): 4 buckets (10 id sets, 100–400 queries a class at 1k–4k tokens) 1.39–1.89× the spread rows, the
+classes themselves 5–10 ms; 8 buckets at 4k tokens (36 sets, about 115 a class) 1.32–1.41×. With 16
+buckets (136 sets) at 2k tokens, about 15 queries a class, the kernel and its plan alone were no faster
+than the spread rows. :func:`id_set_buckets` returns None below the bound.
 """
 
 from __future__ import annotations

@@ -769,13 +769,15 @@ def torch_bucketed_attention(
     radius: int = -1,
     global_tokens: int = 0,
     scale: float | None = None,
+    fused: bool = True,
 ) -> torch.Tensor:
     """Bucketed α-entmax attention, with no n × m tensor beyond ``SHORT_KEYS`` keys; returns (batch, heads,
     n, d_v) in q's dtype.
 
     q (batch, heads, n, d), k (batch, kv_heads, m, d), v (batch, kv_heads, m, d_v) with kv_heads dividing
     heads; buckets int (batch, heads, n|m, T) with −1 for none. Inputs are not validated here
-    (``attention_kernels.bucketed.bucketed_attention`` does that).
+    (``attention_kernels.bucketed.bucketed_attention`` does that). ``fused=False`` keeps a call without
+    gradients off the fused kernel (the unfused path it replaces, for comparisons).
     """
     b, h, n, d = q.shape
     m, dv = k.shape[2], v.shape[3]
@@ -801,7 +803,7 @@ def torch_bucketed_attention(
     )
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
-    plan = None if differentiable else fused_plan(q_buckets, k_buckets, alpha=alpha, **pattern)
+    plan = None if differentiable or not fused else fused_plan(q_buckets, k_buckets, alpha=alpha, **pattern)
     fused = plan is not None
     if plan is None:
         plan = plan_attention(q_buckets, k_buckets, **pattern, whole_buckets=by_sdpa)
