@@ -348,14 +348,14 @@ def cpu_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     pairs = count_pairs(ids, causal, **_pattern(spec)) if bucketed else None
     overhead = {}
     if spec["method"] == "ours":
-        from attention_kernels.bucketed.torch_path import fused_plan, plan_attention
+        from attention_kernels.bucketed.torch_path import forward_plan, takes_sdpa_blocks
 
         opts = _plan_options(causal, **_pattern(spec))
+        by_sdpa = takes_sdpa_blocks(1.0, ids, (dim, dim), **opts)
 
         def plan() -> object:
-            """The plan the forward runs: the fused kernel's where it takes the call."""
-            fused = fused_plan(ids, ids, alpha=1.0, **opts)
-            return plan_attention(ids, ids, **opts) if fused is None else fused
+            """The plan the softmax forward runs (without gradients)."""
+            return forward_plan(ids, ids, alpha=1.0, **opts, sdpa_blocks=by_sdpa)
 
         overhead = _predictor_overhead(
             q,

@@ -1,7 +1,8 @@
 """Bucketed attention over whole-query blocks in one C++ pass: scores, α-entmax and outputs, a tile of queries
 at a time.
 
-Where each query sits in one row of one block (one bucket id per token, no window or global pattern: a
+Where each query sits in one row of one block (one bucket id per query, or its class of id sets from
+:mod:`attention_kernels.bucketed.id_sets`; no window or global pattern: a
 :class:`~attention_kernels.bucketed.planning.BlockPlan` that is not ``spread``), a tile of 12 queries has all
 of its keys in its block, so ``attention_kernels/native/block_attention.cpp`` computes
 
@@ -35,8 +36,8 @@ _BETA = {1.0: 0, 1.5: 2, 2.0: 1}
 
 
 def fused_kernel() -> ctypes.CDLL | None:
-    """The C++ library where it was built with vectors (AVX2 or AVX-512, see :mod:`attention_kernels.native`),
-    else None."""
+    """The C++ library where it was built with vectors (AVX2 with FMA, or AVX-512; see
+    :mod:`attention_kernels.native`), else None."""
     kernel = library("block_attention")
     return kernel if kernel is not None and kernel.vector_bytes() > 0 else None
 

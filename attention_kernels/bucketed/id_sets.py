@@ -28,7 +28,7 @@ import torch
 MIN_QUERIES_PER_CLASS = 64
 """The fewest queries per (group, class), on average, at which the classes replace the spread rows."""
 MAX_FLAGS = 2**26
-"""The most (key, class) flags a call may hold (64 MB); a call that needs more keeps the spread rows."""
+"""The most (key, class) flags a call may hold, a byte each; a call that needs more keeps the spread rows."""
 
 
 def id_set_buckets(q_ids: torch.Tensor, k_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -36,10 +36,14 @@ def id_set_buckets(q_ids: torch.Tensor, k_ids: torch.Tensor) -> tuple[torch.Tens
     (each token's ids distinct, −1 for none; :func:`~attention_kernels.bucketed.planning.distinct_ids`),
     −1 for a query with no id and in a key's unused slots; a key's classes ascend. None where the queries
     with an id number fewer than :data:`MIN_QUERIES_PER_CLASS` per (group, class) on average, or the
-    flags of keys against classes would pass :data:`MAX_FLAGS`."""
-    G, n, _ = q_ids.shape
-    m = k_ids.shape[1]
-    ids = q_ids.sort(-1).values.reshape(G * n, -1)  # (G·n, T): one spelling per set, −1 first
+    flags of keys against classes would pass :data:`MAX_FLAGS`.
+
+    Classes are numbered across groups: a learned predictor gives every head the ids 0 … B − 1, so the
+    heads' sets coincide. Id spaces that differ from group to group multiply the classes every key is
+    flagged against, and the flag bound then refuses sooner."""
+    G, n, T = q_ids.shape
+    m, T_k = k_ids.shape[1], k_ids.shape[2]
+    ids = q_ids.sort(-1).values.reshape(G * n, T)  # one spelling per set, −1 first
     inverse, first = _row_classes(ids)
     sets = ids[first]  # (C, T): each class's ids
     count = len(sets)
@@ -50,33 +54,37 @@ def id_set_buckets(q_ids: torch.Tensor, k_ids: torch.Tensor) -> tuple[torch.Tens
     present = present[:, :count]
     if int(has_id.sum()) < MIN_QUERIES_PER_CLASS * int(present.sum()) or G * m * count > MAX_FLAGS:
         return None
-    # member[v, c]: the classes holding id value v (the values of the sets, ascending); a last row of none
-    values = sets[sets >= 0].unique()  # (V,)
-    member = torch.zeros(len(values) + 1, count, dtype=torch.bool)
+    # member[v, c]: whether class c holds id value v (the sets' values, ascending), then a row for every
+    # other id (none, or one no query holds)
     held = sets >= 0
+    values = sets[held].unique()  # (V,)
+    member = torch.zeros(len(values) + 1, count, dtype=torch.bool)
     member[torch.searchsorted(values, sets[held]), held.nonzero()[:, 0]] = True
+    bounded = torch.cat([values, values.new_full((1,), -2)])  # (V + 1,): −2 matches no id
+    at = torch.searchsorted(values, k_ids)  # (G, m, T′), in [0, V]
+    at = at.masked_fill(bounded[at] != k_ids, len(values))
     # each key meets the classes of its ids that its own group's queries hold, each once
-    at = torch.searchsorted(values, k_ids).clamp_max(len(values))  # (G, m, T′)
-    at = (
-        at.masked_fill(values.take(at.clamp_max(len(values) - 1)) != k_ids, len(values))
-        if len(values)
-        else at
-    )
-    meets = member[at].any(2) & present[:, None, :]  # (G, m, C)
-    key, met_class = meets.view(G * m, count).nonzero(as_tuple=True)  # by key, then class
-    per_key = meets.sum(-1).view(-1)  # (G·m,)
-    width = max(int(per_key.max()), 1) if len(per_key) else 1
-    slot = torch.arange(len(key)) - (per_key.cumsum(0) - per_key)[key]
+    by_class = member.T.contiguous()  # (C, V + 1)
+    meets = by_class[:, at[..., 0]]  # (C, G, m)
+    for t in range(1, T_k):  # one slot at a time: (C, G, m, T′) would cost T′ bytes a flag
+        meets |= by_class[:, at[..., t]]
+    meets &= present.T[:, :, None]
+    meets = meets.view(count, G * m)
+    width = max(int(meets.sum(0).max()), 1) if G * m else 1
     k_class = torch.full((G * m, width), -1, dtype=torch.int64)
-    k_class[key, slot] = met_class
+    filled = torch.zeros(G * m, dtype=torch.int64)  # each key's classes so far
+    for c in range(count):  # in class order, so each key's classes ascend
+        keys = meets[c].nonzero().squeeze(1)
+        k_class[keys, filled[keys]] = c
+        filled[keys] += 1
     return q_class.view(G, n, 1), k_class.view(G, m, width)
 
 
 def _row_classes(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(class of each row (N,), a row of each class (C,)) for integer rows (N, T): equal rows, equal class.
     Column by column, each step a one-dimensional ``torch.unique`` (rows at once, ``dim=0``, sort about a
-    hundred times slower on CPU): the classes so far, times the distinct values, plus the next value's rank,
-    stays below N² (no overflow)."""
+    hundred times slower on CPU): the classes so far (< N), times the distinct values (≤ N·T), plus the next
+    value's rank, stays below N²·T (no overflow)."""
     values, rank = torch.unique(rows, return_inverse=True)  # rank (N, T) in [0, V)
     classes = rank[:, 0]
     for t in range(1, rows.shape[1]):

@@ -113,8 +113,13 @@ _EXP_FLOOR = -80.0
 """exp(−80) ≈ 2e−35 is a normal float32; the entries below it are negligible next to the maximum's 1."""
 
 _EXCLUDED_SCORE = -1e30
-_SENTINEL_FACTOR = 256.0  # exact in every float dtype; lifts half precision's lowest sentinel score
-"""The score of a padding key in SDPA's blocks: its weight exp(−1e30 − max) is exactly 0 in every float."""
+"""The score of a padding key in SDPA's blocks: its weight exp(−1e30 − max) is exactly 0 (in half precision
+the score is as low as the dtype allows: see _whole_rows_sdpa)."""
+
+_SENTINEL_FACTOR = 256.0
+"""The queries' extra component in SDPA's blocks: exact in every float dtype, it puts the padding score half
+precision can hold (256 · scale · its lowest) below −100 for any scale above 6e-6: exp of it is 0 in
+float32."""
 
 
 # ------------------------------------------------------------------------------------------- normaliser
@@ -700,9 +705,9 @@ def plan_attention(
     """The blocks that hold the attended pairs of bucket ids (batch, heads, n|m, T), −1 for none; groups
     (batch·head) flat, radius of the window band (−1 for none); ``whole_buckets``: a bucket's queries are one
     block, not cut into cache-sized chunks (for SDPA, which tiles them itself)."""
-    b, h, n, _ = q_buckets.shape
-    q_ids = distinct_ids(q_buckets.reshape(b * h, n, -1))
-    k_ids = distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], -1))
+    b, h, n, slots = q_buckets.shape
+    q_ids = distinct_ids(q_buckets.reshape(b * h, n, slots))
+    k_ids = distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], k_buckets.shape[3]))
     pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
     if whole_buckets:  # SDPA tiles the keys itself: padding them to whole key steps would only add work
         return plan_blocks(q_ids, k_ids, **pattern, rows=max(n, 1), key_step=1)
@@ -735,18 +740,74 @@ def fused_plan(
     """The whole-block plan the fused kernel runs for a call without gradients on these bucket ids
     (batch, heads, n|m, T), or None where it does not take the call (:func:`takes_fused_kernel`). A query
     with one id sits in its bucket's block; where queries hold several, each query's set of ids is its
-    class (:mod:`attention_kernels.bucketed.id_sets`), unless too few queries share a set."""
+    class (:mod:`attention_kernels.bucketed.id_sets`), unless too few queries share a set or the classes'
+    flags would pass their bound."""
     if not takes_fused_kernel(alpha, q_buckets.device, radius=radius, global_tokens=global_tokens):
         return None
-    b, h, n, _ = q_buckets.shape
+    b, h, n, slots = q_buckets.shape
     m = k_buckets.shape[2]
-    q_ids = distinct_ids(q_buckets.reshape(b * h, n, -1))
+    q_ids = distinct_ids(q_buckets.reshape(b * h, n, slots))
     if q_ids.shape[-1] > 1:  # some query holds two ids: classes of id sets, where they pay
-        classes = id_set_buckets(q_ids, distinct_ids(k_buckets.reshape(b * h, m, -1)))
+        classes = id_set_buckets(q_ids, distinct_ids(k_buckets.reshape(b * h, m, k_buckets.shape[3])))
         if classes is None:
             return None
         q_buckets, k_buckets = classes[0].view(b, h, n, 1), classes[1].view(b, h, m, -1)
     return plan_attention(q_buckets, k_buckets, causal=causal, whole_buckets=True)
+
+
+def takes_sdpa_blocks(
+    alpha: float,
+    q_buckets: torch.Tensor,
+    head_dims: tuple[int, int],
+    *,
+    causal: bool = False,
+    radius: int = -1,
+    global_tokens: int = 0,
+) -> bool:
+    """Whether whole rows of softmax run as blocks of SDPA (see the module docstring): softmax, not causal,
+    one id slot per query, no window band or global tokens, equal query and value head sizes ``head_dims``
+    (d, d_v), off the CPU or where the 512-bit block products are missing."""
+    return (
+        float(alpha) == 1.0
+        and not causal
+        and not has_pattern(radius, global_tokens)
+        and q_buckets.shape[-1] == 1
+        and head_dims[0] == head_dims[1]
+        and (q_buckets.device.type != "cpu" or wide_kernel() is None)
+    )
+
+
+def forward_plan(
+    q_buckets: torch.Tensor,
+    k_buckets: torch.Tensor,
+    *,
+    alpha: float,
+    causal: bool = False,
+    radius: int = -1,
+    global_tokens: int = 0,
+    sdpa_blocks: bool = False,
+    fused: bool = True,
+) -> tuple[BlockPlan, bool]:
+    """(the plan a forward runs, whether it is the fused kernel's): :func:`fused_plan` where ``fused`` (a
+    call without gradients) and it takes the call, else :func:`plan_attention`, with whole buckets for
+    ``sdpa_blocks`` (:func:`takes_sdpa_blocks`)."""
+    pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
+    plan = fused_plan(q_buckets, k_buckets, alpha=alpha, **pattern) if fused else None
+    if plan is not None:
+        return plan, True
+    return plan_attention(q_buckets, k_buckets, **pattern, whole_buckets=sdpa_blocks), False
+
+
+def _flat(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, q_scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (batch·heads·n, d), times ``q_scale`` if given, and k, v (batch·kv_heads·m, d | d_v) in ``dtype``."""
+    q_flat = q.to(dtype) if q_scale is None else q.to(dtype) * q_scale
+    return (
+        q_flat.reshape(-1, q.shape[-1]),
+        k.to(dtype).reshape(-1, k.shape[-1]),
+        v.to(dtype).reshape(-1, v.shape[-1]),
+    )
 
 
 def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:
@@ -791,43 +852,27 @@ def torch_bucketed_attention(
         pattern = dict(causal=causal, window=window, global_tokens=global_tokens, scale=scale)
         return dense_bucketed_attention(q, k, v, q_buckets, k_buckets, alpha=alpha, **pattern)
     compute = compute_dtype(q.dtype)  # the normaliser never runs in half precision
-    # whole rows of softmax with no entry cut off but padding: blocks of SDPA, unless the wide block
-    # products run (see the module docstring)
-    by_sdpa = (
-        float(alpha) == 1.0
-        and not causal
-        and not has_pattern(radius, global_tokens)
-        and q_buckets.shape[-1] == 1
-        and d == dv
-        and (q.device.type != "cpu" or wide_kernel() is None)
-    )
-    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
-    plan = None if differentiable or not fused else fused_plan(q_buckets, k_buckets, alpha=alpha, **pattern)
-    fused = plan is not None
-    if plan is None:
-        plan = plan_attention(q_buckets, k_buckets, **pattern, whole_buckets=by_sdpa)
+    by_sdpa = takes_sdpa_blocks(alpha, q_buckets, (d, dv), **pattern)
+    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    plan, by_kernel = forward_plan(
+        q_buckets, k_buckets, alpha=alpha, **pattern, sdpa_blocks=by_sdpa, fused=fused and not differentiable
+    )
     if kv_groups < G:
         plan = _grouped_keys(plan, m, G // kv_groups)
-
-    def flat(dtype: torch.dtype, q_scale: float | None = None) -> tuple[torch.Tensor, ...]:
-        """q (G·n, d), times ``q_scale`` if given, k (kv_groups·m, d), v (kv_groups·m, dv) in ``dtype``."""
-        q_flat = q.to(dtype) if q_scale is None else q.to(dtype) * q_scale
-        return q_flat.reshape(G * n, d), k.to(dtype).reshape(kv_groups * m, d), v.to(dtype).reshape(-1, dv)
-
     out = None
-    if fused:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
-        out = block_attention(*(x.contiguous() for x in flat(compute)), plan, alpha, scale)
+    if by_kernel:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
+        out = block_attention(*(x.contiguous() for x in _flat(q, k, v, compute)), plan, alpha, scale)
     if out is None and by_sdpa and plan.classes:
         if q.device.type == "cuda":
             # SDPA's kernels accumulate in float32 themselves, so half-precision inputs stay as they are (its
             # flash kernel takes no float32) and the scale is SDPA's (not a rounding of the scaled queries)
-            out = _whole_rows_sdpa(*flat(q.dtype), plan, scale)
+            out = _whole_rows_sdpa(*_flat(q, k, v, q.dtype), plan, scale)
         else:
-            out = _whole_rows_sdpa(*flat(compute, scale), plan, 1.0)
+            out = _whole_rows_sdpa(*_flat(q, k, v, compute, scale), plan, 1.0)
     if out is None:
         # the scale on the n × d queries, not on the scores
-        scaled = flat(compute, scale)
+        scaled = _flat(q, k, v, compute, scale)
         if differentiable:
             out = BucketBlockAttention.apply(*scaled, plan, float(alpha))
         else:

@@ -46,19 +46,27 @@ def test_a_query_meets_through_its_class_exactly_the_keys_it_shares_an_id_with(m
     assert (held[..., 1:] <= held[..., :-1]).all()  # the unused slots last
     assert ((k_class.diff(dim=-1) > 0) | ~held[..., 1:]).all()  # distinct and ascending
     # the same id set is the same class, in every group
-    sets = q_ids[0].sort(-1).values.masked_fill(q_ids[0].sort(-1).values < 0, -1)
+    sets = q_ids[0]  # (groups, tokens, slots)
     for g, i, h, j in [(0, 0, 1, 7), (2, 9, 0, 11), (1, 1, 1, 2)]:
         same = set(sets[g, i].tolist()) - {-1} == set(sets[h, j].tolist()) - {-1}
         assert same == bool(q_class[g, i, 0] == q_class[h, j, 0])
 
 
 def test_too_few_queries_per_class_keep_the_spread_rows():
-    """16 buckets, two ids each, 64 tokens: about 0.5 queries per id set, far below the rule's 32."""
+    """16 buckets, two ids each, 64 tokens: about 0.5 queries per id set, far below the rule's 64."""
     ids = balanced_buckets(1, 2, 64, 16, 2, seed=1)
     assert _classes(ids, ids) is None
     assert torch_path.fused_plan(ids, ids, alpha=1.5) is None
     many = balanced_buckets(1, 2, 1024, 2, 2, seed=1)  # 2 buckets: at most 3 id sets
     assert _classes(many, many) is not None
+
+
+def test_empty_sequences_plan_nothing():
+    none = torch.zeros(1, 2, 0, 2, dtype=torch.int32)
+    some = _ids(2, 10, 2, 3, seed=4)
+    for q_ids, k_ids in ((none, some), (some, none)):
+        plan = torch_path.fused_plan(q_ids, k_ids, alpha=1.5)
+        assert plan is None or plan.num_pairs == 0
 
 
 def test_keys_with_ids_no_query_holds_meet_no_class(monkeypatch):
@@ -114,6 +122,9 @@ def test_inference_with_two_ids_runs_the_classes_exactly(monkeypatch, alpha, cau
 def test_grouped_query_heads_read_their_shared_keys_through_the_classes(monkeypatch):
     """Four query heads on two key/value heads, float32, balanced top-2 buckets as the benchmark draws."""
     monkeypatch.setattr(id_sets, "MIN_QUERIES_PER_CLASS", 1)
+    ran = []
+    original = torch_path.block_attention
+    monkeypatch.setattr(torch_path, "block_attention", lambda *args: ran.append(args[3]) or original(*args))
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 4, 300, 32, generator=gen)
     k, v = (torch.randn(1, 2, 300, 32, generator=gen) for _ in range(2))
@@ -121,6 +132,7 @@ def test_grouped_query_heads_read_their_shared_keys_through_the_classes(monkeypa
     assert torch_path.fused_plan(ids, ids, alpha=1.5, causal=True) is not None
     with torch.no_grad():
         out = bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True, backend="torch")
+    assert len(ran) == 1 and not ran[0].spread  # the classes ran, with no fallback
     keys = [x.repeat_interleave(2, dim=1) for x in (k, v)]
     expected = dense_bucketed_attention(q, *keys, ids, ids, alpha=1.5, causal=True)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)

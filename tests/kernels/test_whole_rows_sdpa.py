@@ -122,10 +122,11 @@ def test_with_the_wide_block_products_whole_buckets_take_the_block_path(monkeypa
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_blocks_keep_padding_out_at_any_scale(dtype):
+def test_half_precision_blocks_keep_padding_out_down_to_small_scales(dtype):
     """The blocks in the inputs' half precision (as on CUDA, for the flash kernel): the sentinel's score is
-    the dtype's lowest where −1e30 does not fit, the scale is SDPA's, and padding keys still weigh exactly 0
-    (a padding key's weight would pull the output far past half-precision rounding)."""
+    256 · scale times the dtype's lowest where −1e30 does not fit, the scale is SDPA's, and padding keys
+    still weigh 0 down to a scale of 1e-4 (their weight would pull the output past half-precision
+    rounding)."""
     q, k, v, qb, kb = make_inputs(70, 16, 1, seed=8, m=90)
     plan = torch_path.plan_attention(qb, kb, whole_buckets=True)
     assert any(blocks.mask is not None for blocks in plan.classes)  # uneven buckets: padded blocks
