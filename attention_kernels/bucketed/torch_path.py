@@ -705,12 +705,25 @@ def plan_attention(
     """The blocks that hold the attended pairs of bucket ids (batch, heads, n|m, T), −1 for none; groups
     (batch·head) flat, radius of the window band (−1 for none); ``whole_buckets``: a bucket's queries are one
     block, not cut into cache-sized chunks (for SDPA, which tiles them itself)."""
-    b, h, n, slots = q_buckets.shape
-    q_ids = distinct_ids(q_buckets.reshape(b * h, n, slots))
-    k_ids = distinct_ids(k_buckets.reshape(b * h, k_buckets.shape[2], k_buckets.shape[3]))
+    q_ids, k_ids = _distinct(q_buckets), _distinct(k_buckets)
+    return _plan_ids(
+        q_ids, k_ids, causal=causal, radius=radius, global_tokens=global_tokens, whole=whole_buckets
+    )
+
+
+def _distinct(buckets: torch.Tensor) -> torch.Tensor:
+    """The ids (batch, heads, tokens, T) as :func:`distinct_ids` gives them, groups flat: (G, tokens, T′)."""
+    b, h, tokens, slots = buckets.shape
+    return distinct_ids(buckets.reshape(b * h, tokens, slots))
+
+
+def _plan_ids(
+    q_ids: torch.Tensor, k_ids: torch.Tensor, *, causal: bool, radius: int, global_tokens: int, whole: bool
+) -> BlockPlan:
+    """:func:`plan_attention` of distinct ids (G, n|m, T)."""
     pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
-    if whole_buckets:  # SDPA tiles the keys itself: padding them to whole key steps would only add work
-        return plan_blocks(q_ids, k_ids, **pattern, rows=max(n, 1), key_step=1)
+    if whole:  # SDPA tiles the keys itself: padding them to whole key steps would only add work
+        return plan_blocks(q_ids, k_ids, **pattern, rows=max(q_ids.shape[1], 1), key_step=1)
     return plan_blocks(q_ids, k_ids, **pattern)
 
 
@@ -744,15 +757,13 @@ def fused_plan(
     flags would pass their bound."""
     if not takes_fused_kernel(alpha, q_buckets.device, radius=radius, global_tokens=global_tokens):
         return None
-    b, h, n, slots = q_buckets.shape
-    m = k_buckets.shape[2]
-    q_ids = distinct_ids(q_buckets.reshape(b * h, n, slots))
+    q_ids, k_ids = _distinct(q_buckets), _distinct(k_buckets)
     if q_ids.shape[-1] > 1:  # some query holds two ids: classes of id sets, where they pay
-        classes = id_set_buckets(q_ids, distinct_ids(k_buckets.reshape(b * h, m, k_buckets.shape[3])))
+        classes = id_set_buckets(q_ids, k_ids)  # (the classes are distinct ids themselves)
         if classes is None:
             return None
-        q_buckets, k_buckets = classes[0].view(b, h, n, 1), classes[1].view(b, h, m, -1)
-    return plan_attention(q_buckets, k_buckets, causal=causal, whole_buckets=True)
+        q_ids, k_ids = classes
+    return _plan_ids(q_ids, k_ids, causal=causal, radius=-1, global_tokens=0, whole=True)
 
 
 def takes_sdpa_blocks(
