@@ -2,11 +2,15 @@
 at a time.
 
 Where each query sits in one row of one block (one bucket id per query, or its class of id sets from
-:mod:`attention_kernels.bucketed.id_sets`; no window or global pattern: a
+:mod:`attention_kernels.bucketed.id_sets`; no global tokens: a
 :class:`~attention_kernels.bucketed.planning.BlockPlan` that is not ``spread``), a tile of 12 queries has all
 of its keys in its block, so ``attention_kernels/native/block_attention.cpp`` computes
 
     S = q·kᵀ (the tile's rows against its block's keys),   P = α-entmax(S) per row,   o = P·v
+
+A window band adds each query's band keys outside its block row (the plan's ``band_keys``,
+:mod:`attention_kernels.bucketed.band_keys`): their scores join the row's before its α-entmax, and their
+probabilities add to its output; a query with band keys and no block row is a block of one row and no keys.
 
 with the scores in the first-level cache throughout and each output row written where its query lies: no
 score tensor, no gather, no scatter. α = 1 (softmax), 1.5 and 2, exactly as
@@ -25,6 +29,7 @@ import ctypes
 
 import torch
 
+from attention_kernels.bucketed.band_keys import lone_queries
 from attention_kernels.bucketed.block_products import checked_index
 from attention_kernels.bucketed.exact_entmax import check_mask
 from attention_kernels.bucketed.planning import BlockMask, BlockPlan
@@ -65,8 +70,8 @@ def _by_limit_alone(mask: BlockMask) -> bool:
 def block_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, alpha: float, scale: float = 1.0
 ) -> torch.Tensor | None:
-    """o (N, d_v): o_i = Σ_j p_ij v_j over query i's block row, p_i = α-entmax of its scores
-    s_ij = (scale · q_i) · k_j (softmax at α = 1), zeros for a query with no key. q (N, d), k (M, d),
+    """o (N, d_v): o_i = Σ_j p_ij v_j over query i's block row and its band keys, p_i = α-entmax of its
+    scores s_ij = (scale · q_i) · k_j (softmax at α = 1), zeros for a query with no key. q (N, d), k (M, d),
     v (M, d_v) flat over groups.
     None where the kernel cannot run (no compiler or no vectors; a plan or tensors :func:`fits` refuses)."""
     kernel = fused_kernel()
@@ -78,6 +83,15 @@ def block_attention(
             f"{tuple(k.shape)}, v {tuple(v.shape)}"
         )
     out = v.new_zeros(plan.num_queries, v.shape[1])
+    band, band_width = None, 0
+    if plan.band_keys is not None:
+        band = plan.band_keys.to(torch.int64).contiguous()
+        if band.dim() != 2 or len(band) != plan.num_queries:
+            raise ValueError(f"band_keys must be (queries {plan.num_queries}, E); got {tuple(band.shape)}")
+        if band.numel() and (int(band.min()) < -1 or int(band.max()) >= len(k)):
+            raise ValueError(f"band_keys must index rows in [0, {len(k)}) or be −1 for none")
+        band_width = band.shape[1]
+    scalars = (q.shape[1], v.shape[1], float(scale), _BETA[float(alpha)], out)
     for blocks in plan.classes:
         count, rows = blocks.queries.shape
         width = blocks.keys.shape[1]
@@ -88,6 +102,13 @@ def block_attention(
             check_mask((count, rows, width), mask)
         key_pos = None if mask is None else mask.key_pos.contiguous()
         limit = None if mask is None else mask.limit.contiguous()
-        args = (count, rows, width, q.shape[1], v.shape[1], float(scale), _BETA[float(alpha)], out)
-        call(kernel, f"block_attention_{_SUFFIX[q.dtype]}", q, k, v, queries, keys, key_pos, limit, *args)
+        shape = (count, rows, width)
+        call(kernel, f"block_attention_{_SUFFIX[q.dtype]}", q, k, v, queries, keys, key_pos, limit, band, band_width,
+             *shape, *scalars)
+    if band is not None:  # queries with band keys and no block row: blocks of one row and no keys
+        lone = lone_queries(plan, band)
+        if len(lone):
+            no_keys = lone.new_empty(len(lone), 0)
+            call(kernel, f"block_attention_{_SUFFIX[q.dtype]}", q, k, v, lone, no_keys, None, None, band, band_width,
+                 len(lone), 1, 0, *scalars)
     return out

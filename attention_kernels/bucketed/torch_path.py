@@ -30,12 +30,13 @@ first case).
   ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the scores never reach memory; where
   the wide products run, the path below takes 0.65–0.72× its forward time and 0.61× with the backward). On
   CUDA, half-precision inputs stay in their dtype there, for SDPA's flash kernel.
-* Inference (no gradients) without window or global tokens, for softmax and α = 1.5 and 2, on AVX-512 or
-  AVX2 with FMA: the fused C++ kernel (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per
-  block and a few queries' scores, probabilities and output at a time in the first-level cache; when causal
-  each tile stops at its rows' own position. Where queries hold several ids, each query's set of ids is its
-  class and a key joins every class it shares an id with (:mod:`attention_kernels.bucketed.id_sets`), so
-  each query still sits in one block row, when enough queries share each set.
+* Inference (no gradients) without global tokens, for softmax and α = 1.5 and 2, on AVX-512 or AVX2 with
+  FMA: the fused C++ kernel (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per block and
+  a few queries' scores, probabilities and output at a time in the first-level cache; when causal each tile
+  stops at its rows' own position. Where queries hold several ids, each query's set of ids is its class and
+  a key joins every class it shares an id with (:mod:`attention_kernels.bucketed.id_sets`), so each query
+  still sits in one block row, when enough queries share each set. A window band up to ``MAX_RADIUS`` adds
+  each query's band keys outside its row, scored beside it (:mod:`attention_kernels.bucketed.band_keys`).
 * Otherwise, where each query sits in one block row (one id per query, no pattern), a chunk of blocks holds
   whole queries: its scores, their probabilities (in place) and its output are computed one after another
   while the chunk is in cache.
@@ -74,6 +75,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_kernels.attended import has_pattern
+from attention_kernels.bucketed.band_keys import MAX_RADIUS, band_keys
 from attention_kernels.bucketed.block_attention import block_attention, fused_kernel
 from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
 from attention_kernels.bucketed.exact_entmax import exact_entmax
@@ -687,6 +689,8 @@ def _blocks_forward(
 ) -> tuple[torch.Tensor, _Forward]:
     """o_i = Σ_j p_ij v_j over the plan's blocks; q (N, d), k (M, d), v (M, d_v) flat over groups. Returns
     o (N, d_v) and, when ``keep``, what the backward needs."""
+    if plan.band_keys is not None:  # these paths would leave the band out
+        raise ValueError("a plan with band_keys runs on the fused kernel alone; plan the band as blocks")
     if not plan.classes:
         return v.new_zeros(plan.num_queries, v.shape[1]), _Forward([])
     forward = _spread_forward if plan.spread else _whole_query_forward
@@ -731,11 +735,13 @@ def takes_fused_kernel(
     alpha: float, device: torch.device, *, radius: int = -1, global_tokens: int = 0
 ) -> bool:
     """Whether a call without gradients may run the fused kernel (see the module docstring): softmax or
-    α = 1.5 or 2, no window band or global tokens, CPU tensors, a processor with the kernel's vectors
-    (AVX-512, or AVX2 with FMA). :func:`fused_plan` also needs each query in one block row."""
+    α = 1.5 or 2, no global tokens, a window band's radius at most ``MAX_RADIUS`` (or none), CPU tensors, a
+    processor with the kernel's vectors (AVX-512, or AVX2 with FMA). :func:`fused_plan` also needs each
+    query in one block row."""
     return (
         float(alpha) in _NATIVE
-        and not has_pattern(radius, global_tokens)
+        and global_tokens <= 0
+        and radius <= MAX_RADIUS
         and device.type == "cpu"
         and fused_kernel() is not None
     )
@@ -754,7 +760,7 @@ def fused_plan(
     (batch, heads, n|m, T), or None where it does not take the call (:func:`takes_fused_kernel`). A query
     with one id sits in its bucket's block; where queries hold several, each query's set of ids is its
     class (:mod:`attention_kernels.bucketed.id_sets`), unless too few queries share a set or the classes'
-    flags would pass their bound."""
+    flags would pass their bound. A window band's keys outside a query's row are the plan's ``band_keys``."""
     if not takes_fused_kernel(alpha, q_buckets.device, radius=radius, global_tokens=global_tokens):
         return None
     q_ids, k_ids = _distinct(q_buckets), _distinct(k_buckets)
@@ -763,7 +769,10 @@ def fused_plan(
         if classes is None:
             return None
         q_ids, k_ids = classes
-    return _plan_ids(q_ids, k_ids, causal=causal, radius=-1, global_tokens=0, whole=True)
+    plan = _plan_ids(q_ids, k_ids, causal=causal, radius=-1, global_tokens=0, whole=True)
+    if radius >= 0:
+        plan = replace(plan, band_keys=band_keys(q_ids, k_ids, radius=radius, causal=causal))
+    return plan
 
 
 def takes_sdpa_blocks(
@@ -825,8 +834,14 @@ def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:
     """The plan reading key j of query group g (flat index g·m + j) from key/value group g // ``group``:
     grouped-query attention, each key and value read where it is, never copied per query head; its
     gradient sums over the query heads that share it (index_add in the backward)."""
-    classes = [replace(c, keys=c.keys // (m * group) * m + c.keys % m) for c in plan.classes]
-    return replace(plan, classes=classes, num_keys=plan.num_keys // group)
+    def shared(keys: torch.Tensor) -> torch.Tensor:
+        return keys // (m * group) * m + keys % m
+
+    classes = [replace(c, keys=shared(c.keys)) for c in plan.classes]
+    band = plan.band_keys
+    if band is not None:
+        band = torch.where(band >= 0, shared(band), -1)
+    return replace(plan, classes=classes, num_keys=plan.num_keys // group, band_keys=band)
 
 
 def torch_bucketed_attention(
@@ -874,6 +889,10 @@ def torch_bucketed_attention(
     out = None
     if by_kernel:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
         out = block_attention(*(x.contiguous() for x in _flat(q, k, v, compute)), plan, alpha, scale)
+        if out is None and plan.band_keys is not None:  # the paths below need the band's own blocks
+            plan = plan_attention(q_buckets, k_buckets, **pattern)
+            if kv_groups < G:
+                plan = _grouped_keys(plan, m, G // kv_groups)
     if out is None and by_sdpa and plan.classes:
         if q.device.type == "cuda":
             # SDPA's kernels accumulate in float32 themselves, so half-precision inputs stay as they are (its

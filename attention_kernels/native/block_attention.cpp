@@ -16,6 +16,12 @@
 // computes about (1 + R / L) times its attended pairs (R = 12), where blocks cut into chunks of 64 rows
 // compute whole chunk-by-prefix rectangles (1.5 times at L = 128).
 //
+// A query may also attend E keys of its own beyond its block row (`extra`: the window band's keys that share
+// no id with it, attention_kernels/bucketed/band_keys.py). Their scores are dot products of the scaled query
+// with each such key, appended to the row's block scores, so the row's α-entmax covers both, and their
+// probabilities add Σ_e P_re v_e to its output. A query with no block row at all (no id, or no key holds its
+// id) comes as a block of its own with no keys (M = 0).
+//
 // The reference is the unfused path of attention_kernels/bucketed/torch_path.py (scores, then
 // `exact_entmax`, then the output product, a chunk of blocks at a time); each query's arithmetic is the same
 // as there up to the sums' order, and the same whatever the number of threads.
@@ -53,23 +59,25 @@ int64_t row_width(const float* key_pos, int64_t M, float limit) {
 // rows' widths.
 template <typename Real>
 struct Buffers {
-    std::vector<Real> panel, values, queries, scores, scratch;
+    std::vector<Real> panel, values, queries, scores, scratch, extra_probs;
     std::vector<const Real*> panel_rows, value_rows, query_rows;
     std::vector<Real*> score_rows, out_rows;
-    std::vector<int64_t> widths;
+    std::vector<int64_t> widths, extra_keys, extra_counts;
 
-    bool allocate(int64_t d, int64_t dv, int64_t L, int64_t M, bool copy_values, std::atomic<bool>& short_of_memory) {
+    bool allocate(int64_t d, int64_t dv, int64_t L, int64_t M, int64_t E, bool copy_values,
+                  std::atomic<bool>& short_of_memory) {
         const int64_t stride = padded_stride<Real>(M), value_stride = whole_vectors<Real>(dv);
         return allocated(
             [&] {
                 panel.assign(d * stride, Real(0));
                 values.assign(copy_values ? M * value_stride : 0, Real(0));
                 queries.assign(kTileRows * d, Real(0));
-                scores.assign(kTileRows * stride, Real(0));
+                scores.assign(kTileRows * padded_stride<Real>(M + E), Real(0));  // a row's keys, then its own
                 scratch.assign(value_stride, Real(0));
+                extra_probs.assign(kTileRows * E, Real(0));
                 panel_rows.resize(d), value_rows.resize(M), query_rows.resize(kTileRows);
                 score_rows.resize(kTileRows), out_rows.resize(kTileRows);
-                widths.resize(L);
+                widths.resize(L), extra_keys.resize(kTileRows * E), extra_counts.resize(kTileRows);
             },
             short_of_memory);
     }
@@ -99,21 +107,38 @@ void probabilities(Row<Real>* rows, int64_t count, int beta) {
     for (int64_t i = 0; i < count; ++i) queries[i].write_probabilities(tau[i], beta);
 }
 
-// out[queries[b][r]] = Σ_c P_rc v[keys[b][c]] for every row r with a key; other rows of `out` untouched.
-// q (·, d), k (·, d), v (·, dv); queries (blocks, L), keys (blocks, M); key_pos (blocks, M) and limit
-// (blocks, L), or both null when every entry is a key. The queries are scaled as a tile copies them, the
-// product the unfused path forms on the whole q.
+// A tile row's own keys (query `query`'s E entries of `extra`, −1 for none), compacted into `keys`, and
+// their scores (the scaled query's dot products) from `scores` on; returns how many there are.
+template <typename Real>
+int64_t extra_scores(const Real* scaled, const Real* k, const int64_t* extra, int64_t query, int64_t E,
+                     int64_t d, int64_t* keys, Real* scores) {
+    int64_t count = 0;
+    for (int64_t e = 0; e < E; ++e) {
+        const int64_t key = extra[query * E + e];
+        if (key < 0) continue;
+        keys[count] = key;
+        scores[count++] = vectors::dot<Real>(scaled, k + key * d, d);
+    }
+    return count;
+}
+
+// out[queries[b][r]] = Σ_c P_rc v[keys[b][c]] (+ Σ_e P_re v[extra_e]) for every row r with a key; other rows
+// of `out` untouched. q (·, d), k (·, d), v (·, dv); queries (blocks, L), keys (blocks, M); key_pos (blocks,
+// M) and limit (blocks, L), or both null when every entry is a key (and every row a query); extra (·, E) each
+// query's own keys (−1 for none), or null. The queries are scaled as a tile copies them, the product the
+// unfused path forms on the whole q.
 template <typename Real>
 void block_attention(const Real* q, const Real* k, const Real* v, const int64_t* queries, const int64_t* keys,
-                     const float* key_pos, const float* limit, int64_t blocks, int64_t L, int64_t M, int64_t d,
-                     int64_t dv, Real scale, int beta, Real* out, int threads) {
+                     const float* key_pos, const float* limit, const int64_t* extra, int64_t E, int64_t blocks,
+                     int64_t L, int64_t M, int64_t d, int64_t dv, Real scale, int beta, Real* out, int threads) {
+    if (extra == nullptr) E = 0;
     const bool copy_values = dv != whole_vectors<Real>(dv);  // the products read B's rows as whole vectors
     const int64_t value_stride = whole_vectors<Real>(dv);
     std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         Buffers<Real> buf;
-        const bool ready = buf.allocate(d, dv, L, M, copy_values, short_of_memory);
+        const bool ready = buf.allocate(d, dv, L, M, E, copy_values, short_of_memory);
         // consecutive blocks to a thread (a static schedule), so the next block it prefetches is its own
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b) {
@@ -131,10 +156,11 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                 buf.widths[r] = pos != nullptr ? row_width(pos, M, limit[b * L + r]) : M;
                 widest = std::max(widest, buf.widths[r]);
             }
-            if (widest == 0) continue;  // padding rows only
-            const int64_t stride = padded_stride<Real>(widest);
-            pack_transposed(k, cols, widest, d, buf.panel.data(), stride);
-            for (int64_t t = 0; t < d; ++t) buf.panel_rows[t] = buf.panel.data() + t * stride;
+            if (widest == 0 && E == 0) continue;  // padding rows only
+            const int64_t panel_stride = padded_stride<Real>(widest);
+            const int64_t stride = padded_stride<Real>(widest + E);  // a score row: its block's keys, its own
+            pack_transposed(k, cols, widest, d, buf.panel.data(), panel_stride);
+            for (int64_t t = 0; t < d; ++t) buf.panel_rows[t] = buf.panel.data() + t * panel_stride;
             for (int64_t c = 0; c < widest; ++c) {
                 const Real* row = v + cols[c] * dv;
                 if (copy_values) {
@@ -148,8 +174,9 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                 if (r0 + count < L) prefetch_rows(q, rows + r0 + count, std::min(kTileRows, L - r0 - count), d);
                 const int64_t* width = buf.widths.data() + r0;
                 const int64_t tile_width = *std::max_element(width, width + count);
-                if (tile_width == 0) continue;
+                if (tile_width == 0 && E == 0) continue;
                 Row<Real> tile[kTileRows];
+                int64_t* own = buf.extra_counts.data();  // each row's own keys
                 for (int64_t i = 0; i < count; ++i) {
                     Real* scores = buf.scores.data() + i * stride;
                     Real* scaled = buf.queries.data() + i * d;
@@ -157,19 +184,42 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                     for (int64_t t = 0; t < d; ++t) scaled[t] = scale * query[t];
                     buf.query_rows[i] = scaled;
                     buf.score_rows[i] = scores;
-                    tile[i].data = scores, tile[i].width = width[i];  // every entry a key (see row_width)
-                    // a row without keys (padding among them) computes into scratch, its output row untouched
-                    buf.out_rows[i] = width[i] > 0 ? out + rows[r0 + i] * dv : buf.scratch.data();
+                    own[i] = 0;
                 }
-                product(buf.query_rows.data(), 1, count, buf.panel_rows.data(), d, tile_width, buf.score_rows.data());
+                if (tile_width > 0)
+                    product(buf.query_rows.data(), 1, count, buf.panel_rows.data(), d, tile_width,
+                            buf.score_rows.data());
+                for (int64_t i = 0; i < count; ++i) {
+                    const bool padding = limit != nullptr && limit[b * L + r0 + i] < 0;
+                    if (E > 0 && !padding)  // after the block's keys: the product wrote up to tile_width
+                        own[i] = extra_scores(buf.query_rows[i], k, extra, rows[r0 + i], E, d,
+                                              buf.extra_keys.data() + i * E, buf.score_rows[i] + width[i]);
+                    tile[i].data = buf.score_rows[i], tile[i].width = width[i] + own[i];  // every entry a key
+                    // a row without keys (padding among them) computes into scratch, its output row untouched
+                    buf.out_rows[i] = tile[i].width > 0 ? out + rows[r0 + i] * dv : buf.scratch.data();
+                }
                 probabilities(tile, count, beta);
-                // the columns past a row's width are no keys of it, but the output product reads them
-                for (int64_t i = 0; i < count; ++i)
+                for (int64_t i = 0; i < count; ++i) {
+                    Real* probs = buf.extra_probs.data() + i * E;  // set aside: the zeros below may cover them
+                    std::copy(buf.score_rows[i] + width[i], buf.score_rows[i] + width[i] + own[i], probs);
+                    // the columns past a row's width are no keys of it, but the output product reads them
                     for (int64_t j = width[i]; j < tile_width; j += vectors::kWidth<Real>)
                         vectors::store<Real>(buf.score_rows[i] + j, vectors::Vec<Real>{},
                                              std::min(vectors::kWidth<Real>, tile_width - j));
-                product(buf.score_rows.data(), 1, count, buf.value_rows.data(), tile_width, dv,
-                        buf.out_rows.data());
+                }
+                if (tile_width > 0)
+                    product(buf.score_rows.data(), 1, count, buf.value_rows.data(), tile_width, dv,
+                            buf.out_rows.data());
+                for (int64_t i = 0; i < count; ++i) {  // out_r += Σ_e P_re v_e (out_r is 0 where M = 0)
+                    const Real* probs = buf.extra_probs.data() + i * E;
+                    const int64_t* keys_of_row = buf.extra_keys.data() + i * E;
+                    Real* to = buf.out_rows[i];
+                    for (int64_t e = 0; e < own[i]; ++e) {
+                        const Real p = probs[e];
+                        const Real* value = v + keys_of_row[e] * dv;
+                        for (int64_t t = 0; t < dv; ++t) to[t] += p * value[t];
+                    }
+                }
             }
         }
     }
@@ -182,11 +232,12 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
 #define EXPORT(SUFFIX, REAL)                                                                                      \
     extern "C" int block_attention_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const int64_t* queries,   \
                                             const int64_t* keys, const float* key_pos, const float* limit,         \
-                                            int64_t blocks, int64_t L, int64_t M, int64_t d, int64_t dv,           \
-                                            double scale, int64_t beta, REAL* out, int threads) {                  \
+                                            const int64_t* extra, int64_t E, int64_t blocks, int64_t L, int64_t M, \
+                                            int64_t d, int64_t dv, double scale, int64_t beta, REAL* out,          \
+                                            int threads) {                                                        \
         return guarded([&] {                                                                                      \
-            block_attention(q, k, v, queries, keys, key_pos, limit, blocks, L, M, d, dv, static_cast<REAL>(scale), \
-                            static_cast<int>(beta), out, threads);                                                \
+            block_attention(q, k, v, queries, keys, key_pos, limit, extra, E, blocks, L, M, d, dv,                 \
+                            static_cast<REAL>(scale), static_cast<int>(beta), out, threads);                      \
         });                                                                                                       \
     }
 
