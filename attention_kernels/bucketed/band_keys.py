@@ -24,34 +24,47 @@ from __future__ import annotations
 import torch
 
 from attention_kernels.bucketed.planning import BlockPlan
+from attention_kernels.native import call, library
 
 MAX_RADIUS = 64
 """The widest band (radius) whose keys the fused kernel scores one by one beside a query's block row."""
 
 
 def band_keys(q_ids: torch.Tensor, k_ids: torch.Tensor, *, radius: int, causal: bool) -> torch.Tensor:
-    """(G·n, E) int64 flat key index g·m + j of each query's band keys (see the module docstring), −1 for
-    none; E = 2·radius + 1, or radius + 1 when causal. q_ids (G, n, 1) one id per query (−1 for none),
-    k_ids (G, m, T) (−1 for none); ``radius`` ≥ 0."""
+    """(G·n, E) int64: slot e of query g·n + i holds the flat key index g·m + j of key j = i − radius + e
+    when it is one of the query's band keys (see the module docstring), else −1; E = 2·radius + 1, or
+    radius + 1 when causal. q_ids (G, n, 1) one id per query (−1 for none), k_ids (G, m, T) (−1 for
+    none); ``radius`` ≥ 0. In C++ where it is built (attention_kernels/native/planning.cpp: one pass), else
+    by tensor operations, slot by slot (each slot's keys a shifted slice of the keys)."""
     G, n, _ = q_ids.shape
-    m = k_ids.shape[1]
-    offsets = torch.arange(-radius, (0 if causal else radius) + 1)  # (E,)
-    j = torch.arange(n)[:, None] + offsets  # (n, E) key positions
-    inside = (j >= 0) & (j < m)
-    j = j.clamp(0, max(m - 1, 0))
-    own = q_ids[:, :, :1]  # (G, n, 1)
-    in_row = torch.zeros(G, n, len(offsets), dtype=torch.bool)
-    for t in range(k_ids.shape[2]):  # one id slot at a time: (G, n, E, T) would cost T times the memory
-        in_row |= k_ids[:, :, t][:, j] == own
-    in_row &= own >= 0  # a query with no id has no block row: its whole band is its own
-    group = torch.arange(G)[:, None, None] * m
-    return torch.where(inside & ~in_row, group + j, -1).view(G * n, len(offsets))
+    m, slots = k_ids.shape[1:]
+    width = radius + 1 if causal else 2 * radius + 1
+    kernel = library("planning") if q_ids.device.type == "cpu" else None
+    if kernel is not None:
+        band = torch.empty(G * n, width, dtype=torch.int64)
+        ids = (q_ids[:, :, 0].long().contiguous(), k_ids.long().contiguous())
+        call(kernel, "band_keys", *ids, G, n, m, slots, radius, width, band)
+        return band
+    band = torch.full((width, G, n), -1, dtype=torch.int64)
+    own = q_ids[:, :, 0].masked_fill(q_ids[:, :, 0] < 0, -2)  # (G, n); a query with no id shares none
+    flat = torch.arange(G)[:, None] * m + torch.arange(m)  # (G, m) flat key index
+    for e in range(width):  # key j = i + offset: shifted slices, no gather
+        offset = e - radius
+        first, end = max(0, -offset), min(n, m - offset)  # the queries whose key lies in [0, m)
+        if first >= end:
+            continue
+        keys = slice(first + offset, end + offset)
+        in_row = k_ids[:, keys, 0] == own[:, first:end]  # (G, end − first)
+        for t in range(1, slots):
+            in_row |= k_ids[:, keys, t] == own[:, first:end]
+        band[e, :, first:end] = flat[:, keys].masked_fill(in_row, -1)
+    return band.view(width, G * n).T.contiguous()
 
 
-def lone_queries(plan: BlockPlan, band: torch.Tensor) -> torch.Tensor:
-    """(count,) int64: the queries with band keys (``band`` (num_queries, E), −1 for none) that hold no row
-    of ``plan``'s blocks."""
+def lone_queries(plan: BlockPlan) -> torch.Tensor:
+    """(count,) int64: the queries that hold no row of ``plan``'s blocks (they attend their band keys
+    alone)."""
     in_block = torch.zeros(plan.num_queries, dtype=torch.bool)
     for blocks in plan.classes:
         in_block[blocks.queries[blocks.real_queries()]] = True
-    return ((band >= 0).any(1) & ~in_block).nonzero().squeeze(1)
+    return (~in_block).nonzero().squeeze(1)

@@ -16,11 +16,16 @@
 // computes about (1 + R / L) times its attended pairs (R = 12), where blocks cut into chunks of 64 rows
 // compute whole chunk-by-prefix rectangles (1.5 times at L = 128).
 //
-// A query may also attend E keys of its own beyond its block row (`extra`: the window band's keys that share
-// no id with it, attention_kernels/bucketed/band_keys.py). Their scores are dot products of the scaled query
-// with each such key, appended to the row's block scores, so the row's α-entmax covers both, and their
-// probabilities add Σ_e P_re v_e to its output. A query with no block row at all (no id, or no key holds its
-// id) comes as a block of its own with no keys (M = 0).
+// A query may also attend up to E keys of its own beyond its block row (`band`, (N, E): the window band's
+// keys that share no id with it, attention_kernels/bucketed/band_keys.py, −1 for none). Their scores are
+// computed first, in position order (`band_scores`: a query's band keys are its neighbours', so they stay in
+// the cache, where in bucket order each tile would fetch its own), into `band_x` (N, E), with kNotBand in the
+// slots that hold no key; the block pass appends a row's band scores to its block scores, so its α-entmax
+// covers both, and writes their probabilities back in place (it reads band_x alone, a query's 4·E bytes,
+// where rows come in bucket order); `band_outputs` then adds Σ_e P_ie v_e to each output, in position order
+// again.
+// A query with no block row at all (no id, or no key holds its id) comes as a block of its own with no keys
+// (M = 0).
 //
 // The reference is the unfused path of attention_kernels/bucketed/torch_path.py (scores, then
 // `exact_entmax`, then the output product, a chunk of blocks at a time); each query's arithmetic is the same
@@ -59,10 +64,10 @@ int64_t row_width(const float* key_pos, int64_t M, float limit) {
 // rows' widths.
 template <typename Real>
 struct Buffers {
-    std::vector<Real> panel, values, queries, scores, scratch, extra_probs;
+    std::vector<Real> panel, values, queries, scores, scratch;
     std::vector<const Real*> panel_rows, value_rows, query_rows;
     std::vector<Real*> score_rows, out_rows;
-    std::vector<int64_t> widths, extra_keys, extra_counts;
+    std::vector<int64_t> widths, own;
 
     bool allocate(int64_t d, int64_t dv, int64_t L, int64_t M, int64_t E, bool copy_values,
                   std::atomic<bool>& short_of_memory) {
@@ -74,10 +79,9 @@ struct Buffers {
                 queries.assign(kTileRows * d, Real(0));
                 scores.assign(kTileRows * padded_stride<Real>(M + E), Real(0));  // a row's keys, then its own
                 scratch.assign(value_stride, Real(0));
-                extra_probs.assign(kTileRows * E, Real(0));
                 panel_rows.resize(d), value_rows.resize(M), query_rows.resize(kTileRows);
                 score_rows.resize(kTileRows), out_rows.resize(kTileRows);
-                widths.resize(L), extra_keys.resize(kTileRows * E), extra_counts.resize(kTileRows);
+                widths.resize(L), own.resize(kTileRows);
             },
             short_of_memory);
     }
@@ -107,31 +111,178 @@ void probabilities(Row<Real>* rows, int64_t count, int beta) {
     for (int64_t i = 0; i < count; ++i) queries[i].write_probabilities(tau[i], beta);
 }
 
-// A tile row's own keys (query `query`'s E entries of `extra`, −1 for none), compacted into `keys`, and
-// their scores (the scaled query's dot products) from `scores` on; returns how many there are.
-template <typename Real>
-int64_t extra_scores(const Real* scaled, const Real* k, const int64_t* extra, int64_t query, int64_t E,
-                     int64_t d, int64_t* keys, Real* scores) {
-    int64_t count = 0;
-    for (int64_t e = 0; e < E; ++e) {
-        const int64_t key = extra[query * E + e];
-        if (key < 0) continue;
-        keys[count] = key;
-        scores[count++] = vectors::dot<Real>(scaled, k + key * d, d);
+// Consecutive queries whose band passes share one dense tile: their band keys are mostly the same.
+constexpr int64_t kBandRows = 16;
+
+// A band score slot that holds no key: below kNoKey, in float and double alike.
+constexpr double kNotBand = -3.4028234663852886e38;
+
+// The span [first, first + span) of flat key rows that the band keys of queries [i0, i0 + rows) lie in
+// (span 0: none). Where consecutive queries are consecutive positions of one group, it is at most
+// rows + E − 1 keys; elsewhere (a group's end) it may be anything.
+inline int64_t band_span(const int64_t* band, int64_t E, int64_t i0, int64_t rows, int64_t* first) {
+    int64_t lo = INT64_MAX, hi = -1;
+    for (int64_t e = 0; e < rows * E; ++e) {
+        const int64_t key = band[i0 * E + e];
+        if (key >= 0) lo = std::min(lo, key), hi = std::max(hi, key);
     }
-    return count;
+    *first = lo;
+    return hi < 0 ? 0 : hi - lo + 1;
 }
 
-// out[queries[b][r]] = Σ_c P_rc v[keys[b][c]] (+ Σ_e P_re v[extra_e]) for every row r with a key; other rows
-// of `out` untouched. q (·, d), k (·, d), v (·, dv); queries (blocks, L), keys (blocks, M); key_pos (blocks,
-// M) and limit (blocks, L), or both null when every entry is a key (and every row a query); extra (·, E) each
-// query's own keys (−1 for none), or null. The queries are scaled as a tile copies them, the product the
-// unfused path forms on the whole q.
+// Whether the band passes take a chunk's keys as one dense tile (the rows × span products of the block
+// kernel's register tiles, then the band's entries read from it) rather than a dot product per band key:
+// where the tile holds at most twice the band's entries (a band of E ≥ kBandRows / 2 keys a row, consecutive
+// positions). A narrow band (the diagonal) takes the dot products.
+inline bool band_tile(int64_t E, int64_t span) { return 2 * E >= kBandRows && span <= kBandRows + E - 1; }
+
+// A thread's buffers for the band passes: a chunk's kᵀ panel, scaled queries, scores tile, probability tile,
+// value rows and output rows.
+template <typename Real>
+struct BandBuffers {
+    std::vector<Real> panel, queries, tile, values, outputs, x;
+    std::vector<int64_t> cols, keys, slots;
+    std::vector<const Real*> panel_rows, query_rows, value_rows;
+    std::vector<Real*> tile_rows, out_rows;
+    int64_t stride = 0, value_stride = 0;
+
+    bool allocate(int64_t d, int64_t dv, int64_t E, std::atomic<bool>& short_of_memory) {
+        const int64_t span = kBandRows + E - 1;
+        stride = padded_stride<Real>(span), value_stride = whole_vectors<Real>(dv);
+        return allocated(
+            [&] {
+                panel.assign(std::max(d, span) * stride, Real(0));  // kᵀ (d × stride), or probabilities
+                queries.assign(kBandRows * d, Real(0));
+                tile.assign(kBandRows * stride, Real(0));
+                values.assign(span * value_stride, Real(0));
+                outputs.assign(kBandRows * value_stride, Real(0));
+                x.assign(E, Real(0)), cols.resize(span), keys.resize(E), slots.resize(E);
+                panel_rows.resize(d), query_rows.resize(kBandRows), value_rows.resize(span);
+                tile_rows.resize(kBandRows), out_rows.resize(kBandRows);
+            },
+            short_of_memory);
+    }
+};
+
+// band_x[i][e] = (scale · q_i) · k_{band[i][e]} for the N queries, kNotBand where band[i][e] < 0: kBandRows
+// consecutive queries at a time, whose band keys are mostly the same (see band_tile).
+template <typename Real>
+void band_scores(const Real* q, const Real* k, const int64_t* band, int64_t E, int64_t N, int64_t d, Real scale,
+                 Real* band_x, int threads) {
+    std::atomic<bool> short_of_memory{false};
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        BandBuffers<Real> buf;
+        const bool ready = buf.allocate(d, 0, E, short_of_memory);
+#pragma omp for schedule(static)
+        for (int64_t i0 = 0; i0 < N; i0 += kBandRows) {
+            if (!ready) continue;
+            const int64_t rows = std::min(kBandRows, N - i0);
+            std::fill(band_x + i0 * E, band_x + (i0 + rows) * E, Real(kNotBand));
+            int64_t first;
+            const int64_t span = band_span(band, E, i0, rows, &first);
+            if (span == 0) continue;
+            if (band_tile(E, span)) {
+                for (int64_t c = 0; c < span; ++c) buf.cols[c] = first + c;
+                pack_transposed(k, buf.cols.data(), span, d, buf.panel.data(), buf.stride);
+                for (int64_t t = 0; t < d; ++t) buf.panel_rows[t] = buf.panel.data() + t * buf.stride;
+                for (int64_t r = 0; r < rows; ++r) {
+                    Real* scaled = buf.queries.data() + r * d;
+                    for (int64_t t = 0; t < d; ++t) scaled[t] = scale * q[(i0 + r) * d + t];
+                    buf.query_rows[r] = scaled, buf.tile_rows[r] = buf.tile.data() + r * buf.stride;
+                }
+                product(buf.query_rows.data(), 1, rows, buf.panel_rows.data(), d, span, buf.tile_rows.data());
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t e = 0; e < E; ++e) {
+                        const int64_t key = band[(i0 + r) * E + e];
+                        if (key >= 0) band_x[(i0 + r) * E + e] = buf.tile_rows[r][key - first];
+                    }
+                continue;
+            }
+            for (int64_t i = i0; i < i0 + rows; ++i) {  // a dot product per band key
+                int64_t count = 0;
+                for (int64_t e = 0; e < E; ++e)
+                    if (band[i * E + e] >= 0) buf.keys[count] = band[i * E + e], buf.slots[count++] = e;
+                if (count == 0) continue;
+                Real* scaled = buf.queries.data();
+                for (int64_t t = 0; t < d; ++t) scaled[t] = scale * q[i * d + t];
+                vectors::scaled_dots<Real>(scaled, k, buf.keys.data(), count, d, Real(1), buf.x.data());
+                for (int64_t c = 0; c < count; ++c) band_x[i * E + buf.slots[c]] = buf.x[c];
+            }
+        }
+    }
+    if (short_of_memory) throw std::bad_alloc();
+}
+
+// out_i += Σ_e band_p[i][e] · v_{band[i][e]} over the N queries' band keys, kBandRows consecutive queries at
+// a time (see band_tile).
+template <typename Real>
+void band_outputs(const Real* v, const int64_t* band, int64_t E, int64_t N, const Real* band_p, int64_t dv,
+                  Real* out, int threads) {
+    constexpr int64_t w = vectors::kWidth<Real>;
+    std::atomic<bool> short_of_memory{false};
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        BandBuffers<Real> buf;
+        const bool ready = buf.allocate(0, dv, E, short_of_memory);
+        const bool copy_values = dv != buf.value_stride;  // the products read B's rows as whole vectors
+#pragma omp for schedule(static)
+        for (int64_t i0 = 0; i0 < N; i0 += kBandRows) {
+            if (!ready) continue;
+            const int64_t rows = std::min(kBandRows, N - i0);
+            int64_t first;
+            const int64_t span = band_span(band, E, i0, rows, &first);
+            if (span == 0) continue;
+            if (band_tile(E, span)) {  // the chunk's probabilities as a dense rows × span tile, times its values
+                for (int64_t r = 0; r < rows; ++r) {
+                    Real* probs = buf.panel.data() + r * buf.stride;
+                    std::fill(probs, probs + span, Real(0));
+                    for (int64_t e = 0; e < E; ++e) {
+                        const int64_t key = band[(i0 + r) * E + e];
+                        if (key >= 0) probs[key - first] = band_p[(i0 + r) * E + e];
+                    }
+                    buf.tile_rows[r] = probs, buf.out_rows[r] = buf.outputs.data() + r * buf.value_stride;
+                }
+                for (int64_t c = 0; c < span; ++c) {
+                    const Real* row = v + (first + c) * dv;
+                    if (copy_values) {
+                        std::memcpy(&buf.values[c * buf.value_stride], row, dv * sizeof(Real));
+                        row = &buf.values[c * buf.value_stride];
+                    }
+                    buf.value_rows[c] = row;
+                }
+                product(buf.tile_rows.data(), 1, rows, buf.value_rows.data(), span, dv, buf.out_rows.data());
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t t = 0; t < dv; ++t) out[(i0 + r) * dv + t] += buf.out_rows[r][t];
+                continue;
+            }
+            for (int64_t i = i0; i < i0 + rows; ++i) {  // a vector of columns at a time, its sum in a register
+                for (int64_t t = 0; t < dv; t += w) {
+                    const int64_t valid = std::min(w, dv - t);
+                    vectors::Vec<Real> sum = vectors::load<Real>(out + i * dv + t, valid);
+                    for (int64_t e = 0; e < E; ++e) {
+                        const int64_t key = band[i * E + e];
+                        if (key >= 0) sum += band_p[i * E + e] * vectors::load<Real>(v + key * dv + t, valid);
+                    }
+                    vectors::store<Real>(out + i * dv + t, sum, valid);
+                }
+            }
+        }
+    }
+    if (short_of_memory) throw std::bad_alloc();
+}
+
+// out[queries[b][r]] = Σ_c P_rc v[keys[b][c]] for every row r with a key; other rows of `out` untouched.
+// q (·, d), k (·, d), v (·, dv); queries (blocks, L), keys (blocks, M); key_pos (blocks, M) and limit
+// (blocks, L), or both null when every entry is a key (and every row a query). With band_x (N, E) (null:
+// none), each query's band scores (band_scores, kNotBand for no key) join its row, and their probabilities
+// replace them in place; band_outputs adds their outputs. The queries are scaled
+// as a tile copies them, the product the unfused path forms on the whole q.
 template <typename Real>
 void block_attention(const Real* q, const Real* k, const Real* v, const int64_t* queries, const int64_t* keys,
-                     const float* key_pos, const float* limit, const int64_t* extra, int64_t E, int64_t blocks,
-                     int64_t L, int64_t M, int64_t d, int64_t dv, Real scale, int beta, Real* out, int threads) {
-    if (extra == nullptr) E = 0;
+                     const float* key_pos, const float* limit, int64_t E, Real* band_x, int64_t blocks, int64_t L,
+                     int64_t M, int64_t d, int64_t dv, Real scale, int beta, Real* out, int threads) {
+    if (band_x == nullptr) E = 0;
     const bool copy_values = dv != whole_vectors<Real>(dv);  // the products read B's rows as whole vectors
     const int64_t value_stride = whole_vectors<Real>(dv);
     std::atomic<bool> short_of_memory{false};
@@ -171,12 +322,15 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
             }
             for (int64_t r0 = 0; r0 < L; r0 += kTileRows) {
                 const int64_t count = std::min(kTileRows, L - r0);
-                if (r0 + count < L) prefetch_rows(q, rows + r0 + count, std::min(kTileRows, L - r0 - count), d);
+                if (r0 + count < L) {
+                    prefetch_rows(q, rows + r0 + count, std::min(kTileRows, L - r0 - count), d);
+                    if (E > 0) prefetch_rows(band_x, rows + r0 + count, std::min(kTileRows, L - r0 - count), E);
+                }
                 const int64_t* width = buf.widths.data() + r0;
                 const int64_t tile_width = *std::max_element(width, width + count);
                 if (tile_width == 0 && E == 0) continue;
                 Row<Real> tile[kTileRows];
-                int64_t* own = buf.extra_counts.data();  // each row's own keys
+                int64_t* own = buf.own.data();  // each row's band keys
                 for (int64_t i = 0; i < count; ++i) {
                     Real* scores = buf.scores.data() + i * stride;
                     Real* scaled = buf.queries.data() + i * d;
@@ -191,17 +345,20 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                             buf.score_rows.data());
                 for (int64_t i = 0; i < count; ++i) {
                     const bool padding = limit != nullptr && limit[b * L + r0 + i] < 0;
-                    if (E > 0 && !padding)  // after the block's keys: the product wrote up to tile_width
-                        own[i] = extra_scores(buf.query_rows[i], k, extra, rows[r0 + i], E, d,
-                                              buf.extra_keys.data() + i * E, buf.score_rows[i] + width[i]);
+                    const int64_t query = rows[r0 + i];
+                    for (int64_t e = 0; E > 0 && !padding && e < E; ++e)  // after the block's keys
+                        if (band_x[query * E + e] > kNoKey) buf.score_rows[i][width[i] + own[i]++] = band_x[query * E + e];
                     tile[i].data = buf.score_rows[i], tile[i].width = width[i] + own[i];  // every entry a key
                     // a row without keys (padding among them) computes into scratch, its output row untouched
                     buf.out_rows[i] = tile[i].width > 0 ? out + rows[r0 + i] * dv : buf.scratch.data();
                 }
                 probabilities(tile, count, beta);
                 for (int64_t i = 0; i < count; ++i) {
-                    Real* probs = buf.extra_probs.data() + i * E;  // set aside: the zeros below may cover them
-                    std::copy(buf.score_rows[i] + width[i], buf.score_rows[i] + width[i] + own[i], probs);
+                    const bool padding = limit != nullptr && limit[b * L + r0 + i] < 0;
+                    const int64_t query = rows[r0 + i];
+                    const Real* probs = buf.score_rows[i] + width[i];  // set aside: the zeros below may cover them
+                    for (int64_t e = 0, c = 0; E > 0 && !padding && e < E; ++e)
+                        if (band_x[query * E + e] > kNoKey) band_x[query * E + e] = probs[c++];
                     // the columns past a row's width are no keys of it, but the output product reads them
                     for (int64_t j = width[i]; j < tile_width; j += vectors::kWidth<Real>)
                         vectors::store<Real>(buf.score_rows[i] + j, vectors::Vec<Real>{},
@@ -210,16 +367,6 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                 if (tile_width > 0)
                     product(buf.score_rows.data(), 1, count, buf.value_rows.data(), tile_width, dv,
                             buf.out_rows.data());
-                for (int64_t i = 0; i < count; ++i) {  // out_r += Σ_e P_re v_e (out_r is 0 where M = 0)
-                    const Real* probs = buf.extra_probs.data() + i * E;
-                    const int64_t* keys_of_row = buf.extra_keys.data() + i * E;
-                    Real* to = buf.out_rows[i];
-                    for (int64_t e = 0; e < own[i]; ++e) {
-                        const Real p = probs[e];
-                        const Real* value = v + keys_of_row[e] * dv;
-                        for (int64_t t = 0; t < dv; ++t) to[t] += p * value[t];
-                    }
-                }
             }
         }
     }
@@ -228,17 +375,25 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
 
 }  // namespace
 
-// Returns 0 once done, −1 when memory ran out (see vectors::guarded); beta as row_entmax.h (0: softmax).
+// Each returns 0 once done, −1 when memory ran out (see vectors::guarded); beta as row_entmax.h (0: softmax).
 #define EXPORT(SUFFIX, REAL)                                                                                      \
     extern "C" int block_attention_##SUFFIX(const REAL* q, const REAL* k, const REAL* v, const int64_t* queries,   \
                                             const int64_t* keys, const float* key_pos, const float* limit,         \
-                                            const int64_t* extra, int64_t E, int64_t blocks, int64_t L, int64_t M, \
+                                            int64_t E, REAL* band_x, int64_t blocks, int64_t L, int64_t M,         \
                                             int64_t d, int64_t dv, double scale, int64_t beta, REAL* out,          \
                                             int threads) {                                                        \
         return guarded([&] {                                                                                      \
-            block_attention(q, k, v, queries, keys, key_pos, limit, extra, E, blocks, L, M, d, dv,                 \
+            block_attention(q, k, v, queries, keys, key_pos, limit, E, band_x, blocks, L, M, d, dv,                \
                             static_cast<REAL>(scale), static_cast<int>(beta), out, threads);                      \
         });                                                                                                       \
+    }                                                                                                             \
+    extern "C" int band_scores_##SUFFIX(const REAL* q, const REAL* k, const int64_t* band, int64_t E, int64_t N,   \
+                                        int64_t d, double scale, REAL* band_x, int threads) {                     \
+        return guarded([&] { band_scores(q, k, band, E, N, d, static_cast<REAL>(scale), band_x, threads); });    \
+    }                                                                                                             \
+    extern "C" int band_outputs_##SUFFIX(const REAL* v, const int64_t* band, int64_t E, int64_t N,                 \
+                                         const REAL* band_p, int64_t dv, REAL* out, int threads) {                 \
+        return guarded([&] { band_outputs(v, band, E, N, band_p, dv, out, threads); });                         \
     }
 
 EXPORT(float, float)

@@ -16,6 +16,7 @@
 //   a float of its position (a causal limit, a window's bound, a key's position).
 // - block_tags: each entry's bucket ids as the blocks' masks compare them, all of them or those below the
 //   block's own bucket.
+// - band_keys: each query's window-band keys that share no id with it (attention_kernels/bucketed/band_keys.py).
 
 #include <algorithm>
 #include <cstdint>
@@ -247,6 +248,26 @@ extern "C" int block_tags(const int32_t* ids, int64_t slots, const int64_t* inde
             for (int64_t s = 0; s < slots; ++s) held[s] = token[s] < below ? token[s] : int32_t(none);
             std::sort(held.begin(), held.end(), std::greater<int32_t>());
             for (int64_t s = 0; s + 1 < slots; ++s) tags[s * entries + e] = held[s];
+        }
+    }
+    return 0;
+}
+
+// band (groups · n, E): slot e of query g · n + i holds g · m + j for key j = i − radius + e when 0 ≤ j < m and
+// key j holds no id equal to the query's (q_ids (groups · n) one id each or −1 for none, which shares none;
+// k_ids (groups · m, slots), −1 for none), else −1.
+extern "C" int band_keys(const int64_t* q_ids, const int64_t* k_ids, int64_t groups, int64_t n, int64_t m,
+                         int64_t slots, int64_t radius, int64_t E, int64_t* band, int) {
+    for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t own = q_ids[g * n + i];
+            int64_t* slot = band + (g * n + i) * E;
+            for (int64_t e = 0; e < E; ++e) {
+                const int64_t j = i - radius + e;
+                bool kept = j >= 0 && j < m;
+                for (int64_t s = 0; kept && own >= 0 && s < slots; ++s) kept = k_ids[(g * m + j) * slots + s] != own;
+                slot[e] = kept ? g * m + j : -1;
+            }
         }
     }
     return 0;

@@ -615,27 +615,14 @@ bool predicted(Tile<Real>& tile, int64_t r, const Index<Real>& index, int beta, 
 }
 
 // The exact scores of query i (group g) against the keys of `chosen` into `exact`, as x = (s − shift)/β with
-// shift their maximum (`solve`) or the given one; returns the shift. A vector's width of keys at a time: each
-// key's per-lane sums as `dot` keeps them, then all their lane sums in one fold tree (vectors::lane_sums,
-// which pairs lanes as `dot`'s total does, so each score is `dot`'s to the bit), where a call and a reduction
-// per key had been a sixth of the approximate mode's time on a trained model's flattest layer.
+// shift their maximum (`solve`) or the given one; returns the shift. The dot products a vector's width of keys
+// at a time (vectors::scaled_dots), where a call and a reduction per key had been a sixth of the approximate
+// mode's time on a trained model's flattest layer.
 template <typename Real>
 Real exact_scores(const Problem<Real>& p, int64_t g, int64_t i, const Support<Real>& chosen, Support<Real>& exact,
                   Real shift, bool solve) {
-    constexpr int64_t w = kWidth<Real>;
-    const Real* q = p.q + i * p.d;
-    for (int64_t e0 = 0; e0 < chosen.size; e0 += w) {
-        const int64_t batch = std::min(w, chosen.size - e0);
-        Vec<Real> sums[w] = {};
-        for (int64_t e = 0; e < batch; ++e) {
-            const Real* k = p.k + (g * p.m + chosen.key[e0 + e]) * p.d;
-            for (int64_t t = 0; t < p.d; t += w) {
-                const int64_t valid = std::min(w, p.d - t);
-                sums[e] += vectors::load<Real>(q + t, valid) * vectors::load<Real>(k + t, valid);
-            }
-        }
-        vectors::store<Real>(exact.x.data() + e0, p.scale * vectors::lane_sums<Real>(sums), batch);
-    }
+    vectors::scaled_dots<Real>(p.q + i * p.d, p.k + g * p.m * p.d, chosen.key.data(), chosen.size, p.d, p.scale,
+                               exact.x.data());
     Real m = -std::numeric_limits<Real>::infinity();
     for (int64_t e = 0; e < chosen.size; ++e) exact.key[e] = chosen.key[e], m = std::max(m, exact.x[e]);
     exact.size = chosen.size;

@@ -243,6 +243,28 @@ template <typename Real>
     return v[0];
 }
 
+// out[e] = scale · Σ_t a[t]·b_e[t] for the `count` rows b_e = rows + index[e]·depth: a vector's width of rows
+// at a time, each row's per-lane sums as `dot` keeps them, then all their lane sums in one fold tree
+// (lane_sums pairs lanes as `dot`'s total does, so each sum is `dot`'s to the bit), where a reduction per
+// row would cost more than its few multiply-adds.
+template <typename Real, typename Index>
+void scaled_dots(const Real* a, const Real* rows, const Index* index, int64_t count, int64_t depth, Real scale,
+                 Real* out) {
+    constexpr int64_t w = kWidth<Real>;
+    for (int64_t e0 = 0; e0 < count; e0 += w) {
+        const int64_t batch = std::min(w, count - e0);
+        Vec<Real> sums[w] = {};
+        for (int64_t e = 0; e < batch; ++e) {
+            const Real* b = rows + static_cast<int64_t>(index[e0 + e]) * depth;
+            for (int64_t t = 0; t < depth; t += w) {
+                const int64_t valid = std::min(w, depth - t);
+                sums[e] += load<Real>(a + t, valid) * load<Real>(b + t, valid);
+            }
+        }
+        store<Real>(out + e0, scale * lane_sums<Real>(sums), batch);
+    }
+}
+
 // One stage of a transpose of a square of vectors (rows a, b = a + bit of it): the lanes of a with `bit`
 // set trade places with the lanes of b without it, a[i + bit] ↔ b[i]; over bit = 1, 2, 4, ... lane i of row
 // r ends where lane r of row i was.
