@@ -3,15 +3,15 @@
 [--out DIR]``
 
 For each n, causal or not, α = 1 (softmax) and α = 1.5: the forward without gradients of
-:func:`attention_kernels.bucketed.torch_path.torch_bucketed_attention` on one thread, 8 heads, d = 64,
-batch 1, float32, ``--buckets`` balanced buckets with ``--top`` ids per token (the workload of
-``benchmarks.attention``) and a window band of size ``--window`` (0: none), once as it runs (the fused kernel, on one-id queries or on the id-set classes of
-:mod:`attention_kernels.bucketed.id_sets`, where its plan takes the call) and once with ``fused=False`` (the
-unfused blocks, or blocks of SDPA for softmax without a causal mask where the 512-bit block products are
-missing), beside softmax SDPA; medians of ``--reps`` rounds, each round calling the three in turn. Prints
-each one's milliseconds and efficiency (SDPA time / its time × density) and the unfused time over the fused
-one, and whether the fused kernel ran; checks the two outputs agree; writes ``fused_kernel.json`` to
-``--out`` (``artifacts/bench``).
+:func:`attention_kernels.bucketed.torch_path.torch_bucketed_attention` on one thread, 8 heads, d = 64, batch
+1, float32, ``--buckets`` balanced buckets with ``--top`` ids per token (the workload of
+``benchmarks.attention``) and a window band of size ``--window`` (0: none), once as it runs (the fused kernel,
+on one-id queries or on the id-set classes of :mod:`attention_kernels.bucketed.id_sets`, where its plan takes
+the call) and once with ``fused=False`` (the unfused blocks, or blocks of SDPA for softmax without a causal
+mask where the 512-bit block products are missing), beside softmax SDPA; medians of ``--reps`` rounds, each
+round calling the three in turn. Prints each one's milliseconds and efficiency (SDPA time / its time ×
+density) and the unfused time over the fused one, and whether the fused kernel ran; checks the two outputs
+agree; writes ``fused_kernel.json`` to ``--out`` (``artifacts/bench``).
 
 The kernels are built for the machine's widest vectors. To measure the AVX2 build on an AVX-512 machine,
 give it a compiler that adds ``-mno-avx512f`` (``CXX``: a two-line wrapper script) and hold torch to AVX2 as

@@ -12,7 +12,10 @@ differentiable in q, k and v.
   (C++).
 - :mod:`~attention_kernels.bucketed.torch_path`: the sub-quadratic PyTorch path (CPU), with
   :mod:`~attention_kernels.bucketed.block_products`, :mod:`~attention_kernels.bucketed.exact_entmax` (C++) and
-  :mod:`~attention_kernels.bucketed.huge_pages`.
+  :mod:`~attention_kernels.bucketed.huge_pages`; for inference, the fused
+  :mod:`~attention_kernels.bucketed.block_attention` (C++), which takes several ids per query through
+  :mod:`~attention_kernels.bucketed.id_sets` and a window band through
+  :mod:`~attention_kernels.bucketed.band_keys`.
 - :mod:`~attention_kernels.bucketed.triton_kernel`: the Triton kernel (CUDA; imported only when it runs).
 - :mod:`~attention_kernels.bucketed.triton_plan`: its plan, the entries sorted by (bucket, position) and
   each block's range of the other side, in a few launches.

@@ -89,32 +89,34 @@ def block_attention(
         band = plan.band_keys.to(torch.int64).contiguous()
         if band.dim() != 2 or len(band) != plan.num_queries or len(q) != plan.num_queries:
             raise ValueError(
-                f"band_keys must be (queries {plan.num_queries}, E) for {len(q)} queries; got {tuple(band.shape)}"
+                f"band_keys must be (queries {plan.num_queries}, E) for {len(q)} queries; "
+                f"got {tuple(band.shape)}"
             )
         if band.numel() and (int(band.min()) < -1 or int(band.max()) >= len(k)):
             raise ValueError(f"band_keys must index rows in [0, {len(k)}) or be −1 for none")
         width = band.shape[1]
         band_x = q.new_empty(plan.num_queries, width)
-        call(kernel, f"band_scores_{suffix}", q, k, band, width, plan.num_queries, q.shape[1], float(scale), band_x)
+        sizes = (width, plan.num_queries, q.shape[1], float(scale))
+        call(kernel, f"band_scores_{suffix}", q, k, band, *sizes, band_x)
     scalars = (q.shape[1], v.shape[1], float(scale), _BETA[float(alpha)], out)
-    band_args = (width, band_x)
-    for blocks in plan.classes:
-        count, rows = blocks.queries.shape
-        width_k = blocks.keys.shape[1]
-        queries = checked_index(blocks.queries, len(q), "queries")
-        keys = checked_index(blocks.keys, len(k), "keys")
-        mask = blocks.mask
-        if mask is not None:
-            check_mask((count, rows, width_k), mask)
+
+    def run(queries: torch.Tensor, keys: torch.Tensor, mask: BlockMask | None) -> None:
+        """The kernel on blocks (blocks, L) of queries against (blocks, M) keys."""
         key_pos = None if mask is None else mask.key_pos.contiguous()
         limit = None if mask is None else mask.limit.contiguous()
-        call(kernel, f"block_attention_{suffix}", q, k, v, queries, keys, key_pos, limit, *band_args,
-             count, rows, width_k, *scalars)
+        shape = (*queries.shape, keys.shape[1])
+        name = f"block_attention_{suffix}"
+        call(kernel, name, q, k, v, queries, keys, key_pos, limit, width, band_x, *shape, *scalars)
+
+    for blocks in plan.classes:
+        queries = checked_index(blocks.queries, len(q), "queries")
+        keys = checked_index(blocks.keys, len(k), "keys")
+        if blocks.mask is not None:
+            check_mask((*queries.shape, keys.shape[1]), blocks.mask)
+        run(queries, keys, blocks.mask)
     if band is not None:
         lone = lone_queries(plan)  # queries with no block row: blocks of one row and no keys
         if len(lone):
-            no_keys = lone.new_empty(len(lone), 0)
-            call(kernel, f"block_attention_{suffix}", q, k, v, lone, no_keys, None, None, *band_args,
-                 len(lone), 1, 0, *scalars)
+            run(lone[:, None], lone.new_empty(len(lone), 0), None)
         call(kernel, f"band_outputs_{suffix}", v, band, width, plan.num_queries, band_x, v.shape[1], out)
     return out

@@ -1,8 +1,9 @@
 """Queries classed by their set of bucket ids, so that each query's keys lie in one block row.
 
-With T ≥ 2 ids per query and no window or global tokens, query i attends the keys that share any of its ids,
-A_i = {j : ids(j) ∩ S_i ≠ ∅} with S_i = ids(i). That set depends on S_i alone, so the queries of one id set
-attend the same keys. Give each distinct id set a class c, and give each key the classes it meets:
+With T ≥ 2 ids per query, query i attends the keys that share any of its ids (a window band aside:
+:mod:`attention_kernels.bucketed.band_keys`), A_i = {j : ids(j) ∩ S_i ≠ ∅} with S_i = ids(i). That set
+depends on S_i alone, so the queries of one id set attend the same keys. Give each distinct id set a class c,
+and give each key the classes it meets:
 
     class of query i = c(S_i),    classes of key j = {c : S_c ∩ ids(j) ≠ ∅}   (each at most once)
 

@@ -834,7 +834,8 @@ def _grouped_keys(plan: BlockPlan, m: int, group: int) -> BlockPlan:
     """The plan reading key j of query group g (flat index g·m + j) from key/value group g // ``group``:
     grouped-query attention, each key and value read where it is, never copied per query head; its
     gradient sums over the query heads that share it (index_add in the backward)."""
-    def shared(keys: torch.Tensor) -> torch.Tensor:
+
+    def shared(keys: torch.Tensor) -> torch.Tensor:  # query group g's key j → key/value group g // group
         return keys // (m * group) * m + keys % m
 
     classes = [replace(c, keys=shared(c.keys)) for c in plan.classes]

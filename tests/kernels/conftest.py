@@ -30,3 +30,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fused_plans(monkeypatch):
+    """The plans the PyTorch path hands to the fused kernel, one per call (the kernel still runs)."""
+    plans = []
+    original = torch_path.block_attention
+    monkeypatch.setattr(torch_path, "block_attention", lambda *args: plans.append(args[3]) or original(*args))
+    return plans

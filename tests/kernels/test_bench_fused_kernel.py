@@ -29,7 +29,21 @@ def test_the_two_paths_run_side_by_side_and_agree(tmp_path, capsys, monkeypatch)
     assert table[0].startswith("| n | causal |") and len(table) == 2 + len(rows) + 1
 
 
-@pytest.mark.parametrize("argv", [["--top", "5", "--buckets", "4"], ["--reps", "0"], ["--sizes", "x"]])
+def test_a_window_joins_the_pairs_and_the_fused_kernel_still_runs(tmp_path):
+    """Top-1 of 8 buckets (density 1/8) and a window of 9: the band adds its pairs outside the buckets."""
+    argv = ["--sizes", "256", "--buckets", "8", "--window", "9", "--reps", "1", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    report = json.loads((tmp_path / "fused_kernel.json").read_text())
+    assert report["settings"]["window"] == 9
+    for row in report["results"]:
+        assert row["fused_ran"] == (fused_kernel() is not None)
+        assert row["max_abs_deviation"] < 1e-5
+        assert 0.125 < row["density"] < 0.125 + 9 / 256  # the band's pairs, less those in a shared bucket
+
+
+@pytest.mark.parametrize(
+    "argv", [["--top", "5", "--buckets", "4"], ["--reps", "0"], ["--sizes", "x"], ["--window", "4"]]
+)
 def test_bad_options_are_refused_in_one_line(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
         bench.main([*argv, "--out", str(tmp_path)])

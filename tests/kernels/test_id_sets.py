@@ -94,45 +94,42 @@ def test_a_call_whose_flags_would_pass_the_bound_keeps_the_spread_rows(monkeypat
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "split"])
-def test_inference_with_two_ids_runs_the_classes_exactly(monkeypatch, alpha, causal, shared):
+def test_inference_with_two_ids_runs_the_classes_exactly(monkeypatch, fused_plans, alpha, causal, shared):
     """Without gradients, two ids per token and no pattern, the fused kernel runs the id-set plan: float64
     outputs equal dense masked α-entmax (tokens in no bucket give zeros), and a training call, which keeps
     the spread rows, agrees."""
     monkeypatch.setattr(id_sets, "MIN_QUERIES_PER_CLASS", 1)
-    ran = []
-    original = torch_path.block_attention
-    monkeypatch.setattr(torch_path, "block_attention", lambda *args: ran.append(args[3]) or original(*args))
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, 150, 16, generator=gen, dtype=torch.float64) for _ in range(3))
     q_ids = torch.cat([_ids(3, 150, 2, 6, seed=1), _ids(3, 150, 2, 6, seed=2)])
     k_ids = q_ids if shared else torch.cat([_ids(3, 150, 2, 6, seed=3), _ids(3, 150, 2, 6, seed=4)])
     with torch.no_grad():
         out = bucketed_attention(q, k, v, q_ids, k_ids, alpha=alpha, causal=causal, backend="torch")
-    assert len(ran) == 1 and not ran[0].spread
+    assert len(fused_plans) == 1 and not fused_plans[0].spread
     expected = dense_bucketed_attention(q, k, v, q_ids, k_ids, alpha=alpha, causal=causal)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     trained = bucketed_attention(
         q.requires_grad_(), k, v, q_ids, k_ids, alpha=alpha, causal=causal, backend="torch"
     )
-    assert len(ran) == 1  # gradients: the spread rows, whose probabilities the backward reuses
+    assert len(fused_plans) == 1  # gradients: the spread rows, whose probabilities the backward reuses
     torch.testing.assert_close(trained.detach(), out, rtol=0, atol=1e-12)
 
 
 @pytest.mark.skipif(fused_kernel() is None, reason="the fused kernel is not built on this machine")
-def test_grouped_query_heads_read_their_shared_keys_through_the_classes(monkeypatch):
-    """Four query heads on two key/value heads, float32, balanced top-2 buckets as the benchmark draws."""
+@pytest.mark.parametrize("window", [0, 9], ids=["no-window", "window-9"])
+def test_grouped_query_heads_read_their_shared_keys_through_the_classes(monkeypatch, fused_plans, window):
+    """Four query heads on two key/value heads, float32, balanced top-2 buckets as the benchmark draws,
+    causal; with a window, each query's band keys too are read where the keys lie."""
     monkeypatch.setattr(id_sets, "MIN_QUERIES_PER_CLASS", 1)
-    ran = []
-    original = torch_path.block_attention
-    monkeypatch.setattr(torch_path, "block_attention", lambda *args: ran.append(args[3]) or original(*args))
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 4, 300, 32, generator=gen)
     k, v = (torch.randn(1, 2, 300, 32, generator=gen) for _ in range(2))
     ids = balanced_buckets(1, 4, 300, 4, 2, seed=7)
-    assert torch_path.fused_plan(ids, ids, alpha=1.5, causal=True) is not None
+    pattern = dict(alpha=1.5, causal=True, window=window)
     with torch.no_grad():
-        out = bucketed_attention(q, k, v, ids, ids, alpha=1.5, causal=True, backend="torch")
-    assert len(ran) == 1 and not ran[0].spread  # the classes ran, with no fallback
+        out = bucketed_attention(q, k, v, ids, ids, **pattern, backend="torch")
+    assert len(fused_plans) == 1 and not fused_plans[0].spread  # the classes ran, with no fallback
+    assert (fused_plans[0].band_keys is not None) == (window > 0)
     keys = [x.repeat_interleave(2, dim=1) for x in (k, v)]
-    expected = dense_bucketed_attention(q, *keys, ids, ids, alpha=1.5, causal=True)
+    expected = dense_bucketed_attention(q, *keys, ids, ids, **pattern)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
