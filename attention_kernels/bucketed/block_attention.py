@@ -2,21 +2,22 @@
 at a time.
 
 Where each query sits in one row of one block (one bucket id per query, or its class of id sets from
-:mod:`attention_kernels.bucketed.id_sets`; no global tokens: a
-:class:`~attention_kernels.bucketed.planning.BlockPlan` that is not ``spread``), a tile of 12 queries has all
-of its keys in its block, so ``attention_kernels/native/block_attention.cpp`` computes
+:mod:`attention_kernels.bucketed.id_sets`: a :class:`~attention_kernels.bucketed.planning.BlockPlan` that
+is not ``spread``), a tile of 12 queries has all of its keys in its block, so
+``attention_kernels/native/block_attention.cpp`` computes
 
     S = q·kᵀ (the tile's rows against its block's keys),   P = α-entmax(S) per row,   o = P·v
-
-A window band adds each query's band keys outside its block row (the plan's ``band_keys``,
-:mod:`attention_kernels.bucketed.band_keys`): their scores join the row's before its α-entmax, and their
-probabilities add to its output; a query with band keys and no block row is a block of one row and no keys.
 
 with the scores in the first-level cache throughout and each output row written where its query lies: no
 score tensor, no gather, no scatter. α = 1 (softmax), 1.5 and 2, exactly as
 :mod:`attention_kernels.bucketed.exact_entmax` (the same per-query search, ``row_entmax.h``). When causal a
 tile computes only its rows' prefix of the block's keys (up to the last key its rows may attend), so a whole
 bucket is one block and the masked half of its diagonal is not computed but for the tile's own corner.
+
+A window band or global tokens add each query's pattern keys outside its block row (the plan's
+``band_keys``, :mod:`attention_kernels.bucketed.band_keys`): their scores join the row's before its
+α-entmax, and their probabilities add to its output; a query with no block row is a block of one row and no
+keys.
 
 The reference is the unfused path of :mod:`attention_kernels.bucketed.torch_path` (the block products, the
 C++ normaliser, the output product and its scatter); the two differ by round-off only (the sums' order).
@@ -96,7 +97,9 @@ def block_attention(
             raise ValueError(f"band_keys must index rows in [0, {len(k)}) or be −1 for none")
         width = band.shape[1]
         band_x = q.new_empty(plan.num_queries, width)
-        sizes = (width, plan.num_queries, q.shape[1], float(scale))
+        if not 0 <= plan.band_window <= width:
+            raise ValueError(f"band_window must lie in [0, {width}]; got {plan.band_window}")
+        sizes = (width, plan.band_window, plan.num_queries, q.shape[1], float(scale))
         call(kernel, f"band_scores_{suffix}", q, k, band, *sizes, band_x)
     scalars = (q.shape[1], v.shape[1], float(scale), _BETA[float(alpha)], out)
 
@@ -118,5 +121,6 @@ def block_attention(
         lone = lone_queries(plan)  # queries with no block row: blocks of one row and no keys
         if len(lone):
             run(lone[:, None], lone.new_empty(len(lone), 0), None)
-        call(kernel, f"band_outputs_{suffix}", v, band, width, plan.num_queries, band_x, v.shape[1], out)
+        sizes = (width, plan.band_window, plan.num_queries)
+        call(kernel, f"band_outputs_{suffix}", v, band, *sizes, band_x, v.shape[1], out)
     return out

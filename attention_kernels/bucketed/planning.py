@@ -158,9 +158,11 @@ class BlockPlan:
     num_keys: int  # groups · m
     spread: bool  # True when a query may have rows in several blocks
     groups: int  # batch · heads; in a class, a group's blocks are consecutive, groups ascending
-    # (num_queries, E) int64: keys a query attends beyond its block row, −1 for none (the window band's keys
-    # of a whole-block plan, attention_kernels/bucketed/band_keys.py); only the fused kernel reads them
+    # (num_queries, E) int64: keys a query attends beyond its block row, −1 for none (the window band's and
+    # the global keys of a whole-block plan, attention_kernels/bucketed/band_keys.py), the first band_window
+    # slots the window's; only the fused kernel reads them
     band_keys: torch.Tensor | None = None
+    band_window: int = 0
 
     @property
     def num_entries(self) -> int:

@@ -30,13 +30,14 @@ first case).
   ``scaled_dot_product_attention`` (its CPU kernel is flash attention: the scores never reach memory; where
   the wide products run, the path below takes 0.65–0.72× its forward time and 0.61× with the backward). On
   CUDA, half-precision inputs stay in their dtype there, for SDPA's flash kernel.
-* Inference (no gradients) without global tokens, for softmax and α = 1.5 and 2, on AVX-512 or AVX2 with
-  FMA: the fused C++ kernel (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per block and
-  a few queries' scores, probabilities and output at a time in the first-level cache; when causal each tile
-  stops at its rows' own position. Where queries hold several ids, each query's set of ids is its class and
-  a key joins every class it shares an id with (:mod:`attention_kernels.bucketed.id_sets`), so each query
-  still sits in one block row, when enough queries share each set. A window band up to ``MAX_RADIUS`` adds
-  each query's band keys outside its row, scored beside it (:mod:`attention_kernels.bucketed.band_keys`).
+* Inference (no gradients), for softmax and α = 1.5 and 2, on AVX-512 or AVX2 with FMA: the fused C++ kernel
+  (:mod:`attention_kernels.bucketed.block_attention`), a whole bucket per block and a few queries' scores,
+  probabilities and output at a time in the first-level cache; when causal each tile stops at its rows' own
+  position. Where queries hold several ids, each query's set of ids is its class and a key joins every class
+  it shares an id with (:mod:`attention_kernels.bucketed.id_sets`), so each query still sits in one block row,
+  when enough queries share each set. A window band up to ``MAX_RADIUS`` and up to ``MAX_GLOBAL`` global
+  tokens add each query's pattern keys outside its row, scored beside it
+  (:mod:`attention_kernels.bucketed.band_keys`); the global queries' rows (every key) are computed densely.
 * Otherwise, where each query sits in one block row (one id per query, no pattern), a chunk of blocks holds
   whole queries: its scores, their probabilities (in place) and its output are computed one after another
   while the chunk is in cache.
@@ -75,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_kernels.attended import has_pattern
-from attention_kernels.bucketed.band_keys import MAX_RADIUS, band_keys
+from attention_kernels.bucketed.band_keys import MAX_GLOBAL, MAX_RADIUS, band_keys
 from attention_kernels.bucketed.block_attention import block_attention, fused_kernel
 from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
 from attention_kernels.bucketed.exact_entmax import exact_entmax
@@ -735,12 +736,12 @@ def takes_fused_kernel(
     alpha: float, device: torch.device, *, radius: int = -1, global_tokens: int = 0
 ) -> bool:
     """Whether a call without gradients may run the fused kernel (see the module docstring): softmax or
-    α = 1.5 or 2, no global tokens, a window band's radius at most ``MAX_RADIUS`` (or none), CPU tensors, a
-    processor with the kernel's vectors (AVX-512, or AVX2 with FMA). :func:`fused_plan` also needs each
-    query in one block row."""
+    α = 1.5 or 2, a window band's radius at most ``MAX_RADIUS`` (or none), at most ``MAX_GLOBAL`` global
+    tokens, CPU tensors, a processor with the kernel's vectors (AVX-512, or AVX2 with FMA).
+    :func:`fused_plan` also needs each query in one block row."""
     return (
         float(alpha) in _NATIVE
-        and global_tokens <= 0
+        and global_tokens <= MAX_GLOBAL
         and radius <= MAX_RADIUS
         and device.type == "cpu"
         and fused_kernel() is not None
@@ -760,7 +761,8 @@ def fused_plan(
     (batch, heads, n|m, T), or None where it does not take the call (:func:`takes_fused_kernel`). A query
     with one id sits in its bucket's block; where queries hold several, each query's set of ids is its
     class (:mod:`attention_kernels.bucketed.id_sets`), unless too few queries share a set or the classes'
-    flags would pass their bound. A window band's keys outside a query's row are the plan's ``band_keys``."""
+    flags would pass their bound. The window band's and global keys outside a query's row are the plan's
+    ``band_keys``; a global query's row is every key, which the caller computes (:func:`_global_rows`)."""
     if not takes_fused_kernel(alpha, q_buckets.device, radius=radius, global_tokens=global_tokens):
         return None
     q_ids, k_ids = _distinct(q_buckets), _distinct(k_buckets)
@@ -770,8 +772,9 @@ def fused_plan(
             return None
         q_ids, k_ids = classes
     plan = _plan_ids(q_ids, k_ids, causal=causal, radius=-1, global_tokens=0, whole=True)
-    if radius >= 0:
-        plan = replace(plan, band_keys=band_keys(q_ids, k_ids, radius=radius, causal=causal))
+    if has_pattern(radius, global_tokens):
+        keys, window = band_keys(q_ids, k_ids, radius=radius, causal=causal, global_tokens=global_tokens)
+        plan = replace(plan, band_keys=keys, band_window=window)
     return plan
 
 
@@ -816,6 +819,35 @@ def forward_plan(
     if plan is not None:
         return plan, True
     return plan_attention(q_buckets, k_buckets, **pattern, whole_buckets=sdpa_blocks), False
+
+
+def _global_rows(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    alpha: float,
+    causal: bool,
+    count: int,
+    scale: float,
+) -> None:
+    """out[:, :, i] for the first ``count`` (global) queries, which attend every key (j ≤ i when causal):
+    dense α-entmax rows, few of them. out (batch, heads, n, d_v); q, k, v as the call's."""
+    g = min(count, q.shape[2])
+    keys = g if causal else k.shape[2]  # causal: a global query i < g attends the keys j ≤ i < g
+    every = torch.zeros(1, 1, 1, 1, dtype=torch.int32).expand(*q.shape[:2], max(g, keys), 1)
+    rows = dense_bucketed_attention(
+        q[:, :, :g],
+        k[:, :, :keys],
+        v[:, :, :keys],
+        every[:, :, :g],
+        every[:, :, :keys],
+        alpha=alpha,
+        causal=causal,
+        scale=scale,
+    )  # (batch, heads, g, d_v): every pair shares bucket 0
+    out[:, :, :g] = rows.to(out.dtype)
 
 
 def _flat(
@@ -890,6 +922,10 @@ def torch_bucketed_attention(
     out = None
     if by_kernel:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
         out = block_attention(*(x.contiguous() for x in _flat(q, k, v, compute)), plan, alpha, scale)
+        if out is not None and global_tokens > 0:
+            _global_rows(
+                out.view(b, h, n, dv), q, k, v, alpha=alpha, causal=causal, count=global_tokens, scale=scale
+            )
         if out is None and plan.band_keys is not None:  # the paths below need the band's own blocks
             plan = plan_attention(q_buckets, k_buckets, **pattern)
             if kv_groups < G:

@@ -117,27 +117,28 @@ constexpr int64_t kBandRows = 16;
 // A band score slot that holds no key: below kNoKey, in float and double alike.
 constexpr double kNotBand = -3.4028234663852886e38;
 
-// The span [first, first + span) of flat key rows that the band keys of queries [i0, i0 + rows) lie in
-// (span 0: none). Where consecutive queries are consecutive positions of one group, it is at most
-// rows + E − 1 keys; elsewhere (a group's end) it may be anything.
-inline int64_t band_span(const int64_t* band, int64_t E, int64_t i0, int64_t rows, int64_t* first) {
+// The span [first, first + span) of flat key rows that the window slots [0, W) of queries [i0, i0 + rows)
+// hold (span 0: none). Where consecutive queries are consecutive positions of one group, it is at most
+// rows + W − 1 keys; elsewhere (a group's end) it may be anything.
+inline int64_t band_span(const int64_t* band, int64_t E, int64_t W, int64_t i0, int64_t rows, int64_t* first) {
     int64_t lo = INT64_MAX, hi = -1;
-    for (int64_t e = 0; e < rows * E; ++e) {
-        const int64_t key = band[i0 * E + e];
-        if (key >= 0) lo = std::min(lo, key), hi = std::max(hi, key);
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = 0; e < W; ++e) {
+            const int64_t key = band[(i0 + r) * E + e];
+            if (key >= 0) lo = std::min(lo, key), hi = std::max(hi, key);
+        }
     *first = lo;
     return hi < 0 ? 0 : hi - lo + 1;
 }
 
-// Whether the band passes take a chunk's keys as one dense tile (the rows × span products of the block
-// kernel's register tiles, then the band's entries read from it) rather than a dot product per band key:
-// where the tile holds at most twice the band's entries (a band of E ≥ kBandRows / 2 keys a row, consecutive
-// positions). A narrow band (the diagonal) takes the dot products.
-inline bool band_tile(int64_t E, int64_t span) { return 2 * E >= kBandRows && span <= kBandRows + E - 1; }
+// Whether the band passes take a chunk's window slots as one dense tile (the rows × span products of the
+// block kernel's register tiles, then the band's entries read from it) rather than a dot product per key:
+// where the tile holds at most twice the band's entries (a band of W ≥ kBandRows / 2 keys a row, consecutive
+// positions). A narrow band (the diagonal) takes the dot products, as do the global slots.
+inline bool band_tile(int64_t W, int64_t span) { return 2 * W >= kBandRows && span <= kBandRows + W - 1; }
 
-// A thread's buffers for the band passes: a chunk's kᵀ panel, scaled queries, scores tile, probability tile,
-// value rows and output rows.
+// A thread's buffers for the band passes: a chunk's kᵀ panel (or its probability tile), scaled queries,
+// scores tile, value rows and output rows, and one query's slots.
 template <typename Real>
 struct BandBuffers {
     std::vector<Real> panel, queries, tile, values, outputs, x;
@@ -146,12 +147,12 @@ struct BandBuffers {
     std::vector<Real*> tile_rows, out_rows;
     int64_t stride = 0, value_stride = 0;
 
-    bool allocate(int64_t d, int64_t dv, int64_t E, std::atomic<bool>& short_of_memory) {
-        const int64_t span = kBandRows + E - 1;
+    bool allocate(int64_t d, int64_t dv, int64_t E, int64_t W, std::atomic<bool>& short_of_memory) {
+        const int64_t span = kBandRows + W - 1;
         stride = padded_stride<Real>(span), value_stride = whole_vectors<Real>(dv);
         return allocated(
             [&] {
-                panel.assign(std::max(d, span) * stride, Real(0));  // kᵀ (d × stride), or probabilities
+                panel.assign(std::max(d, kBandRows) * stride, Real(0));  // kᵀ (d × stride), or probabilities
                 queries.assign(kBandRows * d, Real(0));
                 tile.assign(kBandRows * stride, Real(0));
                 values.assign(span * value_stride, Real(0));
@@ -164,80 +165,84 @@ struct BandBuffers {
     }
 };
 
-// band_x[i][e] = (scale · q_i) · k_{band[i][e]} for the N queries, kNotBand where band[i][e] < 0: kBandRows
-// consecutive queries at a time, whose band keys are mostly the same (see band_tile).
+// band_x[i][e] = scaled · k_{band[i][e]} for slots [from, to) of query i that hold a key: a dot product each.
 template <typename Real>
-void band_scores(const Real* q, const Real* k, const int64_t* band, int64_t E, int64_t N, int64_t d, Real scale,
-                 Real* band_x, int threads) {
+void slot_scores(const Real* scaled, const Real* k, const int64_t* band, int64_t E, int64_t i, int64_t from,
+                 int64_t to, int64_t d, BandBuffers<Real>& buf, Real* band_x) {
+    int64_t count = 0;
+    for (int64_t e = from; e < to; ++e)
+        if (band[i * E + e] >= 0) buf.keys[count] = band[i * E + e], buf.slots[count++] = e;
+    if (count == 0) return;
+    vectors::scaled_dots<Real>(scaled, k, buf.keys.data(), count, d, Real(1), buf.x.data());
+    for (int64_t c = 0; c < count; ++c) band_x[i * E + buf.slots[c]] = buf.x[c];
+}
+
+// band_x[i][e] = (scale · q_i) · k_{band[i][e]} for the N queries, kNotBand where band[i][e] < 0: kBandRows
+// consecutive queries at a time, whose window slots [0, W) hold mostly the same keys (see band_tile); the
+// global slots [W, E) a dot product each.
+template <typename Real>
+void band_scores(const Real* q, const Real* k, const int64_t* band, int64_t E, int64_t W, int64_t N, int64_t d,
+                 Real scale, Real* band_x, int threads) {
     std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         BandBuffers<Real> buf;
-        const bool ready = buf.allocate(d, 0, E, short_of_memory);
+        const bool ready = buf.allocate(d, 0, E, W, short_of_memory);
 #pragma omp for schedule(static)
         for (int64_t i0 = 0; i0 < N; i0 += kBandRows) {
             if (!ready) continue;
             const int64_t rows = std::min(kBandRows, N - i0);
             std::fill(band_x + i0 * E, band_x + (i0 + rows) * E, Real(kNotBand));
+            for (int64_t r = 0; r < rows; ++r) {
+                Real* scaled = buf.queries.data() + r * d;
+                for (int64_t t = 0; t < d; ++t) scaled[t] = scale * q[(i0 + r) * d + t];
+                buf.query_rows[r] = scaled, buf.tile_rows[r] = buf.tile.data() + r * buf.stride;
+            }
             int64_t first;
-            const int64_t span = band_span(band, E, i0, rows, &first);
-            if (span == 0) continue;
-            if (band_tile(E, span)) {
+            const int64_t span = band_span(band, E, W, i0, rows, &first);
+            const bool tiled = span > 0 && band_tile(W, span);
+            if (tiled) {
                 for (int64_t c = 0; c < span; ++c) buf.cols[c] = first + c;
                 pack_transposed(k, buf.cols.data(), span, d, buf.panel.data(), buf.stride);
                 for (int64_t t = 0; t < d; ++t) buf.panel_rows[t] = buf.panel.data() + t * buf.stride;
-                for (int64_t r = 0; r < rows; ++r) {
-                    Real* scaled = buf.queries.data() + r * d;
-                    for (int64_t t = 0; t < d; ++t) scaled[t] = scale * q[(i0 + r) * d + t];
-                    buf.query_rows[r] = scaled, buf.tile_rows[r] = buf.tile.data() + r * buf.stride;
-                }
                 product(buf.query_rows.data(), 1, rows, buf.panel_rows.data(), d, span, buf.tile_rows.data());
                 for (int64_t r = 0; r < rows; ++r)
-                    for (int64_t e = 0; e < E; ++e) {
+                    for (int64_t e = 0; e < W; ++e) {
                         const int64_t key = band[(i0 + r) * E + e];
                         if (key >= 0) band_x[(i0 + r) * E + e] = buf.tile_rows[r][key - first];
                     }
-                continue;
             }
-            for (int64_t i = i0; i < i0 + rows; ++i) {  // a dot product per band key
-                int64_t count = 0;
-                for (int64_t e = 0; e < E; ++e)
-                    if (band[i * E + e] >= 0) buf.keys[count] = band[i * E + e], buf.slots[count++] = e;
-                if (count == 0) continue;
-                Real* scaled = buf.queries.data();
-                for (int64_t t = 0; t < d; ++t) scaled[t] = scale * q[i * d + t];
-                vectors::scaled_dots<Real>(scaled, k, buf.keys.data(), count, d, Real(1), buf.x.data());
-                for (int64_t c = 0; c < count; ++c) band_x[i * E + buf.slots[c]] = buf.x[c];
-            }
+            for (int64_t r = 0; r < rows; ++r)
+                slot_scores(buf.query_rows[r], k, band, E, i0 + r, tiled ? W : 0, E, d, buf, band_x);
         }
     }
     if (short_of_memory) throw std::bad_alloc();
 }
 
 // out_i += Σ_e band_p[i][e] · v_{band[i][e]} over the N queries' band keys, kBandRows consecutive queries at
-// a time (see band_tile).
+// a time (the window slots as a dense tile where band_tile says, else a key at a time).
 template <typename Real>
-void band_outputs(const Real* v, const int64_t* band, int64_t E, int64_t N, const Real* band_p, int64_t dv,
-                  Real* out, int threads) {
+void band_outputs(const Real* v, const int64_t* band, int64_t E, int64_t W, int64_t N, const Real* band_p,
+                  int64_t dv, Real* out, int threads) {
     constexpr int64_t w = vectors::kWidth<Real>;
     std::atomic<bool> short_of_memory{false};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         BandBuffers<Real> buf;
-        const bool ready = buf.allocate(0, dv, E, short_of_memory);
+        const bool ready = buf.allocate(0, dv, E, W, short_of_memory);
         const bool copy_values = dv != buf.value_stride;  // the products read B's rows as whole vectors
 #pragma omp for schedule(static)
         for (int64_t i0 = 0; i0 < N; i0 += kBandRows) {
             if (!ready) continue;
             const int64_t rows = std::min(kBandRows, N - i0);
             int64_t first;
-            const int64_t span = band_span(band, E, i0, rows, &first);
-            if (span == 0) continue;
-            if (band_tile(E, span)) {  // the chunk's probabilities as a dense rows × span tile, times its values
+            const int64_t span = band_span(band, E, W, i0, rows, &first);
+            const bool tiled = span > 0 && band_tile(W, span);
+            if (tiled) {  // the chunk's window probabilities as a dense rows × span tile, times its values
                 for (int64_t r = 0; r < rows; ++r) {
                     Real* probs = buf.panel.data() + r * buf.stride;
                     std::fill(probs, probs + span, Real(0));
-                    for (int64_t e = 0; e < E; ++e) {
+                    for (int64_t e = 0; e < W; ++e) {
                         const int64_t key = band[(i0 + r) * E + e];
                         if (key >= 0) probs[key - first] = band_p[(i0 + r) * E + e];
                     }
@@ -254,13 +259,12 @@ void band_outputs(const Real* v, const int64_t* band, int64_t E, int64_t N, cons
                 product(buf.tile_rows.data(), 1, rows, buf.value_rows.data(), span, dv, buf.out_rows.data());
                 for (int64_t r = 0; r < rows; ++r)
                     for (int64_t t = 0; t < dv; ++t) out[(i0 + r) * dv + t] += buf.out_rows[r][t];
-                continue;
             }
-            for (int64_t i = i0; i < i0 + rows; ++i) {  // a vector of columns at a time, its sum in a register
+            for (int64_t i = i0; i < i0 + rows; ++i) {  // the other slots: a vector of columns at a time
                 for (int64_t t = 0; t < dv; t += w) {
                     const int64_t valid = std::min(w, dv - t);
                     vectors::Vec<Real> sum = vectors::load<Real>(out + i * dv + t, valid);
-                    for (int64_t e = 0; e < E; ++e) {
+                    for (int64_t e = tiled ? W : 0; e < E; ++e) {
                         const int64_t key = band[i * E + e];
                         if (key >= 0) sum += band_p[i * E + e] * vectors::load<Real>(v + key * dv + t, valid);
                     }
@@ -387,13 +391,13 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                             static_cast<REAL>(scale), static_cast<int>(beta), out, threads);                      \
         });                                                                                                       \
     }                                                                                                             \
-    extern "C" int band_scores_##SUFFIX(const REAL* q, const REAL* k, const int64_t* band, int64_t E, int64_t N,   \
-                                        int64_t d, double scale, REAL* band_x, int threads) {                     \
-        return guarded([&] { band_scores(q, k, band, E, N, d, static_cast<REAL>(scale), band_x, threads); });    \
+    extern "C" int band_scores_##SUFFIX(const REAL* q, const REAL* k, const int64_t* band, int64_t E, int64_t W,   \
+                                        int64_t N, int64_t d, double scale, REAL* band_x, int threads) {          \
+        return guarded([&] { band_scores(q, k, band, E, W, N, d, static_cast<REAL>(scale), band_x, threads); }); \
     }                                                                                                             \
-    extern "C" int band_outputs_##SUFFIX(const REAL* v, const int64_t* band, int64_t E, int64_t N,                 \
+    extern "C" int band_outputs_##SUFFIX(const REAL* v, const int64_t* band, int64_t E, int64_t W, int64_t N,      \
                                          const REAL* band_p, int64_t dv, REAL* out, int threads) {                 \
-        return guarded([&] { band_outputs(v, band, E, N, band_p, dv, out, threads); });                         \
+        return guarded([&] { band_outputs(v, band, E, W, N, band_p, dv, out, threads); });                      \
     }
 
 EXPORT(float, float)

@@ -253,20 +253,30 @@ extern "C" int block_tags(const int32_t* ids, int64_t slots, const int64_t* inde
     return 0;
 }
 
-// band (groups · n, E): slot e of query g · n + i holds g · m + j for key j = i − radius + e when 0 ≤ j < m and
-// key j holds no id equal to the query's (q_ids (groups · n) one id each or −1 for none, which shares none;
-// k_ids (groups · m, slots), −1 for none), else −1.
+// band (groups · n, E): the pattern keys of each query beyond its block row (attention_kernels/bucketed/
+// band_keys.py). Window slot e < W of query g · n + i holds g · m + j for key j = i − radius + e, global slot
+// W + s holds g · m + s where |i − s| > radius (no window: radius −1) and s ≤ i when causal; either only when
+// the key exists and holds no id equal to the query's (q_ids (groups · n) one id each or −1 for none, which
+// shares none; k_ids (groups · m, slots), −1 for none), else −1.
 extern "C" int band_keys(const int64_t* q_ids, const int64_t* k_ids, int64_t groups, int64_t n, int64_t m,
-                         int64_t slots, int64_t radius, int64_t E, int64_t* band, int) {
+                         int64_t slots, int64_t radius, int64_t W, int64_t E, int64_t causal, int64_t* band, int) {
     for (int64_t g = 0; g < groups; ++g) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t own = q_ids[g * n + i];
+            auto outside_row = [&](int64_t j) {
+                for (int64_t s = 0; own >= 0 && s < slots; ++s)
+                    if (k_ids[(g * m + j) * slots + s] == own) return false;
+                return true;
+            };
             int64_t* slot = band + (g * n + i) * E;
-            for (int64_t e = 0; e < E; ++e) {
+            for (int64_t e = 0; e < W; ++e) {
                 const int64_t j = i - radius + e;
-                bool kept = j >= 0 && j < m;
-                for (int64_t s = 0; kept && own >= 0 && s < slots; ++s) kept = k_ids[(g * m + j) * slots + s] != own;
-                slot[e] = kept ? g * m + j : -1;
+                slot[e] = j >= 0 && j < m && outside_row(j) ? g * m + j : -1;
+            }
+            for (int64_t s = 0; s < E - W; ++s) {
+                const bool in_window = radius >= 0 && (i - s <= radius && s - i <= radius);
+                const bool kept = !in_window && (!causal || s <= i) && outside_row(s);
+                slot[W + s] = kept ? g * m + s : -1;
             }
         }
     }

@@ -1,6 +1,6 @@
-"""A window band on the fused kernel (attention_kernels.bucketed.band_keys): each query's band keys outside
-its block row are exactly the band's pairs that share no id with it, and the fused kernel with them equals
-dense masked α-entmax over (shared bucket ∪ window) ∩ causal."""
+"""A window band and global tokens on the fused kernel (attention_kernels.bucketed.band_keys): each query's
+pattern keys outside its block row are exactly the pattern's pairs that share no id with it, each once, and
+the fused kernel with them equals dense masked α-entmax over (shared bucket ∪ window ∪ global) ∩ causal."""
 
 from __future__ import annotations
 
@@ -28,18 +28,25 @@ def _ids(batch: int, groups: int, tokens: int, slots: int, buckets: int, *, seed
     return ids
 
 
-def _brute_force(q_ids: torch.Tensor, k_ids: torch.Tensor, radius: int, causal: bool) -> torch.Tensor:
-    """The definition, pair by pair: slot e of query (g, i) holds g·m + j, j = i − radius + e, when key j
-    exists and holds no id equal to the query's."""
+def _brute_force(
+    q_ids: torch.Tensor, k_ids: torch.Tensor, radius: int, causal: bool, global_tokens: int
+) -> torch.Tensor:
+    """The definition, pair by pair: window slot e of query (g, i) holds g·m + j, j = i − radius + e, and
+    global slot s holds g·m + s outside the window (and s ≤ i when causal), when the key exists and holds
+    no id equal to the query's."""
     G, n, _ = q_ids.shape
     m = k_ids.shape[1]
-    width = radius + 1 if causal else 2 * radius + 1
+    window = 0 if radius < 0 else radius + 1 if causal else 2 * radius + 1
+    width = window + min(global_tokens, m)
     band = torch.full((G * n, width), -1, dtype=torch.int64)
     for g in range(G):
         for i in range(n):
             own = int(q_ids[g, i, 0])
-            for e in range(width):
-                j = i - radius + e
+            keys = [i - radius + e for e in range(window)]
+            keys += [
+                s if abs(i - s) > radius and (not causal or s <= i) else -1 for s in range(width - window)
+            ]
+            for e, j in enumerate(keys):
                 if 0 <= j < m and not (own >= 0 and own in k_ids[g, j].tolist()):
                     band[g * n + i, e] = g * m + j
     return band
@@ -47,37 +54,46 @@ def _brute_force(q_ids: torch.Tensor, k_ids: torch.Tensor, radius: int, causal: 
 
 @pytest.mark.parametrize("built", [True, False], ids=["cpp", "tensors"])
 @pytest.mark.parametrize("slots", [1, 2, 3])
-@pytest.mark.parametrize(("radius", "causal"), [(0, False), (2, False), (7, False), (0, True), (5, True)])
-def test_band_keys_are_the_band_pairs_outside_the_query_row(monkeypatch, built, slots, radius, causal):
+@pytest.mark.parametrize("global_tokens", [0, 3])
+@pytest.mark.parametrize(
+    ("radius", "causal"), [(0, False), (2, False), (7, False), (0, True), (5, True), (-1, False), (-1, True)]
+)
+def test_band_keys_are_the_pattern_pairs_outside_the_query_row(
+    monkeypatch, built, slots, global_tokens, radius, causal
+):
     """n ≠ m when not causal (queries past the keys' end hold fewer slots); queries with no id keep their
-    whole band; keys holding the query's id among several are left to the row."""
+    whole band; keys holding the query's id among several are left to the row; a global key inside the
+    window is the window's."""
     if not built:
         monkeypatch.setattr(band_keys, "library", lambda name: None)
     gen = torch.Generator().manual_seed(radius * 7 + slots)
     n, m = (30, 30) if causal else (30, 24)
     q_ids = torch.randint(-1, 3, (4, n, 1), generator=gen)
     k_ids = torch.randint(-1, 3, (4, m, slots), generator=gen)
-    band = band_keys.band_keys(q_ids, k_ids, radius=radius, causal=causal)
-    assert torch.equal(band, _brute_force(q_ids, k_ids, radius, causal))
+    pattern = dict(radius=radius, causal=causal, global_tokens=global_tokens)
+    band, window = band_keys.band_keys(q_ids, k_ids, **pattern)
+    assert window == (0 if radius < 0 else radius + 1 if causal else 2 * radius + 1)
+    assert torch.equal(band, _brute_force(q_ids, k_ids, radius, causal, global_tokens))
 
 
 @needs_kernel
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("window", [1, 3, 11, 17])
+@pytest.mark.parametrize(("window", "global_tokens"), [(1, 0), (3, 0), (11, 0), (17, 0), (0, 2), (11, 3)])
 @pytest.mark.parametrize("top", [1, 2])
-def test_inference_with_a_window_runs_the_fused_kernel_exactly(
-    monkeypatch, fused_plans, alpha, causal, window, top
+def test_inference_with_a_pattern_runs_the_fused_kernel_exactly(
+    monkeypatch, fused_plans, alpha, causal, window, global_tokens, top
 ):
     """float64, 150 tokens (the band's chunks of 16 queries cross the groups' ends), separate query and key
-    ids: outputs equal dense masked α-entmax over (shared bucket ∪ window) ∩ causal, in one fused call
-    whose plan carries the band; a training call (the spread rows and their band blocks) agrees. Windows
-    11 and 17 take the band's dense tiles where 1 and 3 take a dot product per key."""
+    ids: outputs equal dense masked α-entmax over (shared bucket ∪ window ∪ global) ∩ causal, in one fused
+    call whose plan carries the pattern's keys (the global queries' rows dense beside it); a training call
+    (the spread rows and their pattern blocks) agrees. Windows 11 and 17 take the band's dense tiles where 1
+    and 3 take a dot product per key."""
     monkeypatch.setattr(id_sets, "MIN_QUERIES_PER_CLASS", 1)
     gen = torch.Generator().manual_seed(window + 10 * top)
     q, k, v = (torch.randn(2, 3, 150, 16, generator=gen, dtype=torch.float64) for _ in range(3))
     q_ids, k_ids = _ids(2, 3, 150, top, 4, seed=window), _ids(2, 3, 150, top, 4, seed=window + 1)
-    pattern = dict(alpha=alpha, causal=causal, window=window)
+    pattern = dict(alpha=alpha, causal=causal, window=window, global_tokens=global_tokens)
     with torch.no_grad():
         out = bucketed_attention(q, k, v, q_ids, k_ids, **pattern, backend="torch")
     assert len(fused_plans) == 1 and not fused_plans[0].spread and fused_plans[0].band_keys is not None
@@ -119,15 +135,17 @@ def test_the_band_passes_give_the_same_bits_on_any_number_of_threads():
     assert torch.equal(*outs)
 
 
-def test_wide_bands_and_global_tokens_keep_the_spread_rows():
-    """Past MAX_RADIUS a band's keys, one by one, would cost more than its blocks; global tokens are
-    blocks of their own."""
+def test_wide_bands_and_many_global_tokens_keep_the_spread_rows():
+    """Past MAX_RADIUS or MAX_GLOBAL a query's pattern keys, one by one, would cost more than their
+    blocks."""
     ids = balanced_buckets(1, 2, 256, 2, 1, seed=1)
-    wide = band_keys.MAX_RADIUS + 1
-    assert torch_path.fused_plan(ids, ids, alpha=1.5, radius=wide) is None
-    assert torch_path.fused_plan(ids, ids, alpha=1.5, radius=3, global_tokens=1) is None
+    wide = dict(radius=band_keys.MAX_RADIUS + 1)
+    many = dict(radius=3, global_tokens=band_keys.MAX_GLOBAL + 1)
+    assert torch_path.fused_plan(ids, ids, alpha=1.5, **wide) is None
+    assert torch_path.fused_plan(ids, ids, alpha=1.5, **many) is None
     if fused_kernel() is not None:
-        assert torch_path.fused_plan(ids, ids, alpha=1.5, radius=band_keys.MAX_RADIUS) is not None
+        most = dict(radius=band_keys.MAX_RADIUS, global_tokens=band_keys.MAX_GLOBAL)
+        assert torch_path.fused_plan(ids, ids, alpha=1.5, **most) is not None
 
 
 @needs_kernel
