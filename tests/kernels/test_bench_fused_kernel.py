@@ -29,20 +29,28 @@ def test_the_two_paths_run_side_by_side_and_agree(tmp_path, capsys, monkeypatch)
     assert table[0].startswith("| n | causal |") and len(table) == 2 + len(rows) + 1
 
 
-def test_a_window_joins_the_pairs_and_the_fused_kernel_still_runs(tmp_path):
-    """Top-1 of 8 buckets (density 1/8) and a window of 9: the band adds its pairs outside the buckets."""
-    argv = ["--sizes", "256", "--buckets", "8", "--window", "9", "--reps", "1", "--out", str(tmp_path)]
-    assert bench.main(argv) == 0
+def test_a_pattern_joins_the_pairs_and_the_fused_kernel_still_runs(tmp_path):
+    """Top-1 of 8 buckets (density 1/8), a window of 9 and a global token: the pattern adds its pairs
+    outside the buckets (the global row and column: under 2 · 256 pairs a head)."""
+    argv = ["--sizes", "256", "--buckets", "8", "--window", "9", "--global-tokens", "1", "--reps", "1"]
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "fused_kernel.json").read_text())
-    assert report["settings"]["window"] == 9
+    assert report["settings"]["window"] == 9 and report["settings"]["global_tokens"] == 1
     for row in report["results"]:
         assert row["fused_ran"] == (fused_kernel() is not None)
         assert row["max_abs_deviation"] < 1e-5
-        assert 0.125 < row["density"] < 0.125 + 9 / 256  # the band's pairs, less those in a shared bucket
+        assert 0.125 < row["density"] < 0.125 + 9 / 256 + 2 / 128  # less the pairs in a shared bucket
 
 
 @pytest.mark.parametrize(
-    "argv", [["--top", "5", "--buckets", "4"], ["--reps", "0"], ["--sizes", "x"], ["--window", "4"]]
+    "argv",
+    [
+        ["--top", "5", "--buckets", "4"],
+        ["--reps", "0"],
+        ["--sizes", "x"],
+        ["--window", "4"],
+        ["--global-tokens", "-1"],
+    ],
 )
 def test_bad_options_are_refused_in_one_line(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
