@@ -17,9 +17,16 @@ them, and each query still needs no normaliser across rows. A query in no block 
 its id) attends its slots alone (:func:`lone_queries`). A global query's row is every key: the caller
 computes those few rows densely (their slots here are whatever its position gives).
 
-Each slot costs a dot product of its own, or a share of a small dense tile of its neighbours' window (a
-gather, not the block products), so the fused kernel takes bands up to :data:`MAX_RADIUS` and up to
-:data:`MAX_GLOBAL` global tokens; more keep the spread rows and their pattern blocks.
+Each slot costs a dot product of its own, or a share of a small dense tile of its neighbours' window, and
+passes through three passes and an (N, E) array of scores, where the spread rows' pattern blocks are tiles of
+the block products: per key, a slot costs several times a block entry. So the fused kernel takes the slots
+only where they are few beside a query's block row (:func:`takes_slots`), and bands up to
+:data:`MAX_RADIUS` and up to :data:`MAX_GLOBAL` global tokens; others keep the spread rows and their pattern
+blocks. Measured on one thread, d 64, 8 heads (``python -m benchmarks.fused_kernel --window W
+--global-tokens g``), against the spread rows: 16 buckets at 2k tokens (128 keys a row), 1.06–1.72× at
+w = 15 (15 slots), 0.89–1.02× at w = 31, 0.70–0.85× at w = 65 with 8 global tokens; 8 buckets (256 keys),
+w = 65: 0.83–0.97×; 16 buckets at 4k tokens (256 keys), w = 31: 1.12–1.50×; top-2 of 4 buckets (about
+1,370 keys), w = 65 with 8 global tokens: 1.21–1.23×.
 """
 
 from __future__ import annotations
@@ -35,6 +42,23 @@ MAX_RADIUS = 64
 MAX_GLOBAL = 64
 """The most global tokens whose keys the fused kernel scores beside a query's block row."""
 
+SLOT_SHARE = 0.15
+"""The most slots per query, as a share of its block row's keys on average, that the fused kernel takes (the
+measurements above break even between 0.2 and 0.25)."""
+
+
+def slot_count(n: int, m: int, *, radius: int, causal: bool, global_tokens: int) -> tuple[int, int]:
+    """(E, W): the slots of each query and the window's first W of them (see the module docstring)."""
+    window = 0 if radius < 0 else radius + 1 if causal else 2 * radius + 1
+    return window + min(max(global_tokens, 0), m), window
+
+
+def takes_slots(plan: BlockPlan, slots: int) -> bool:
+    """Whether ``slots`` per query are few enough beside the keys of ``plan``'s block rows (its entries
+    over its queries, padding and a causal block's upper corner included) for the fused kernel:
+    at most :data:`SLOT_SHARE` of them."""
+    return slots <= SLOT_SHARE * plan.num_entries / max(plan.num_queries, 1)
+
 
 def band_keys(
     q_ids: torch.Tensor, k_ids: torch.Tensor, *, radius: int, causal: bool, global_tokens: int = 0
@@ -47,8 +71,7 @@ def band_keys(
     slot's keys a shifted slice of the keys)."""
     G, n, _ = q_ids.shape
     m, slots = k_ids.shape[1:]
-    window = 0 if radius < 0 else radius + 1 if causal else 2 * radius + 1
-    width = window + min(max(global_tokens, 0), m)
+    width, window = slot_count(n, m, radius=radius, causal=causal, global_tokens=global_tokens)
     kernel = library("planning") if q_ids.device.type == "cpu" else None
     if kernel is not None:
         band = torch.empty(G * n, width, dtype=torch.int64)

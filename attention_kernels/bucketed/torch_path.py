@@ -76,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_kernels.attended import has_pattern
-from attention_kernels.bucketed.band_keys import MAX_GLOBAL, MAX_RADIUS, band_keys
+from attention_kernels.bucketed.band_keys import MAX_GLOBAL, MAX_RADIUS, band_keys, slot_count, takes_slots
 from attention_kernels.bucketed.block_attention import block_attention, fused_kernel
 from attention_kernels.bucketed.block_products import block_outputs, block_scores, wide_kernel
 from attention_kernels.bucketed.exact_entmax import exact_entmax
@@ -762,7 +762,8 @@ def fused_plan(
     with one id sits in its bucket's block; where queries hold several, each query's set of ids is its
     class (:mod:`attention_kernels.bucketed.id_sets`), unless too few queries share a set or the classes'
     flags would pass their bound. The window band's and global keys outside a query's row are the plan's
-    ``band_keys``; a global query's row is every key, which the caller computes (:func:`_global_rows`)."""
+    ``band_keys``, where they are few beside the rows (:func:`.band_keys.takes_slots`); a global query's row
+    is every key, which the caller computes (:func:`_global_rows`)."""
     if not takes_fused_kernel(alpha, q_buckets.device, radius=radius, global_tokens=global_tokens):
         return None
     q_ids, k_ids = _distinct(q_buckets), _distinct(k_buckets)
@@ -773,7 +774,10 @@ def fused_plan(
         q_ids, k_ids = classes
     plan = _plan_ids(q_ids, k_ids, causal=causal, radius=-1, global_tokens=0, whole=True)
     if has_pattern(radius, global_tokens):
-        keys, window = band_keys(q_ids, k_ids, radius=radius, causal=causal, global_tokens=global_tokens)
+        pattern = dict(radius=radius, causal=causal, global_tokens=global_tokens)
+        if not takes_slots(plan, slot_count(q_ids.shape[1], k_ids.shape[1], **pattern)[0]):
+            return None  # the spread rows' pattern blocks are the cheaper
+        keys, window = band_keys(q_ids, k_ids, **pattern)
         plan = replace(plan, band_keys=keys, band_window=window)
     return plan
 

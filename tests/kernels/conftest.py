@@ -39,3 +39,12 @@ def fused_plans(monkeypatch):
     original = torch_path.block_attention
     monkeypatch.setattr(torch_path, "block_attention", lambda *args: plans.append(args[3]) or original(*args))
     return plans
+
+
+@pytest.fixture
+def slots_at_any_share(monkeypatch):
+    """The fused kernel takes a pattern's slots however many they are beside the block rows: these tests'
+    small shapes have short rows, where the rule would send the pattern to the spread rows."""
+    from attention_kernels.bucketed import band_keys
+
+    monkeypatch.setattr(band_keys, "SLOT_SHARE", float("inf"))

@@ -14,7 +14,7 @@ from attention_kernels.bucketed.block_attention import block_attention, fused_ke
 from attention_kernels.bucketed.reference import dense_bucketed_attention
 from benchmarks.attention import balanced_buckets
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "slots_at_any_share")
 needs_kernel = pytest.mark.skipif(
     fused_kernel() is None, reason="the fused kernel is not built on this machine"
 )
@@ -146,6 +146,24 @@ def test_wide_bands_and_many_global_tokens_keep_the_spread_rows():
     if fused_kernel() is not None:
         most = dict(radius=band_keys.MAX_RADIUS, global_tokens=band_keys.MAX_GLOBAL)
         assert torch_path.fused_plan(ids, ids, alpha=1.5, **most) is not None
+
+
+@needs_kernel
+def test_slots_many_beside_the_rows_keep_the_spread_rows(monkeypatch):
+    """16 balanced buckets of 2,048 tokens: 128 keys a row. A window of 15 (15 slots, 0.12 of a row) takes
+    the slots; 31 (0.24) and 65 with 8 global tokens (0.57) keep the spread rows, as does w = 31 at 1,024
+    tokens; at 4,096 tokens (256 keys a row) w = 31 takes the slots again."""
+    monkeypatch.setattr(band_keys, "SLOT_SHARE", 0.15)
+    for n, window, global_tokens, taken in [
+        (2048, 15, 0, True),
+        (2048, 31, 0, False),
+        (2048, 65, 8, False),
+        (1024, 31, 0, False),
+        (4096, 31, 0, True),
+    ]:
+        ids = balanced_buckets(1, 1, n, 16, 1, seed=1)
+        pattern = dict(radius=window // 2, global_tokens=global_tokens)
+        assert (torch_path.fused_plan(ids, ids, alpha=1.5, **pattern) is not None) == taken, (n, window)
 
 
 @needs_kernel

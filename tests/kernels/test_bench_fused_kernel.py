@@ -29,6 +29,7 @@ def test_the_two_paths_run_side_by_side_and_agree(tmp_path, capsys, monkeypatch)
     assert table[0].startswith("| n | causal |") and len(table) == 2 + len(rows) + 1
 
 
+@pytest.mark.usefixtures("slots_at_any_share")
 def test_a_pattern_joins_the_pairs_and_the_fused_kernel_still_runs(tmp_path):
     """Top-1 of 8 buckets (density 1/8), a window of 9 and a global token: the pattern adds its pairs
     outside the buckets (the global row and column: under 2 · 256 pairs a head)."""
