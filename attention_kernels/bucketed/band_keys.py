@@ -23,10 +23,10 @@ the block products: per key, a slot costs several times a block entry. So the fu
 only where they are few beside a query's block row (:func:`takes_slots`), and bands up to
 :data:`MAX_RADIUS` and up to :data:`MAX_GLOBAL` global tokens; others keep the spread rows and their pattern
 blocks. Measured on one thread, d 64, 8 heads (``python -m benchmarks.fused_kernel --window W
---global-tokens g``), against the spread rows: 16 buckets at 2k tokens (128 keys a row), 1.06–1.72× at
+--global-tokens g``), against the spread rows: 16 buckets at 2k tokens (128 keys a row), 1.03–1.43× at
 w = 15 (15 slots), 0.89–1.02× at w = 31, 0.70–0.85× at w = 65 with 8 global tokens; 8 buckets (256 keys),
-w = 65: 0.83–0.97×; 16 buckets at 4k tokens (256 keys), w = 31: 1.12–1.50×; top-2 of 4 buckets (about
-1,370 keys), w = 65 with 8 global tokens: 1.21–1.23×.
+w = 65: 0.83–0.97×; 16 buckets at 4k tokens (256 keys), w = 31: 1.09–1.46×; top-2 of 4 buckets (about
+1,370 keys), w = 65 with 8 global tokens: 1.16–1.22×.
 """
 
 from __future__ import annotations
