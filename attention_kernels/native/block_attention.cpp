@@ -119,14 +119,18 @@ constexpr double kNotBand = -3.4028234663852886e38;
 
 // The span [first, first + span) of flat key rows that the window slots [0, W) of queries [i0, i0 + rows)
 // hold (span 0: none). Where consecutive queries are consecutive positions of one group, it is at most
-// rows + W − 1 keys; elsewhere (a group's end) it may be anything.
+// rows + W − 1 keys; elsewhere (a group's end) it may be anything. A row's window keys ascend along its slots
+// (key i − r + e of its group, −1 where none), so its first and last held slots are its least and greatest.
 inline int64_t band_span(const int64_t* band, int64_t E, int64_t W, int64_t i0, int64_t rows, int64_t* first) {
     int64_t lo = INT64_MAX, hi = -1;
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t e = 0; e < W; ++e) {
-            const int64_t key = band[(i0 + r) * E + e];
-            if (key >= 0) lo = std::min(lo, key), hi = std::max(hi, key);
-        }
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t* slot = band + (i0 + r) * E;
+        int64_t e = 0, f = W - 1;
+        while (e < W && slot[e] < 0) ++e;
+        if (e == W) continue;  // no window key
+        while (slot[f] < 0) --f;
+        lo = std::min(lo, slot[e]), hi = std::max(hi, slot[f]);
+    }
     *first = lo;
     return hi < 0 ? 0 : hi - lo + 1;
 }
