@@ -93,12 +93,13 @@ def block_attention(
                 f"band_keys must be (queries {plan.num_queries}, E) for {len(q)} queries; "
                 f"got {tuple(band.shape)}"
             )
-        if band.numel() and (int(band.min()) < -1 or int(band.max()) >= len(k)):
+        low, high = (int(x) for x in band.aminmax()) if band.numel() else (-1, -1)
+        if low < -1 or high >= len(k):
             raise ValueError(f"band_keys must index rows in [0, {len(k)}) or be −1 for none")
         width = band.shape[1]
-        band_x = q.new_empty(plan.num_queries, width)
         if not 0 <= plan.band_window <= width:
             raise ValueError(f"band_window must lie in [0, {width}]; got {plan.band_window}")
+        band_x = q.new_empty(plan.num_queries, width)
         sizes = (width, plan.band_window, plan.num_queries, q.shape[1], float(scale))
         call(kernel, f"band_scores_{suffix}", q, k, band, *sizes, band_x)
     scalars = (q.shape[1], v.shape[1], float(scale), _BETA[float(alpha)], out)

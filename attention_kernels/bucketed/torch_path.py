@@ -918,22 +918,24 @@ def torch_bucketed_attention(
     pattern = dict(causal=causal, radius=radius, global_tokens=global_tokens)
     by_sdpa = takes_sdpa_blocks(alpha, q_buckets, (d, dv), **pattern)
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    plan, by_kernel = forward_plan(
-        q_buckets, k_buckets, alpha=alpha, **pattern, sdpa_blocks=by_sdpa, fused=fused and not differentiable
-    )
-    if kv_groups < G:
-        plan = _grouped_keys(plan, m, G // kv_groups)
+
+    def planned(by_kernel: bool) -> tuple[BlockPlan, bool]:
+        """:func:`forward_plan`, its keys read from their own key/value heads."""
+        plan, by_kernel = forward_plan(
+            q_buckets, k_buckets, alpha=alpha, **pattern, sdpa_blocks=by_sdpa, fused=by_kernel
+        )
+        return (_grouped_keys(plan, m, G // kv_groups) if kv_groups < G else plan), by_kernel
+
+    plan, by_kernel = planned(fused and not differentiable)
     out = None
     if by_kernel:  # it scales the queries as it reads them: no scaled copy of q; None where it declines
         out = block_attention(*(x.contiguous() for x in _flat(q, k, v, compute)), plan, alpha, scale)
-        if out is not None and global_tokens > 0:
+        if out is None:  # the paths below, on their own plan (a band needs its blocks there)
+            plan, _ = planned(False)
+        elif global_tokens > 0:
             _global_rows(
                 out.view(b, h, n, dv), q, k, v, alpha=alpha, causal=causal, count=global_tokens, scale=scale
             )
-        if out is None and plan.band_keys is not None:  # the paths below need the band's own blocks
-            plan = plan_attention(q_buckets, k_buckets, **pattern)
-            if kv_groups < G:
-                plan = _grouped_keys(plan, m, G // kv_groups)
     if out is None and by_sdpa and plan.classes:
         if q.device.type == "cuda":
             # SDPA's kernels accumulate in float32 themselves, so half-precision inputs stay as they are (its

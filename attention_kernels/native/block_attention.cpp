@@ -362,10 +362,10 @@ void block_attention(const Real* q, const Real* k, const Real* v, const int64_t*
                 }
                 probabilities(tile, count, beta);
                 for (int64_t i = 0; i < count; ++i) {
-                    const bool padding = limit != nullptr && limit[b * L + r0 + i] < 0;
+                    // the row's band probabilities back to its slots, before the zeros below may cover them
                     const int64_t query = rows[r0 + i];
-                    const Real* probs = buf.score_rows[i] + width[i];  // set aside: the zeros below may cover them
-                    for (int64_t e = 0, c = 0; E > 0 && !padding && e < E; ++e)
+                    const Real* probs = buf.score_rows[i] + width[i];
+                    for (int64_t e = 0, c = 0; c < own[i]; ++e)
                         if (band_x[query * E + e] > kNoKey) band_x[query * E + e] = probs[c++];
                     // the columns past a row's width are no keys of it, but the output product reads them
                     for (int64_t j = width[i]; j < tile_width; j += vectors::kWidth<Real>)
