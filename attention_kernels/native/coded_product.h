@@ -1,5 +1,6 @@
 // Scores from 7-bit codes: the approximate mode's low-rank products in integers, where AVX2's u8 × s8
-// multiply-add (vpmaddubsw) does 32 products per instruction against a float FMA's 8.
+// multiply-add (vpmaddubsw) does 32 products per instruction against a float FMA's 8, and AVX-512 VNNI's
+// (vpdpbusd) 64, summed into 32-bit lanes in the same instruction.
 //
 // A vector x of floats is coded as x ≈ step·Q with step = max|x|/63 (1 where x is all zero) and
 // Q = round(x/step) in [−63, 63] (round half to even), each query's and each key's row on its own grid: the
@@ -11,7 +12,7 @@
 // a correction per key. Each 16-bit lane of vpmaddubsw sums two products, |·| ≤ 2·127·63 = 16,002, so the
 // lanes of two quads add in 16 bits without saturating (≤ 32,004 < 32,767) before vpmaddwd widens them:
 // every sum is an exact integer, the same whatever the order, and a score is two roundings from it,
-// (Σ − correction)·(scale·step_q)·step_k.
+// (Σ − correction)·(scale·step_q)·step_k: the VNNI and AVX2 tiles give the same scores, bit for bit.
 
 #pragma once
 
@@ -50,7 +51,26 @@ inline int64_t quads(int64_t rank) { return (rank + 7) / 8 * 2; }
 template <int R>
 void tile(const uint8_t* const* a, const int8_t* panel, int64_t width, int64_t pairs, const int32_t* correction,
           const float* step, const float* factor, int64_t col, float* const* c) {
-#if defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    // vpdpbusd: a 32-bit lane adds the four products of its u bytes and K bytes to its sum, in 32 bits (exact,
+    // as the 16-bit path below), so a quad of 16 keys is one instruction per row
+    __m512i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < 2 * pairs; ++t) {
+        const __m512i keys = _mm512_loadu_si512(panel + (t * width + col) * 4);  // keys col … col + 15 of quad t
+        for (int r = 0; r < R; ++r) {
+            int32_t word;
+            std::memcpy(&word, a[r] + 4 * t, sizeof word);
+            sum[r] = _mm512_dpbusd_epi32(sum[r], _mm512_set1_epi32(word), keys);
+        }
+    }
+    const __m512i fix = _mm512_loadu_si512(correction + col);
+    const __m512 key_step = _mm512_loadu_ps(step + col);
+    for (int r = 0; r < R; ++r) {
+        const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[r], fix));
+        _mm512_storeu_ps(c[r] + col, _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(factor[r])), key_step));
+    }
+#elif defined(__AVX2__)
     __m256i sum[R][2];
     for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm256_setzero_si256();
     const __m256i ones = _mm256_set1_epi16(1);
@@ -91,7 +111,21 @@ void tile(const uint8_t* const* a, const int8_t* panel, int64_t width, int64_t p
 #endif
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr int kRows = 8;  // rows per register tile: 8 sums, a key vector and the broadcasts, of 32 registers
+#else
 constexpr int kRows = 4;  // rows per register tile: 8 sums, 4 key vectors and the broadcasts fit 16 registers
+#endif
+
+// tile<R> for the R = `rows` < kRows rows left at the end of a tile's rows.
+template <int R = kRows - 1>
+void last_rows(int64_t rows, const uint8_t* const* a, const int8_t* panel, int64_t width, int64_t pairs,
+               const int32_t* correction, const float* step, const float* factor, int64_t col, float* const* c) {
+    if constexpr (R > 0) {
+        if (rows == R) return tile<R>(a, panel, width, pairs, correction, step, factor, col, c);
+        last_rows<R - 1>(rows, a, panel, width, pairs, correction, step, factor, col, c);
+    }
+}
 
 // The scores of `rows` rows (a, factor, c per row) against the keys [0, cols) of a panel (`width` keys per
 // quad; codes, corrections and steps readable up to cols rounded up to 16): c[r][0 … cols rounded up to 16)
@@ -102,12 +136,7 @@ inline void product(const uint8_t* const* a, const float* factor, int64_t rows, 
         int64_t r = 0;
         for (; r + kRows <= rows; r += kRows)
             tile<kRows>(a + r, panel, width, pairs, correction, step, factor + r, col, c + r);
-        switch (rows - r) {
-            case 1: tile<1>(a + r, panel, width, pairs, correction, step, factor + r, col, c + r); break;
-            case 2: tile<2>(a + r, panel, width, pairs, correction, step, factor + r, col, c + r); break;
-            case 3: tile<3>(a + r, panel, width, pairs, correction, step, factor + r, col, c + r); break;
-            default: break;
-        }
+        last_rows(rows - r, a + r, panel, width, pairs, correction, step, factor + r, col, c + r);
     }
 }
 

@@ -205,27 +205,30 @@ def test_causal_ranges_drop_only_masked_pairs_and_whole_tiles(n: int, m: int, ke
     from attention_kernels.bucketed.triton_plan import bucket_ranges, build_side
 
     gen = torch.Generator().manual_seed(5)
-    q_ids = torch.randint(-1, 4, (2, n, 2), generator=gen, dtype=torch.int32)
-    k_ids = torch.randint(-1, 4, (2, m, 2), generator=gen, dtype=torch.int32)
+    q_ids = torch.randint(-1, 4, (2, n, 2), generator=gen, dtype=torch.int32).to(DEVICE)
+    k_ids = torch.randint(-1, 4, (2, m, 2), generator=gen, dtype=torch.int32).to(DEVICE)
     tiles = Tiles(16, 32, 1, 1)
     qs, ks = build_side(q_ids, -1, False), build_side(k_ids, -2, False)
     rows, cols = (ks, qs) if key_major else (qs, ks)
     block, col_block = (tiles.block_n, tiles.block_m) if key_major else (tiles.block_m, tiles.block_n)
-    cut = bucket_ranges(rows, cols, block, col_block, causal=True, key_major=key_major)
-    whole = bucket_ranges(rows, cols, block, col_block, causal=False, key_major=key_major)
+    cut = bucket_ranges(rows, cols, block, col_block, causal=True, key_major=key_major).cpu()
+    whole = bucket_ranges(rows, cols, block, col_block, causal=False, key_major=key_major).cpu()
+    # the pair-by-pair check below indexes element by element: on the host, not one sync per element
+    q_bkt, q_tok, k_bkt, k_tok = (x.cpu() for x in (qs.bkt, qs.tok, ks.bkt, ks.tok))
+    row_counts, col_counts = rows.count.cpu(), cols.count.cpu()
     assert (cut[..., 0] >= whole[..., 0]).all() and (cut[..., 1] <= whole[..., 1]).all()
     assert ((cut[..., 0] - whole[..., 0]) % col_block == 0).all()
     tiles_visited = ((cut[..., 1] - cut[..., 0]).clamp_min(0) + col_block - 1) // col_block
     tiles_whole = ((whole[..., 1] - whole[..., 0]).clamp_min(0) + col_block - 1) // col_block
     assert tiles_visited.sum() < tiles_whole.sum()
     for bh in range(2):
-        row_count, col_count = int(rows.count[bh]), int(cols.count[bh])
+        row_count, col_count = int(row_counts[bh]), int(col_counts[bh])
         for r in range(row_count):
             lo, hi = cut[bh, r // block].tolist()
             for c in range(col_count):
                 q_entry, k_entry = (c, r) if key_major else (r, c)
-                same = qs.bkt[bh, q_entry] == ks.bkt[bh, k_entry]
-                if same and ks.tok[bh, k_entry] <= qs.tok[bh, q_entry]:
+                same = q_bkt[bh, q_entry] == k_bkt[bh, k_entry]
+                if same and k_tok[bh, k_entry] <= q_tok[bh, q_entry]:
                     assert lo <= c < hi, (bh, r, c)
 
 
