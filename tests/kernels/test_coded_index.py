@@ -4,9 +4,13 @@ the same predicted sets as the scan over the grid's floats, and both are entmax 
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 import torch
 
+from attention_kernels import native
 from attention_kernels.index_grid import LEVELS, on_grid
 from attention_kernels.indexed.attention import dense_indexed_reference, predicted_sets
 from attention_kernels.indexed.scanned import scanned_attention, scanned_kernel
@@ -87,3 +91,49 @@ def test_coded_scan_is_entmax_over_the_predicted_sets(causal):
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
     live = sets.any(-1)
     assert counts["kept_mean"] == pytest.approx(float(sets.sum(-1)[live].double().mean()))
+
+
+def _defines_vnni(compiler: str) -> bool:
+    """Whether ``compiler`` with the kernels' -march=native defines __AVX512VNNI__ (False where it fails)."""
+    try:
+        macros = subprocess.run(
+            [compiler, "-march=native", "-dM", "-E", "-x", "c++", "/dev/null"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "__AVX512VNNI__" in macros
+
+
+def test_vnni_and_avx2_tiles_give_the_same_scores_bit_for_bit(monkeypatch, tmp_path):
+    """The coded product's VNNI tile (vpdpbusd, 32-bit sums) and its AVX2 tile (vpmaddubsw, 16-bit pair sums
+    widened) sum the same exact integers: built once as the machine allows and once with VNNI switched off,
+    the approximate scan gives the same outputs, |Ŝ| and gradients, bit for bit (codes at ±63 included)."""
+    compiler = os.environ.get("CXX") or "c++"
+    if not _defines_vnni(compiler):
+        pytest.skip("the compiler defines no __AVX512VNNI__ for this processor")
+    without = tmp_path / "c++-without-vnni"
+    without.write_text(f'#!/bin/sh\nexec {compiler} "$@" -mno-avx512vnni\n')
+    without.chmod(0o755)
+    assert not _defines_vnni(str(without))
+    (q, k, v), index, valid = low_rank_problem(203, seed=2, rank=13, signs=True)
+    options = dict(alpha=1.5, causal=True, key_valid=valid, scale=32**-0.5, index=index, margin=0.1)
+
+    def scan() -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, ...]]:
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out, counts = scanned_attention(*leaves, candidates=64, **options)
+        return out, counts, torch.autograd.grad((out * torch.linspace(-1, 1, 32)).sum(), leaves)
+
+    monkeypatch.setenv("SPARSEFINDER_NATIVE_CACHE", str(tmp_path / "cache"))
+    native.library.cache_clear()
+    try:
+        vnni = scan()
+        monkeypatch.setenv("CXX", str(without))
+        native.library.cache_clear()
+        avx2 = scan()
+    finally:
+        native.library.cache_clear()
+    assert len(list((tmp_path / "cache").glob("scanned_entmax-*.so"))) == 2  # two builds, not one reused
+    assert torch.equal(vnni[0], avx2[0]) and vnni[1] == avx2[1]
+    for name, g, g_avx2 in zip("qkv", vnni[2], avx2[2], strict=True):
+        assert torch.equal(g, g_avx2), f"gradient of {name}"
